@@ -1,0 +1,245 @@
+"""The ``tuner`` command line: run a study, look at studies and trials, export the winner."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+err = Console(stderr=True)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def _db(args: argparse.Namespace):
+    from tuner.storage import StudyDB
+
+    db = StudyDB(args.db)
+    db.create_tables()
+    return db
+
+
+def _find(db: Any, ref: str) -> Any:
+    row = db.find_study(ref)
+    if row is None:
+        err.print(f"[red]no study named or numbered {ref!r}[/red]")
+        raise SystemExit(2)
+    return row
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tuner.orchestrator import Orchestrator, StudyConflict, StudyFailed
+    from tuner.spec import SpecError, load_spec
+
+    try:
+        compiled = load_spec(Path(args.spec))
+    except FileNotFoundError:
+        err.print(f"[red]no such spec file: {args.spec}[/red]")
+        return 2
+    except SpecError as exc:
+        err.print("[red]invalid spec:[/red]")
+        for field, message in exc.errors:
+            err.print(f"  {field or '(spec)'}: {message}")
+        return 2
+    db = _db(args)
+    spec = compiled.spec
+    size = compiled.space.size()
+    console.print(
+        f"study [bold]{spec.name}[/bold]: workload {spec.workload}, {len(compiled.space.params)} params, "
+        f"{size if size is not None else 'continuous'} points, budget {spec.budget.trials} trials, db {db.url}"
+    )
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA {task.fields[eta]}"),
+    )
+    with Progress(*columns, console=console, transient=False, disable=args.quiet) as bar:
+        task = bar.add_task(spec.name, total=spec.budget.trials, info="starting workers...", eta="-")
+
+        def on_progress(p: Any) -> None:
+            best = f"best {p.primary_metric} {_fmt(p.best_value)} (#{p.best_trial})" if p.best_value is not None else ""
+            info = f"failed {p.failed}  static-pruned {p.infeasible_static}  running {p.running}  {best}"
+            eta = f"{p.eta_s:.0f}s" if p.eta_s is not None else "-"
+            bar.update(task, completed=p.finished, info=info, eta=eta)
+
+        orchestrator = Orchestrator(
+            compiled,
+            db,
+            ray_address=args.ray_address,
+            workers=args.workers,
+            trials_per_worker=args.trials_per_worker,
+            progress=on_progress,
+        )
+        try:
+            summary = orchestrator.run()
+        except StudyConflict as exc:
+            err.print(f"[red]{exc}[/red]")
+            return 2
+        except StudyFailed as exc:
+            err.print(f"[red]study failed: {exc}[/red]")
+            return 1
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items()))
+    console.print(f"study {summary.name} {summary.status} in {summary.elapsed_s:.1f} s: {counts}")
+    _print_front(summary.pareto, compiled.objectives, summary.best.number if summary.best else None)
+    return 0 if summary.status == "completed" else 1
+
+
+def _print_front(front: list[Any], objectives: list[tuple[str, str]], chosen: int | None) -> None:
+    if not front:
+        console.print("[yellow]no feasible successful trial: no Pareto front[/yellow]")
+        return
+    table = Table(title="Pareto front" + (" (* = default pick)" if chosen is not None else ""))
+    table.add_column("trial")
+    for metric, direction in objectives:
+        table.add_column(f"{metric} ({'max' if direction == 'maximize' else 'min'})", justify="right")
+    table.add_column("params")
+    for t in front:
+        mark = "*" if t.number == chosen else ""
+        params = " ".join(f"{k}={v}" for k, v in t.params.items())
+        table.add_row(f"{t.number}{mark}", *[_fmt(t.metrics.get(m)) for m, _ in objectives], params)
+    console.print(table)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from tuner.export import objectives_of
+    from tuner.pareto import best_trial
+
+    db = _db(args)
+    table = Table(title=f"studies in {db.url}")
+    for col in ("id", "name", "workload", "status", "trials", "failed", "best"):
+        table.add_column(col)
+    for row in db.list_studies():
+        counts = db.status_counts(row.id)
+        measured = sum(n for s, n in counts.items() if s not in ("infeasible_static", "running"))
+        failed = measured - counts.get("ok", 0)
+        objectives = objectives_of(row)
+        best = best_trial(db.trials(row.id), objectives)
+        best_text = f"{objectives[0][0]}={_fmt(best.metrics.get(objectives[0][0]))} (#{best.number})" if best else "-"
+        budget = row.spec.get("budget", {}).get("trials", "?")
+        table.add_row(str(row.id), row.name, row.workload, row.status, f"{measured}/{budget}", str(failed), best_text)
+    console.print(table)
+    return 0
+
+
+def cmd_trials(args: argparse.Namespace) -> int:
+    from tuner.export import objectives_of
+
+    db = _db(args)
+    row = _find(db, args.study)
+    objectives = objectives_of(row)
+    metric_names = [m for m, _ in objectives]
+    table = Table(title=f"trials of {row.name}")
+    for col in ("#", "status", *metric_names, "feasible", "worker", "params", "error"):
+        table.add_column(col)
+    for t in db.trials(row.id, status=args.status):
+        error = (t.error or "").strip().splitlines()[-1:] if t.error else []
+        table.add_row(
+            str(t.number),
+            t.status,
+            *[_fmt(t.metrics.get(m)) for m in metric_names],
+            _fmt(t.feasible),
+            t.worker or "-",
+            " ".join(f"{k}={v}" for k, v in t.params.items()),
+            (error[0][:80] if error else ""),
+        )
+    console.print(table)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tuner.export import ExportError, export_document, render
+
+    db = _db(args)
+    row = _find(db, args.study)
+    try:
+        text = render(export_document(db, row, args.trial), args.format)
+    except ExportError as exc:
+        err.print(f"[red]{exc}[/red]")
+        return 2
+    if args.output:
+        Path(args.output).write_text(text)
+        err.print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_workloads(args: argparse.Namespace) -> int:
+    from tuner.registry import workload_class, workload_names
+    from tuner.space import compile_space, load_space_file
+
+    table = Table(title="workloads")
+    for col in ("name", "metrics", "params", "space points", "description"):
+        table.add_column(col)
+    for name in workload_names():
+        cls = workload_class(name)
+        space = compile_space(load_space_file(cls.space_file))
+        size = space.size()
+        metrics = ", ".join(f"{m.name} ({m.direction[:3]})" for m in cls.metrics)
+        table.add_row(name, metrics, ", ".join(space.params), _fmt(size), cls.description)
+    console.print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tuner", description="Autotune GPU performance knobs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add_db(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--db", help="database URL or SQLite path (default: $TUNER_DB_URL or ./tuner.db)")
+
+    run = sub.add_parser("run", help="run (or resume) a study from a YAML/JSON spec")
+    run.add_argument("spec")
+    add_db(run)
+    run.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+    run.add_argument("--workers", type=int, help="number of worker actors (default: one per GPU, or 2 on CPU)")
+    run.add_argument("--trials-per-worker", type=int, help="trials in flight per worker (default 2 on GPU)")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=cmd_run)
+
+    status = sub.add_parser("status", help="list studies")
+    add_db(status)
+    status.set_defaults(func=cmd_status)
+
+    trials = sub.add_parser("trials", help="list a study's trials")
+    trials.add_argument("study", help="study name or id")
+    trials.add_argument("--status", help="only trials with this status")
+    add_db(trials)
+    trials.set_defaults(func=cmd_trials)
+
+    export = sub.add_parser("export", help="export the chosen config")
+    export.add_argument("study", help="study name or id")
+    export.add_argument("--format", choices=["json", "yaml"], default="json")
+    export.add_argument("--trial", type=int, help="export this trial instead of the default pick")
+    export.add_argument("-o", "--output", help="write to a file instead of stdout")
+    add_db(export)
+    export.set_defaults(func=cmd_export)
+
+    workloads = sub.add_parser("workloads", help="list workloads, their metrics and spaces")
+    workloads.set_defaults(func=cmd_workloads)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

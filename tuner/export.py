@@ -1,0 +1,69 @@
+"""Export the chosen configuration in the form user code consumes."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tuner.pareto import best_trial, pareto_front
+from tuner.registry import workload_class
+from tuner.spec import StudySpec
+from tuner.storage import StudyDB, StudyRow
+from tuner.yamlio import dump_yaml
+
+FORMATS = ("json", "yaml")
+
+
+class ExportError(ValueError):
+    pass
+
+
+def objectives_of(row: StudyRow) -> list[tuple[str, str]]:
+    spec = StudySpec.model_validate(row.spec)
+    cls = workload_class(spec.workload)
+    directions = {m.name: m.direction for m in cls.metrics}
+    return [(o.metric, o.direction or directions[o.metric]) for o in spec.objectives]
+
+
+def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None) -> dict[str, Any]:
+    """The chosen config (default: best Pareto point on the first objective), its metrics,
+    the fingerprint it was measured on, the Pareto front and the spec."""
+    trials = db.trials(row.id)
+    objectives = objectives_of(row)
+    front = pareto_front(trials, objectives)
+    if trial_number is None:
+        chosen = best_trial(trials, objectives)
+        if chosen is None:
+            raise ExportError(f"study {row.name!r} has no feasible successful trial yet")
+    else:
+        chosen = next((t for t in trials if t.number == trial_number), None)
+        if chosen is None:
+            raise ExportError(f"study {row.name!r} has no trial {trial_number}")
+        if chosen.status != "ok":
+            raise ExportError(f"trial {trial_number} did not succeed (status {chosen.status})")
+    workload = workload_class(row.workload)(**row.spec.get("args", {}))
+    return {
+        "study": row.name,
+        "study_id": row.id,
+        "workload": row.workload,
+        "trial": chosen.number,
+        "on_pareto_front": any(t.number == chosen.number for t in front),
+        "feasible": bool(chosen.feasible),
+        "params": chosen.params,
+        "config": workload.export_config(dict(chosen.params)),
+        "metrics": chosen.metrics,
+        "objectives": [{"metric": m, "direction": d} for m, d in objectives],
+        "timing_comparable": chosen.timing_comparable,
+        "fingerprint": chosen.fingerprint,
+        "pareto_front": [{"trial": t.number, "params": t.params, "metrics": t.metrics} for t in front],
+        "space_hash": row.space_hash,
+        "spec": row.spec,
+    }
+
+
+def render(document: dict[str, Any], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(document, indent=2, default=str) + "\n"
+    if fmt == "yaml":
+        return dump_yaml(json.loads(json.dumps(document, default=str)))
+    raise ExportError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")

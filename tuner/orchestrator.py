@@ -1,0 +1,630 @@
+"""The orchestrator: the one process that asks and tells Optuna and writes the study database.
+
+It dispatches configs to long-lived Ray worker actors (one per GPU, CPU
+actors when there is none), keeps several trials in flight, and turns every
+failure into a trial status:
+
+- a trial that holds its worker's device longer than ``budget.trial_timeout_s``
+  gets the worker killed and replaced (``timeout``);
+- a worker that dies mid-trial is replaced and the trial retried once
+  (``worker_lost`` if it dies again); other trials queued on it are re-sent;
+- exceptions and wrong numerics come back from the worker as statuses.
+
+Killing the orchestrator loses nothing finished: trials are rows in the
+database before they are dispatched, and a restart re-sends the rows still
+marked running under the same numbers, then goes on until the budget is met.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+
+from tuner.pareto import best_trial, pareto_front
+from tuner.samplers import CONSTRAINTS_ATTR, EnumeratedGridSampler, make_sampler, resolve_sampler_name
+from tuner.spec import CompiledStudy
+from tuner.storage import RUNNING, StudyDB, StudyRow, TrialRow
+from tuner.workload import DeviceInfo, TrialStatus
+
+log = logging.getLogger("tuner")
+MAX_ATTEMPTS = 2
+MAX_WORKER_START_FAILURES = 3
+STATIC_REJECT_LIMIT = 2000  # consecutive statically infeasible proposals before giving up
+ELAPSED_SAVE_EVERY_S = 5.0
+
+
+class StudyConflict(RuntimeError):
+    """A study of that name exists and the spec would change what it measures."""
+
+
+class StudyFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class Progress:
+    """A snapshot for progress displays. Times in seconds."""
+
+    study: str
+    budget_trials: int
+    finished: int
+    failed: int
+    infeasible_static: int
+    running: int
+    best_value: float | None
+    best_trial: int | None
+    primary_metric: str
+    elapsed_s: float
+    eta_s: float | None
+    last_status: str | None = None
+
+
+@dataclass
+class RunSummary:
+    study_id: int
+    name: str
+    status: str
+    counts: dict[str, int]
+    pareto: list[TrialRow]
+    best: TrialRow | None
+    elapsed_s: float
+    message: str | None = None
+
+
+@dataclass
+class _Work:
+    """A trial to dispatch or in flight."""
+
+    number: int
+    optuna_trial_id: int | None
+    config: dict[str, Any]
+    attempt: int = 1
+    dispatched_at: float = 0.0
+    worker: _Worker | None = None
+    ref: Any = None
+
+
+@dataclass
+class _Worker:
+    index: int
+    generation: int
+    actor: Any
+    ready_ref: Any
+    ready: bool = False
+    next_seq: int = 0
+    queue: deque[_Work] = field(default_factory=deque)
+    last_done_at: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"w{self.index}.{self.generation}"
+
+
+def ensure_ray(address: str | None = None, min_cpus: int = 2) -> None:
+    """Join ``address`` or start a local Ray (sized to the machine) unless Ray is already up."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=max(os.cpu_count() or 1, min_cpus) + 1, **kwargs)
+
+
+class Orchestrator:
+    """Runs one study to its budget. Not thread-safe: one orchestrator per study at a time."""
+
+    def __init__(
+        self,
+        compiled: CompiledStudy,
+        db: StudyDB,
+        *,
+        ray_address: str | None = None,
+        workers: int | None = None,
+        trials_per_worker: int | None = None,
+        progress: Callable[[Progress], None] | None = None,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.compiled = compiled
+        self.spec = compiled.spec
+        self.db = db
+        self.ray_address = ray_address
+        self.requested_workers = workers or compiled.spec.resources.workers
+        self.requested_slots = trials_per_worker or compiled.spec.resources.trials_per_worker
+        self.progress = progress
+        self.poll_s = poll_s
+        self.workload = compiled.workload_cls(**compiled.spec.args)
+        self._stop = False
+        self._workers: list[_Worker] = []
+        self._inflight: dict[Any, _Work] = {}
+        self._redispatch: deque[_Work] = deque()
+        self._worst: dict[str, float] = {}
+        self._best: tuple[float, int] | None = None
+        self._counts: dict[str, int] = {}
+        self._start_failures = 0
+        self._durations: list[float] = []
+
+    # public ------------------------------------------------------------------
+    def stop(self) -> None:
+        """Ask the run loop to stop dispatching; trials in flight are re-sent on resume."""
+        self._stop = True
+
+    def run(self) -> RunSummary:
+        import ray
+
+        self.db.create_tables()
+        row = self._open_study()
+        self.study_id = row.id
+        self._prior_elapsed = row.elapsed_s or 0.0
+        self._run_started = time.monotonic()
+        ensure_ray(self.ray_address, min_cpus=self.requested_workers or 2)
+        status, message = "completed", None
+        try:
+            self._start_workers()
+            self._optuna = self._open_optuna(row)
+            self._recover()
+            self._loop()
+            if self._stop:
+                status = "stopped"
+        except KeyboardInterrupt:
+            status, message = "stopped", "interrupted"
+        except StudyFailed as exc:
+            status, message = "failed", str(exc)
+        finally:
+            for worker in self._workers:
+                ray.kill(worker.actor, no_restart=True)
+            self._workers.clear()
+            elapsed = self._elapsed()
+            self.db.update_study(self.study_id, status=status, elapsed_s=elapsed, message=message)
+        trials = self.db.trials(self.study_id)
+        objectives = self.compiled.objectives
+        summary = RunSummary(
+            study_id=self.study_id,
+            name=self.spec.name,
+            status=status,
+            counts=self.db.status_counts(self.study_id),
+            pareto=list(pareto_front(trials, objectives)),
+            best=best_trial(trials, objectives),
+            elapsed_s=elapsed,
+            message=message,
+        )
+        if status == "failed":
+            raise StudyFailed(message)
+        return summary
+
+    # set-up ------------------------------------------------------------------
+    def _open_study(self) -> StudyRow:
+        spec, space = self.spec, self.compiled.space
+        row = self.db.find_study(spec.name)
+        spec_json = spec.model_dump(mode="json")
+        if row is None:
+            row = self.db.create_study(
+                name=spec.name,
+                workload=spec.workload,
+                spec=spec_json,
+                space=space.canonical,
+                space_hash=space.hash,
+            )
+        else:
+            if row.name != spec.name:
+                raise StudyConflict(f"study {spec.name!r} not found by name")
+            if row.space_hash != space.hash:
+                raise StudyConflict(
+                    f"study {spec.name!r} exists with a different search space (hash {row.space_hash} != "
+                    f"{space.hash}); resuming with a changed space is refused: use a new study name"
+                )
+            stored = type(spec).model_validate(row.spec).identity()
+            if stored != spec.identity():
+                changed = sorted(k for k in stored if stored[k] != spec.identity()[k])
+                raise StudyConflict(
+                    f"study {spec.name!r} exists with different {', '.join(changed)}; use a new study name"
+                )
+        self.db.update_study(row.id, status="running", spec=spec_json, message=None)
+        return row
+
+    def _start_workers(self) -> None:
+        import ray
+
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus:
+            n = min(self.requested_workers or gpus, gpus)
+        else:
+            n = self.requested_workers or 2
+        self._gpu = gpus > 0
+        self._slots = self.requested_slots or (2 if self._gpu else 1)
+        self._workers = [self._spawn(i, 0) for i in range(n)]
+        deadline = time.monotonic() + 300
+        for worker in self._workers:
+            self._await_ready(worker, timeout=max(1.0, deadline - time.monotonic()))
+        infos = [w.info for w in self._workers if w.ready]
+        if not infos:
+            raise StudyFailed("no worker could start")
+        self.device = DeviceInfo.from_dict(infos[0]["device"])
+        self.db.update_study(self.study_id, device=infos[0]["device"], fingerprint=infos[0]["fingerprint"])
+
+    def _spawn(self, index: int, generation: int) -> _Worker:
+        import ray
+
+        from tuner.worker import TrialWorker
+
+        env = {"TRITON_INTERPRET": "1"} if not self._gpu else {}
+        options: dict[str, Any] = {
+            "num_cpus": 1,
+            "num_gpus": self.spec.resources.gpus_per_trial if self._gpu else 0,
+            "max_concurrency": self._slots + 1,
+            "max_restarts": 0,
+        }
+        if env:
+            options["runtime_env"] = {"env_vars": env}
+        label = f"w{index}.{generation}"
+        actor = ray.remote(TrialWorker).options(**options).remote(self.spec.workload, self.spec.args, label)
+        return _Worker(index=index, generation=generation, actor=actor, ready_ref=actor.describe.remote())
+
+    def _await_ready(self, worker: _Worker, timeout: float) -> None:
+        import ray
+
+        try:
+            worker.info = ray.get(worker.ready_ref, timeout=timeout)
+            worker.ready = True
+            worker.last_done_at = time.monotonic()
+            self._start_failures = 0
+        except Exception as exc:
+            self._start_failures += 1
+            log.warning("worker %s failed to start: %s", worker.label, exc)
+            if self._start_failures >= MAX_WORKER_START_FAILURES:
+                raise StudyFailed(f"workers fail to start: {exc}") from None
+            self._replace(worker)
+
+    def _replace(self, worker: _Worker) -> None:
+        import ray
+
+        ray.kill(worker.actor, no_restart=True)
+        fresh = self._spawn(worker.index, worker.generation + 1)
+        self._workers[self._workers.index(worker)] = fresh
+
+    def _open_optuna(self, row: StudyRow) -> optuna.Study:
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        compiled, spec = self.compiled, self.spec
+        grid = None
+        name = resolve_sampler_name(spec.sampler, len(compiled.objectives))
+        if name == "grid":
+            grid = [compiled.space.optuna_params(p) for p in compiled.space.grid()]
+        sampler = make_sampler(
+            name,
+            n_objectives=len(compiled.objectives),
+            seed=spec.seed,
+            budget_trials=spec.budget.trials,
+            has_conditions=any(p.when is not None for p in compiled.space.params.values()),
+            grid_points=grid,
+        )
+        engine_kwargs = {"connect_args": {"timeout": 30}} if self.db.url.startswith("sqlite") else {}
+        storage = optuna.storages.RDBStorage(self.db.url, engine_kwargs=engine_kwargs)
+        study = optuna.create_study(
+            storage=storage,
+            study_name=row.optuna_name,
+            directions=compiled.directions,
+            sampler=sampler,
+            load_if_exists=True,
+        )
+        self._grid_sampler = sampler if isinstance(sampler, EnumeratedGridSampler) else None
+        if spec.warm_start and name != "grid" and not study.get_trials(deepcopy=False):
+            limit = max(1, spec.budget.trials // 4)
+            seeds = [s for s in compiled.space.seeds if self._static_reason(s) is None][:limit]
+            for seed_config in seeds:
+                study.enqueue_trial(compiled.space.optuna_params(seed_config), skip_if_exists=True)
+        return study
+
+    def _recover(self) -> None:
+        """Re-send trials left running by an earlier orchestrator; settle Optuna's view with ours."""
+        rows = {r.number: r for r in self.db.trials(self.study_id)}
+        for row in rows.values():
+            self._counts[row.status] = self._counts.get(row.status, 0) + 1
+            if row.status == RUNNING:
+                self._redispatch.append(_Work(row.number, row.optuna_trial_id, dict(row.params), row.attempt))
+            else:
+                self._note_result(row.status, row.metrics, row.number, row.feasible)
+        states = (optuna.trial.TrialState.RUNNING,)
+        for trial in self._optuna.get_trials(deepcopy=False, states=states):
+            row = rows.get(trial.number)
+            if row is None:  # asked, never recorded: it never ran
+                self._optuna.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            elif row.status != RUNNING:  # recorded, not yet told
+                self._tell(trial._trial_id, trial.number, row.status, row.metrics)
+
+    # the loop ----------------------------------------------------------------
+    def _loop(self) -> None:
+        import ray
+
+        last_save = time.monotonic()
+        while True:
+            exhausted = self._fill()
+            if not self._inflight and (exhausted or self._stop) and not self._redispatch:
+                return
+            refs = list(self._inflight) + [w.ready_ref for w in self._workers if not w.ready]
+            if not refs:
+                if exhausted or self._stop:
+                    return
+                continue
+            ready, _ = ray.wait(refs, num_returns=1, timeout=self._wait_timeout())
+            if ready:
+                ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for ref in ready:
+                self._handle_ready(ref)
+            self._check_timeouts()
+            if time.monotonic() - last_save > ELAPSED_SAVE_EVERY_S:
+                self.db.update_study(self.study_id, elapsed_s=self._elapsed())
+                last_save = time.monotonic()
+
+    def _fill(self) -> bool:
+        """Dispatch while workers have free slots. Returns True when no new trial may start."""
+        exhausted = False
+        while True:
+            worker = self._free_worker()
+            if worker is None:
+                return exhausted or self._no_new_trials()
+            if self._redispatch:
+                self._dispatch(self._redispatch.popleft(), worker)
+                continue
+            if self._no_new_trials():
+                return True
+            work = self._ask()
+            if work is None:
+                return True
+            self._dispatch(work, worker)
+
+    def _no_new_trials(self) -> bool:
+        if self._stop:
+            return True
+        measured = sum(n for s, n in self._counts.items() if s != TrialStatus.INFEASIBLE_STATIC.value)
+        if measured >= self.spec.budget.trials:
+            return True
+        minutes = self.spec.budget.minutes
+        if minutes is not None and self._elapsed() >= minutes * 60:
+            return True
+        if self._grid_sampler is not None and self._grid_sampler.is_exhausted(self._optuna):
+            return True
+        return False
+
+    def _ask(self) -> _Work | None:
+        """Ask Optuna until a statically feasible config comes (each rejection is recorded)."""
+        for _ in range(STATIC_REJECT_LIMIT):
+            trial = self._optuna.ask()
+            config = self.compiled.space.suggest(trial)
+            reason = self._static_reason(config)
+            if reason is None:
+                self.db.insert_trial(self.study_id, trial.number, config, optuna_trial_id=trial._trial_id)
+                self._count(RUNNING, +1)
+                return _Work(trial.number, trial._trial_id, config)
+            status = TrialStatus.INFEASIBLE_STATIC.value
+            self.db.insert_trial(
+                self.study_id, trial.number, config, optuna_trial_id=trial._trial_id, status=status, error=reason
+            )
+            self._count(status, +1)
+            self._tell(trial._trial_id, trial.number, status, {})
+            if self._grid_sampler is not None and self._grid_sampler.is_exhausted(self._optuna):
+                return None
+        raise StudyFailed(f"{STATIC_REJECT_LIMIT} proposals in a row were statically infeasible; widen the space")
+
+    def _static_reason(self, config: dict[str, Any]) -> str | None:
+        device = getattr(self, "device", None)
+        device_fields = device.to_dict() if device else None
+        reason = self.compiled.space.static_violation(config, device_fields)
+        if reason is None and device is not None:
+            reason = self.workload.static_check(config, device)
+        return reason
+
+    def _free_worker(self) -> _Worker | None:
+        ready = [w for w in self._workers if w.ready and len(w.queue) < self._slots]
+        return min(ready, key=lambda w: (len(w.queue), w.index)) if ready else None
+
+    def _dispatch(self, work: _Work, worker: _Worker) -> None:
+        seq = worker.next_seq
+        worker.next_seq += 1
+        work.worker, work.dispatched_at = worker, time.monotonic()
+        work.ref = worker.actor.run_trial.remote(work.config, work.number, work.attempt, seq)
+        worker.queue.append(work)
+        self._inflight[work.ref] = work
+
+    def _wait_timeout(self) -> float:
+        now = time.monotonic()
+        wait = self.poll_s
+        for worker in self._workers:
+            if worker.queue:
+                wait = min(wait, max(0.0, self._deadline(worker) - now))
+        return wait
+
+    def _deadline(self, worker: _Worker) -> float:
+        head = worker.queue[0]
+        return max(head.dispatched_at, worker.last_done_at) + self.spec.budget.trial_timeout_s
+
+    # results -----------------------------------------------------------------
+    def _handle_ready(self, ref: Any) -> None:
+        import ray
+
+        worker = next((w for w in self._workers if not w.ready and w.ready_ref == ref), None)
+        if worker is not None:
+            self._await_ready(worker, timeout=1.0)
+            return
+        work = self._inflight.get(ref)
+        if work is None:  # already settled with its worker's loss
+            return
+        try:
+            result = ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            self._worker_lost(work.worker, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return
+        except ray.exceptions.RayError as exc:
+            result = {"status": TrialStatus.RUNTIME_ERROR.value, "metrics": {}, "error": str(exc)[-4000:]}
+        worker = work.worker
+        assert worker is not None
+        del self._inflight[ref]
+        if work in worker.queue:
+            worker.queue.remove(work)
+        worker.last_done_at = time.monotonic()
+        self._durations.append(time.monotonic() - work.dispatched_at)
+        self._finish(work, result, worker.label)
+        if result.get("replace_worker"):
+            self._requeue_all(worker)
+            self._replace(worker)
+
+    def _finish(self, work: _Work, result: dict[str, Any], worker_label: str | None) -> None:
+        status = result["status"]
+        metrics = dict(result.get("metrics") or {})
+        error = result.get("error")
+        if status == TrialStatus.OK.value:
+            missing = [m for m, _ in self.compiled.objectives if not _finite(metrics.get(m))]
+            if missing:
+                status = TrialStatus.RUNTIME_ERROR.value
+                error = f"the workload reported no finite value for objective(s) {missing}"
+        feasible = status == TrialStatus.OK.value and all(c.satisfied(metrics) for c in self.compiled.constraints)
+        fingerprint = None
+        if work.worker is not None:
+            fingerprint = work.worker.info.get("fingerprint")
+        self.db.finish_trial(
+            self.study_id,
+            work.number,
+            status=status,
+            metrics=metrics,
+            samples_ms=result.get("samples_ms") or [],
+            feasible=feasible,
+            timing_comparable=result.get("timing_comparable"),
+            error=error,
+            worker=worker_label,
+            attempt=work.attempt,
+            fingerprint=fingerprint,
+        )
+        self._count(RUNNING, -1)
+        self._count(status, +1)
+        self._note_result(status, metrics, work.number, feasible)
+        self._tell(work.optuna_trial_id, work.number, status, metrics)
+        self._report(status)
+
+    def _tell(self, trial_id: int | None, number: int, status: str, metrics: dict[str, Any]) -> None:
+        ok = status == TrialStatus.OK.value
+        violations = [c.violation(metrics) if ok else 1.0 for c in self.compiled.constraints]
+        violations.append(0.0 if ok else 1.0)
+        if ok:
+            values = [float(metrics[m]) for m, _ in self.compiled.objectives]
+        else:
+            values = [self._penalty(m, d, metrics) for m, d in self.compiled.objectives]
+        if trial_id is None:
+            trial_id = self._optuna._storage.get_trial_id_from_study_id_trial_number(self._optuna._study_id, number)
+        self._optuna._storage.set_trial_system_attr(trial_id, CONSTRAINTS_ATTR, violations)
+        self._optuna.tell(number, values, state=optuna.trial.TrialState.COMPLETE, skip_if_finished=True)
+
+    def _penalty(self, metric: str, direction: str, metrics: dict[str, Any]) -> float:
+        """A failed trial's stand-in value: the worst seen so far (constraints mark it infeasible)."""
+        if metric in self._worst:
+            return self._worst[metric]
+        value = metrics.get(metric)
+        return float(value) if _finite(value) else 0.0
+
+    def _note_result(self, status: str, metrics: dict[str, Any], number: int, feasible: bool | None) -> None:
+        if status != TrialStatus.OK.value:
+            return
+        for metric, direction in self.compiled.objectives:
+            value = metrics.get(metric)
+            if not _finite(value):
+                continue
+            worst = self._worst.get(metric)
+            if worst is None or (value < worst if direction == "maximize" else value > worst):
+                self._worst[metric] = float(value)
+        primary, direction = self.compiled.objectives[0]
+        value = metrics.get(primary)
+        if feasible and _finite(value):
+            sign = -1.0 if direction == "maximize" else 1.0
+            if self._best is None or sign * value < sign * self._best[0]:
+                self._best = (float(value), number)
+
+    # faults ------------------------------------------------------------------
+    def _check_timeouts(self) -> None:
+        now = time.monotonic()
+        for worker in list(self._workers):
+            if worker.ready and worker.queue and now >= self._deadline(worker):
+                head = worker.queue.popleft()
+                del self._inflight[head.ref]
+                self._requeue_all(worker)
+                self._replace(worker)
+                self._finish(
+                    head,
+                    {
+                        "status": TrialStatus.TIMEOUT.value,
+                        "metrics": {},
+                        "error": f"no result within {self.spec.budget.trial_timeout_s:g} s; worker killed",
+                    },
+                    worker.label,
+                )
+
+    def _worker_lost(self, worker: _Worker | None, reason: str) -> None:
+        assert worker is not None
+        head = worker.queue.popleft()
+        del self._inflight[head.ref]
+        self._requeue_all(worker)
+        self._replace(worker)
+        if head.attempt < MAX_ATTEMPTS:
+            log.warning("worker %s lost during trial %d (%s); retrying", worker.label, head.number, reason)
+            head.attempt += 1
+            self._redispatch.appendleft(head)
+        else:
+            error = f"worker died during the trial on each of {head.attempt} attempts: {reason}"
+            self._finish(head, {"status": TrialStatus.WORKER_LOST.value, "metrics": {}, "error": error}, worker.label)
+
+    def _requeue_all(self, worker: _Worker) -> None:
+        """Trials queued behind a killed worker's current one go back to the front, same attempt."""
+        while worker.queue:
+            work = worker.queue.pop()
+            self._inflight.pop(work.ref, None)
+            self._redispatch.appendleft(work)
+
+    # bookkeeping -------------------------------------------------------------
+    def _count(self, status: str, delta: int) -> None:
+        self._counts[status] = self._counts.get(status, 0) + delta
+
+    def _elapsed(self) -> float:
+        return self._prior_elapsed + (time.monotonic() - self._run_started)
+
+    def _report(self, last_status: str | None) -> None:
+        if self.progress is None:
+            return
+        counts = self._counts
+        static = counts.get(TrialStatus.INFEASIBLE_STATIC.value, 0)
+        running = counts.get(RUNNING, 0)
+        finished = sum(n for s, n in counts.items() if s not in (RUNNING, TrialStatus.INFEASIBLE_STATIC.value))
+        failed = finished - counts.get(TrialStatus.OK.value, 0)
+        remaining = max(0, self.spec.budget.trials - finished)
+        eta = None
+        done_here = len(self._durations)
+        if done_here:
+            eta = remaining * (time.monotonic() - self._run_started) / done_here
+        self.progress(
+            Progress(
+                study=self.spec.name,
+                budget_trials=self.spec.budget.trials,
+                finished=finished,
+                failed=failed,
+                infeasible_static=static,
+                running=running,
+                best_value=self._best[0] if self._best else None,
+                best_trial=self._best[1] if self._best else None,
+                primary_metric=self.compiled.objectives[0][0],
+                elapsed_s=self._elapsed(),
+                eta_s=eta,
+                last_status=last_status,
+            )
+        )
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,51 @@
+"""Pareto front and the default pick, computed from the study database (the source of truth)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+
+class TrialLike(Protocol):
+    number: int
+    status: str
+    metrics: Mapping[str, Any]
+    feasible: bool | None
+
+
+def _key(trial: TrialLike, objectives: Sequence[tuple[str, str]]) -> tuple[float, ...] | None:
+    """Objective values as "smaller is better" numbers, or None if any is missing."""
+    out = []
+    for metric, direction in objectives:
+        value = trial.metrics.get(metric)
+        if value is None:
+            return None
+        out.append(-float(value) if direction == "maximize" else float(value))
+    return tuple(out)
+
+
+def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+    return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
+
+
+def pareto_front(trials: Sequence[TrialLike], objectives: Sequence[tuple[str, str]]) -> list[TrialLike]:
+    """The non-dominated feasible ``ok`` trials, ordered by the first objective (best first).
+
+    Trials with equal objective values are all kept.
+    """
+    candidates = []
+    for trial in trials:
+        if trial.status != "ok" or not trial.feasible:
+            continue
+        key = _key(trial, objectives)
+        if key is not None:
+            candidates.append((key, trial))
+    front = [(k, t) for k, t in candidates if not any(dominates(o, k) for o, _ in candidates)]
+    front.sort(key=lambda kt: (kt[0], kt[1].number))
+    return [t for _, t in front]
+
+
+def best_trial(trials: Sequence[TrialLike], objectives: Sequence[tuple[str, str]]) -> TrialLike | None:
+    """The default pick: the Pareto point best on the first objective (ties: the next objectives)."""
+    front = pareto_front(trials, objectives)
+    return front[0] if front else None

@@ -1,0 +1,117 @@
+"""Sampler choice: Optuna samplers configured for batch-aware, constraint-aware tuning.
+
+Constraints reach the samplers as Optuna 5 trial constraints (the system
+attribute ``constraints``, which ``Trial.set_constraint`` also writes): one
+entry per spec constraint plus one "the trial failed" entry. A failed trial
+(compile error, timeout, wrong numerics...) is told to Optuna as COMPLETE with
+that entry violated, so constraint-aware samplers learn to avoid the region,
+instead of FAIL, which TPE ignores and would propose again.
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.trial import FrozenTrial, TrialState
+
+CONSTRAINTS_ATTR = "constraints"  # optuna.study._constrained_optimization._CONSTRAINTS_KEY
+GRID_ATTR = "tuner_grid_id"
+
+
+def resolve_sampler_name(name: str, n_objectives: int) -> str:
+    """``auto``: TPE (multivariate, constant liar; MOTPE for 2-3 objectives), NSGA-II above 3."""
+    if name != "auto":
+        return name
+    return "tpe" if n_objectives <= 3 else "nsga2"
+
+
+def make_sampler(
+    name: str,
+    *,
+    n_objectives: int,
+    seed: int | None,
+    budget_trials: int,
+    has_conditions: bool,
+    grid_points: list[dict[str, Any]] | None = None,
+) -> BaseSampler:
+    name = resolve_sampler_name(name, n_objectives)
+    if name == "tpe":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # `group`
+            return optuna.samplers.TPESampler(
+                seed=seed,
+                multivariate=True,
+                group=has_conditions,
+                constant_liar=True,
+                n_startup_trials=max(5, min(10, budget_trials // 6)),
+            )
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(8, min(50, budget_trials // 5)))
+    if name == "gp":
+        return optuna.samplers.GPSampler(
+            seed=seed,
+            n_startup_trials=max(5, min(10, budget_trials // 6)),
+        )
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        if grid_points is None:
+            raise ValueError("the grid sampler needs the enumerated grid")
+        return EnumeratedGridSampler(grid_points, seed=seed)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+class EnumeratedGridSampler(BaseSampler):
+    """Visits every point of an enumerated grid once, in a seeded random order.
+
+    Unlike Optuna's ``GridSampler`` the points may differ in their keys, so
+    conditional spaces enumerate correctly. Points are in Optuna's param form.
+    """
+
+    def __init__(self, points: list[dict[str, Any]], seed: int | None = None) -> None:
+        self._points = points
+        self._order = list(range(len(points)))
+        random.Random(seed).shuffle(self._order)
+        self._fallback = optuna.samplers.RandomSampler(seed=seed)
+
+    def _visited(self, study: optuna.Study) -> set[int]:
+        return {t.system_attrs[GRID_ATTR] for t in study.get_trials(deepcopy=False) if GRID_ATTR in t.system_attrs}
+
+    def is_exhausted(self, study: optuna.Study) -> bool:
+        return len(self._visited(study)) >= len(self._points)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if "fixed_params" in trial.system_attrs:
+            return
+        visited = self._visited(study)
+        for index in self._order:
+            if index not in visited:
+                study._storage.set_trial_system_attr(trial._trial_id, GRID_ATTR, index)
+                return
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return {}
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return {}
+
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> Any:
+        index = trial.system_attrs.get(GRID_ATTR)
+        if index is not None and param_name in self._points[index]:
+            return self._points[index][param_name]
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
+        return None

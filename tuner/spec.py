@@ -1,0 +1,178 @@
+"""The study spec: what a user submits, validated before anything runs.
+
+``load_spec`` reads YAML or JSON, checks the structure with pydantic and the
+meaning against the workload registry (metrics, space, constraints, args).
+Every refusal is a :class:`SpecError` whose lines name the offending field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tuner import expr
+from tuner.registry import UnknownWorkload, workload_class
+from tuner.space import SearchSpace, SpaceError, compile_space, load_space_file
+from tuner.workload import MetricSpec, Workload
+from tuner.yamlio import load_json_text, load_yaml_text
+
+SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class SpecError(ValueError):
+    """A spec that cannot run. ``errors`` is a list of (field, message)."""
+
+    def __init__(self, errors: list[tuple[str, str]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(f"{f}: {m}" if f else m for f, m in errors))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ObjectiveSpec(_Model):
+    metric: str
+    direction: Literal["maximize", "minimize"] | None = None
+
+
+class Budget(_Model):
+    trials: int = Field(default=50, ge=1, le=1_000_000)
+    minutes: float | None = Field(default=None, gt=0)
+    trial_timeout_s: float = Field(default=300.0, gt=0)
+
+    @field_validator("minutes", "trial_timeout_s")
+    @classmethod
+    def _finite(cls, value: float | None) -> float | None:
+        if value is not None and not math.isfinite(value):
+            raise ValueError("must be finite")
+        return value
+
+
+class Resources(_Model):
+    gpus_per_trial: int = Field(default=1, ge=1, le=1)  # multi-GPU trials come with the collectives work
+    workers: int | None = Field(default=None, ge=1, le=1024)
+    trials_per_worker: int | None = Field(default=None, ge=1, le=16)
+
+
+class StudySpec(_Model):
+    """A tuning study: workload + fixed args + space overrides + objectives + budget."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    workload: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    space: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    objectives: list[ObjectiveSpec] = Field(min_length=1, max_length=8)
+    constraints: list[str] = Field(default_factory=list, max_length=32)
+    budget: Budget = Field(default_factory=Budget)
+    sampler: Literal["auto", "tpe", "nsga2", "gp", "random", "grid"] = "auto"
+    seed: int | None = 0
+    warm_start: bool = True
+    resources: Resources = Field(default_factory=Resources)
+
+    def identity(self) -> dict[str, Any]:
+        """The parts that define what is measured: a resumed study must keep them."""
+        return {
+            "workload": self.workload,
+            "args": self.args,
+            "objectives": [o.model_dump() for o in self.objectives],
+            "constraints": self.constraints,
+        }
+
+
+@dataclass
+class CompiledStudy:
+    """A validated spec with everything the orchestrator needs resolved."""
+
+    spec: StudySpec
+    workload_cls: type[Workload]
+    space: SearchSpace
+    objectives: list[tuple[str, str]]  # (metric, direction)
+    constraints: list[expr.Constraint]
+    metrics: dict[str, MetricSpec]
+
+    @property
+    def directions(self) -> list[str]:
+        return [d for _, d in self.objectives]
+
+
+def parse_spec_text(text: str, source: str = "<spec>") -> dict[str, Any]:
+    stripped = text.lstrip()
+    try:
+        data = load_json_text(text, source) if stripped.startswith("{") else load_yaml_text(text, source)
+    except ValueError as exc:
+        raise SpecError([("", str(exc))]) from None
+    if not isinstance(data, dict):
+        raise SpecError([("", f"{source}: a spec is a mapping (YAML or JSON object)")])
+    return data
+
+
+def load_spec(source: str | Path | dict[str, Any]) -> CompiledStudy:
+    """Read (path, YAML/JSON text or dict), validate and compile a spec; raises SpecError."""
+    if isinstance(source, dict):
+        data = source
+    else:
+        path = Path(source)
+        if isinstance(source, Path) or (len(str(source)) < 4096 and "\n" not in str(source) and path.exists()):
+            data = parse_spec_text(path.read_text(), str(path))
+        else:
+            data = parse_spec_text(str(source))
+    try:
+        spec = StudySpec.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(
+            [(".".join(str(p) for p in err["loc"]), err["msg"]) for err in exc.errors(include_url=False)]
+        ) from None
+    return compile_study(spec)
+
+
+def compile_study(spec: StudySpec) -> CompiledStudy:
+    """Check a structurally valid spec against the registry and compile its space."""
+    errors: list[tuple[str, str]] = []
+    try:
+        cls = workload_class(spec.workload)
+    except UnknownWorkload as exc:
+        raise SpecError([("workload", str(exc))]) from None
+    metrics = {m.name: m for m in cls.metrics}
+    objectives: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    for i, objective in enumerate(spec.objectives):
+        if objective.metric not in metrics:
+            errors.append(
+                (f"objectives.{i}.metric", f"unknown metric {objective.metric!r}; {cls.name} reports {sorted(metrics)}")
+            )
+            continue
+        if objective.metric in seen:
+            errors.append((f"objectives.{i}.metric", f"duplicate objective {objective.metric!r}"))
+        seen.add(objective.metric)
+        objectives.append((objective.metric, objective.direction or metrics[objective.metric].direction))
+    constraints: list[expr.Constraint] = []
+    for i, text in enumerate(spec.constraints):
+        try:
+            constraints.append(expr.parse_constraint(text, set(metrics)))
+        except expr.ExpressionError as exc:
+            errors.append((f"constraints.{i}", str(exc)))
+    if len({c.text for c in constraints}) != len(constraints):
+        errors.append(("constraints", "duplicate constraints"))
+    space: SearchSpace | None = None
+    try:
+        space = compile_space(load_space_file(cls.space_file), spec.space)
+        if spec.sampler == "grid":
+            space.grid()
+    except SpaceError as exc:
+        errors.append((exc.field, exc.message))
+    except ValueError as exc:
+        errors.append(("space", str(exc)))
+    try:
+        cls(**spec.args)
+    except (TypeError, ValueError) as exc:
+        errors.append(("args", str(exc)))
+    if errors:
+        raise SpecError(errors)
+    assert space is not None
+    return CompiledStudy(spec, cls, space, objectives, constraints, metrics)

@@ -1,0 +1,265 @@
+"""The study database (SQLAlchemy 2): studies and trials, on SQLite or PostgreSQL.
+
+One code path for both. SQLite files run in WAL mode with a busy timeout so
+readers (CLI, API) never block the orchestrator, which is the only writer.
+Optuna's own tables live in the same database (its RDB storage); ours are
+prefixed ``tuner_`` so the two never collide.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+DEFAULT_DB_URL = "sqlite:///tuner.db"
+STUDY_STATUSES = ("queued", "running", "completed", "stopped", "failed")
+RUNNING = "running"  # a trial dispatched and not yet finished
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class StudyRow(Base):
+    __tablename__ = "tuner_studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True, index=True)
+    workload: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    space: Mapped[dict[str, Any]] = mapped_column(JSON)
+    space_hash: Mapped[str] = mapped_column(String(64))
+    optuna_name: Mapped[str] = mapped_column(String(160))
+    device: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    elapsed_s: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now, onupdate=_now)
+
+
+class TrialRow(Base):
+    __tablename__ = "tuner_trials"
+    __table_args__ = (UniqueConstraint("study_id", "number", name="uq_tuner_trial_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id", ondelete="CASCADE"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    optuna_trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    status: Mapped[str] = mapped_column(String(24), default=RUNNING, index=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    samples_ms: Mapped[list[float]] = mapped_column(JSON, default=list)
+    feasible: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    timing_comparable: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+def resolve_url(db: str | None) -> str:
+    """``--db`` or ``TUNER_DB_URL`` or the default; a bare path means an SQLite file."""
+    url = db or os.environ.get("TUNER_DB_URL") or DEFAULT_DB_URL
+    if "://" not in url:
+        url = f"sqlite:///{Path(url).expanduser()}"
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def clean_number(value: Any) -> float | None:
+    """A metric as JSON can carry it: NaN and inf become null (the status says why)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float | None]:
+    return {str(k): clean_number(v) for k, v in metrics.items()}
+
+
+class StudyDB:
+    """Reads and writes studies and trials. Each method is one short transaction."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = resolve_url(url)
+        self.engine = make_engine(self.url)
+        self.Session = sessionmaker(self.engine, expire_on_commit=False)
+
+    def create_tables(self) -> None:
+        Base.metadata.create_all(self.engine)
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # studies -----------------------------------------------------------------
+    def find_study(self, ref: str | int) -> StudyRow | None:
+        """A study by name, or by id when ``ref`` is all digits and no study has that name."""
+        with self.Session() as s:
+            row = s.scalar(select(StudyRow).where(StudyRow.name == str(ref)))
+            if row is None and str(ref).isdigit():
+                row = s.get(StudyRow, int(ref))
+            return row
+
+    def create_study(
+        self, *, name: str, workload: str, spec: dict[str, Any], space: dict[str, Any], space_hash: str
+    ) -> StudyRow:
+        with self.Session.begin() as s:
+            row = StudyRow(name=name, workload=workload, spec=spec, space=space, space_hash=space_hash, optuna_name="")
+            s.add(row)
+            s.flush()
+            row.optuna_name = f"tuner-{row.id}-{name}"
+        return row
+
+    def update_study(self, study_id: int, **fields: Any) -> None:
+        with self.Session.begin() as s:
+            s.execute(update(StudyRow).where(StudyRow.id == study_id).values(**fields, updated_at=_now()))
+
+    def list_studies(self) -> list[StudyRow]:
+        with self.Session() as s:
+            return list(s.scalars(select(StudyRow).order_by(StudyRow.id)))
+
+    def delete_study(self, study_id: int) -> None:
+        with self.Session.begin() as s:
+            s.query(TrialRow).filter(TrialRow.study_id == study_id).delete()
+            s.query(StudyRow).filter(StudyRow.id == study_id).delete()
+
+    # trials ------------------------------------------------------------------
+    def insert_trial(
+        self,
+        study_id: int,
+        number: int,
+        params: dict[str, Any],
+        *,
+        optuna_trial_id: int | None,
+        status: str = RUNNING,
+        error: str | None = None,
+    ) -> None:
+        now = _now()
+        with self.Session.begin() as s:
+            s.add(
+                TrialRow(
+                    study_id=study_id,
+                    number=number,
+                    optuna_trial_id=optuna_trial_id,
+                    status=status,
+                    params=params,
+                    metrics={},
+                    samples_ms=[],
+                    error=error,
+                    started_at=now,
+                    finished_at=None if status == RUNNING else now,
+                    feasible=None if status == RUNNING else False,
+                )
+            )
+
+    def mark_dispatched(self, study_id: int, number: int, *, worker: str, attempt: int) -> None:
+        with self.Session.begin() as s:
+            s.execute(
+                update(TrialRow)
+                .where(TrialRow.study_id == study_id, TrialRow.number == number)
+                .values(worker=worker, attempt=attempt, started_at=_now())
+            )
+
+    def finish_trial(
+        self,
+        study_id: int,
+        number: int,
+        *,
+        status: str,
+        metrics: Mapping[str, Any],
+        samples_ms: Iterable[float] = (),
+        feasible: bool,
+        timing_comparable: bool | None,
+        error: str | None,
+        worker: str | None,
+        attempt: int,
+        fingerprint: dict[str, Any] | None,
+    ) -> None:
+        with self.Session.begin() as s:
+            s.execute(
+                update(TrialRow)
+                .where(TrialRow.study_id == study_id, TrialRow.number == number)
+                .values(
+                    status=status,
+                    metrics=clean_metrics(metrics),
+                    samples_ms=[x for x in (clean_number(v) for v in samples_ms) if x is not None],
+                    feasible=feasible,
+                    timing_comparable=timing_comparable,
+                    error=error,
+                    worker=worker,
+                    attempt=attempt,
+                    fingerprint=fingerprint,
+                    finished_at=_now(),
+                )
+            )
+
+    def trials(self, study_id: int, status: str | None = None) -> list[TrialRow]:
+        with self.Session() as s:
+            q = select(TrialRow).where(TrialRow.study_id == study_id)
+            if status is not None:
+                q = q.where(TrialRow.status == status)
+            return list(s.scalars(q.order_by(TrialRow.number)))
+
+    def trial(self, study_id: int, number: int) -> TrialRow | None:
+        with self.Session() as s:
+            return s.scalar(select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number))
+
+    def status_counts(self, study_id: int) -> dict[str, int]:
+        with self.Session() as s:
+            rows = s.execute(
+                select(TrialRow.status, func.count()).where(TrialRow.study_id == study_id).group_by(TrialRow.status)
+            )
+            return {status: count for status, count in rows}

@@ -1,0 +1,121 @@
+"""The trial worker: a long-lived process (a Ray actor) that owns one GPU, or a CPU slot.
+
+The orchestrator sends it configs with a dispatch sequence number. Several
+trials may be in flight on one worker so that compilation (``prepare``) runs
+on the worker's threads while another trial is timed, but the measured part
+(``run``) takes the device in strict dispatch order, one trial at a time: a
+trial never shares the GPU while it is being timed, and the orchestrator
+knows which trial holds the device if the worker hangs or dies.
+
+Exceptions become statuses here; a worker whose CUDA context is unusable
+after a trial says so (``replace_worker``) and the orchestrator replaces it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import traceback
+from typing import Any
+
+from tuner.registry import workload_class
+from tuner.workload import DeviceInfo, TrialContext, TrialResult, TrialStatus, classify_exception
+
+MAX_ERROR_CHARS = 4000
+
+
+class TrialWorker:
+    """Runs trials of one workload. Plain class; the orchestrator wraps it with ``ray.remote``."""
+
+    def __init__(self, workload: str, args: dict[str, Any], label: str) -> None:
+        from tuner.fingerprint import device_info, fingerprint
+
+        self.label = label
+        self.workload = workload_class(workload)(**args)
+        self.device: DeviceInfo = device_info()
+        self.fingerprint = fingerprint()
+        self._turn = threading.Condition()
+        self._next_seq = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "device": self.device.to_dict(),
+            "fingerprint": self.fingerprint,
+        }
+
+    def reset_sequence(self, next_seq: int) -> None:
+        with self._turn:
+            self._next_seq = next_seq
+            self._turn.notify_all()
+
+    def run_trial(self, config: dict[str, Any], trial_number: int, attempt: int, seq: int) -> dict[str, Any]:
+        """Prepare (concurrently), then run in dispatch order. Returns a plain dict (see ``result_to_dict``)."""
+        started = time.time()
+        prepare_error: BaseException | None = None
+        prepare_tb = ""
+        try:
+            self.workload.prepare(config, self.device)
+        except Exception as exc:
+            prepare_error, prepare_tb = exc, traceback.format_exc()
+        with self._turn:
+            while self._next_seq != seq:
+                self._turn.wait()
+        try:
+            if prepare_error is not None:
+                status = classify_exception(prepare_error)
+                if status == TrialStatus.RUNTIME_ERROR:
+                    status = TrialStatus.COMPILE_ERROR
+                result = TrialResult(status=status, error=_short(prepare_tb))
+            else:
+                result = self._run(config, TrialContext(trial_number=trial_number, attempt=attempt))
+        finally:
+            with self._turn:
+                self._next_seq = seq + 1
+                self._turn.notify_all()
+        out = result_to_dict(result)
+        out["worker"] = self.label
+        out["duration_s"] = time.time() - started
+        out["replace_worker"] = bool(result.extra.get("replace_worker", False))
+        return out
+
+    def _run(self, config: dict[str, Any], ctx: TrialContext) -> TrialResult:
+        try:
+            return self.workload.run(config, self.device, ctx)
+        except Exception as exc:
+            result = TrialResult(status=classify_exception(exc), error=_short(traceback.format_exc()))
+            if self.device.is_gpu:
+                result.extra["replace_worker"] = not _cuda_usable(result.status)
+            return result
+
+
+def _cuda_usable(status: TrialStatus) -> bool:
+    """After a failed trial: free cached memory and check the CUDA context still works."""
+    try:
+        import torch
+
+        if status == TrialStatus.OOM:
+            torch.cuda.empty_cache()
+        torch.cuda.synchronize()
+        torch.zeros(1, device="cuda").add_(1).item()
+        return True
+    except Exception:
+        return False
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else "...\n" + text[-MAX_ERROR_CHARS:]
+
+
+def result_to_dict(result: TrialResult) -> dict[str, Any]:
+    return {
+        "status": result.status.value,
+        "metrics": dict(result.metrics),
+        "samples_ms": list(result.samples_ms),
+        "error": result.error,
+        "timing_comparable": result.timing_comparable,
+    }

@@ -1,0 +1,168 @@
+"""The workload contract: what every objective in ``objectives/`` implements.
+
+A workload knows how to build its inputs, run one configuration, check the
+numerics against a reference, and report metrics. It receives plain data (a
+config dict, a :class:`DeviceInfo`, a :class:`TrialContext`) and returns a
+:class:`TrialResult`. It never imports Optuna, Ray or SQLAlchemy, so it runs
+the same under the orchestrator, in a test, or from a one-off script.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+class TrialStatus(str, enum.Enum):
+    """Outcome of one trial. Every failure is a value, stored and fed back to the sampler."""
+
+    OK = "ok"
+    INFEASIBLE_STATIC = "infeasible_static"
+    COMPILE_ERROR = "compile_error"
+    OUT_OF_RESOURCES = "out_of_resources"
+    OOM = "oom"
+    RUNTIME_ERROR = "runtime_error"
+    NUMERICS_FAIL = "numerics_fail"
+    TIMEOUT = "timeout"
+    WORKER_LOST = "worker_lost"
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """A metric a workload reports: its name, the direction that is better, and its unit."""
+
+    name: str
+    direction: str  # "maximize" | "minimize"
+    unit: str = ""
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What static feasibility rules may know about the device a trial will run on.
+
+    ``kind`` is ``"cuda"`` or ``"cpu"``. On a CPU, Triton kernels run under the
+    interpreter and timings are not comparable with GPU timings.
+    """
+
+    kind: str = "cpu"
+    name: str = "cpu"
+    compute_capability: tuple[int, int] | None = None
+    smem_per_block_bytes: int | None = None
+    sm_count: int | None = None
+    total_memory_bytes: int | None = None
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "cuda"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "compute_capability": list(self.compute_capability) if self.compute_capability else None,
+            "smem_per_block_bytes": self.smem_per_block_bytes,
+            "sm_count": self.sm_count,
+            "total_memory_bytes": self.total_memory_bytes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> DeviceInfo:
+        cc = data.get("compute_capability")
+        return cls(
+            kind=data.get("kind", "cpu"),
+            name=data.get("name", "cpu"),
+            compute_capability=tuple(cc) if cc else None,  # type: ignore[arg-type]
+            smem_per_block_bytes=data.get("smem_per_block_bytes"),
+            sm_count=data.get("sm_count"),
+            total_memory_bytes=data.get("total_memory_bytes"),
+        )
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """Per-trial facts a workload may use: the trial number and which attempt this is."""
+
+    trial_number: int = 0
+    attempt: int = 1
+
+
+@dataclass
+class TrialResult:
+    """The outcome of one trial.
+
+    ``metrics`` maps metric names to floats (NaN/inf allowed, stored as null);
+    ``samples_ms`` holds the raw timing samples in milliseconds;
+    ``timing_comparable`` is False when timings come from a CPU or an
+    interpreter and must not be compared with GPU timings.
+    """
+
+    status: TrialStatus
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples_ms: list[float] = field(default_factory=list)
+    error: str | None = None
+    timing_comparable: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == TrialStatus.OK
+
+
+class Workload:
+    """Base class of every workload.
+
+    Contract:
+    - ``name``: registry key; ``space_file``: the YAML in ``search_spaces/``
+      that holds its default space; ``metrics``: what ``run`` reports.
+    - ``__init__(**args)`` takes the spec's ``args`` (shapes, dtypes...) and
+      must validate them, raising ``ValueError`` naming the argument.
+    - ``static_check(config, device)`` returns ``None`` when the config may be
+      dispatched, or a reason string when it is statically infeasible. It must
+      be cheap and must not touch a GPU: the orchestrator calls it before
+      dispatch.
+    - ``prepare(config, device)`` may compile ahead of timing; it may run on a
+      thread while another trial is being timed on the same GPU.
+    - ``run(config, device, ctx)`` checks numerics against a reference, then
+      times, and returns a :class:`TrialResult`. It may raise; the worker turns
+      exceptions into statuses (``classify_exception``).
+    """
+
+    name: ClassVar[str] = ""
+    space_file: ClassVar[str] = ""
+    metrics: ClassVar[tuple[MetricSpec, ...]] = ()
+    description: ClassVar[str] = ""
+
+    def __init__(self, **args: Any) -> None:
+        if args:
+            raise ValueError(f"workload {self.name!r} takes no args, got {sorted(args)}")
+
+    def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
+        return None
+
+    def prepare(self, config: dict[str, Any], device: DeviceInfo) -> None:
+        return None
+
+    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
+        raise NotImplementedError
+
+    def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The config in the form user code consumes (default: the params as they are)."""
+        return dict(config)
+
+
+def classify_exception(exc: BaseException) -> TrialStatus:
+    """Map an exception raised by a workload to a trial status, by type and message."""
+    name = type(exc).__name__
+    text = str(exc)
+    lowered = text.lower()
+    if name == "OutOfMemoryError" or "out of memory" in lowered:
+        return TrialStatus.OOM
+    if name in ("OutOfResources",) or "out of resource" in lowered:
+        return TrialStatus.OUT_OF_RESOURCES
+    if name in ("CompilationError", "CompileTimeAssertionFailure", "MLIRCompilationError") or (
+        "compil" in lowered and "error" in lowered
+    ):
+        return TrialStatus.COMPILE_ERROR
+    return TrialStatus.RUNTIME_ERROR
