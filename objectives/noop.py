@@ -7,7 +7,7 @@ number through the ``faults`` arg, e.g. ``{faults: {"3": hang, "5": exit}}``:
 
 - ``hang``: sleep forever (the orchestrator's timeout kills the worker)
 - ``exit``: ``os._exit(3)`` on every attempt; ``exit_once``: on the first attempt only
-- ``segfault``: SIGSEGV to the worker process
+- ``segfault``: a null-pointer read in the trial's own thread (a real SIGSEGV)
 - ``raise``: a RuntimeError; ``oom``: a MemoryError-like "out of memory" error
 - ``out_of_resources``: an error named OutOfResources
 - ``wrong``: a wrong result, caught by the numerics check
@@ -15,9 +15,9 @@ number through the ``faults`` arg, e.g. ``{faults: {"3": hang, "5": exit}}``:
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
-import signal
 import time
 from typing import Any, ClassVar
 
@@ -69,7 +69,7 @@ class NoOp(Workload):
         if fault == "exit" or (fault == "exit_once" and ctx.attempt == 1):
             os._exit(3)
         if fault == "segfault":
-            os.kill(os.getpid(), signal.SIGSEGV)
+            ctypes.string_at(0)
         if fault == "raise":
             raise RuntimeError(f"injected failure in trial {ctx.trial_number}")
         if fault == "oom":

@@ -106,7 +106,9 @@ def parse(text: str, *, allow_device: bool = False, allow_calls: bool = True) ->
                 raise ExpressionError(f"{text!r}: attribute access is allowed only as device.<field>")
             device_fields.add(node.attr)
         elif isinstance(node, ast.Call):
-            if not allow_calls or not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS):
+            if not allow_calls:
+                raise ExpressionError(f"{text!r}: function calls are not allowed here")
+            if not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS):
                 raise ExpressionError(f"{text!r}: only calls of {sorted(FUNCTIONS)} are allowed")
             if node.keywords:
                 raise ExpressionError(f"{text!r}: keyword arguments are not allowed")

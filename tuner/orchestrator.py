@@ -338,8 +338,11 @@ class Orchestrator:
         states = (optuna.trial.TrialState.RUNNING,)
         for trial in self._optuna.get_trials(deepcopy=False, states=states):
             row = rows.get(trial.number)
-            if row is None:  # asked, never recorded: it never ran
-                self._optuna.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            if row is None:  # asked but not yet recorded when the last run died: finish asking it
+                resumed = optuna.Trial(self._optuna, trial._trial_id)
+                work = self._admit(resumed.number, resumed._trial_id, self.compiled.space.suggest(resumed))
+                if work is not None:
+                    self._redispatch.append(work)
             elif row.status != RUNNING:  # recorded, not yet told
                 self._tell(trial._trial_id, trial.number, row.status, row.metrics)
 
@@ -401,21 +404,25 @@ class Orchestrator:
         """Ask Optuna until a statically feasible config comes (each rejection is recorded)."""
         for _ in range(STATIC_REJECT_LIMIT):
             trial = self._optuna.ask()
-            config = self.compiled.space.suggest(trial)
-            reason = self._static_reason(config)
-            if reason is None:
-                self.db.insert_trial(self.study_id, trial.number, config, optuna_trial_id=trial._trial_id)
-                self._count(RUNNING, +1)
-                return _Work(trial.number, trial._trial_id, config)
-            status = TrialStatus.INFEASIBLE_STATIC.value
-            self.db.insert_trial(
-                self.study_id, trial.number, config, optuna_trial_id=trial._trial_id, status=status, error=reason
-            )
-            self._count(status, +1)
-            self._tell(trial._trial_id, trial.number, status, {})
+            work = self._admit(trial.number, trial._trial_id, self.compiled.space.suggest(trial))
+            if work is not None:
+                return work
             if self._grid_sampler is not None and self._grid_sampler.is_exhausted(self._optuna):
                 return None
         raise StudyFailed(f"{STATIC_REJECT_LIMIT} proposals in a row were statically infeasible; widen the space")
+
+    def _admit(self, number: int, trial_id: int, config: dict[str, Any]) -> _Work | None:
+        """Record a proposed config: as a trial to run, or as statically infeasible (told at once)."""
+        reason = self._static_reason(config)
+        if reason is None:
+            self.db.insert_trial(self.study_id, number, config, optuna_trial_id=trial_id)
+            self._count(RUNNING, +1)
+            return _Work(number, trial_id, config)
+        status = TrialStatus.INFEASIBLE_STATIC.value
+        self.db.insert_trial(self.study_id, number, config, optuna_trial_id=trial_id, status=status, error=reason)
+        self._count(status, +1)
+        self._tell(trial_id, number, status, {})
+        return None
 
     def _static_reason(self, config: dict[str, Any]) -> str | None:
         device = getattr(self, "device", None)

@@ -1,0 +1,64 @@
+"""Shared fixtures: a local Ray for the session, and study databases on SQLite and PostgreSQL.
+
+PostgreSQL tests use ``TUNER_TEST_PG_URL`` (``scripts/test.sh`` starts the server and sets it).
+Without it they are skipped, unless ``TUNER_REQUIRE_PG=1`` (CI), where they fail.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_URL = os.environ.get("TUNER_TEST_PG_URL", "")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _reset_postgres(url: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA IF EXISTS public CASCADE"))
+        conn.execute(text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+def postgres_url() -> str:
+    if not PG_URL:
+        if os.environ.get("TUNER_REQUIRE_PG") == "1":
+            pytest.fail("TUNER_REQUIRE_PG=1 but TUNER_TEST_PG_URL is not set: PostgreSQL did not start")
+        pytest.skip("no PostgreSQL: set TUNER_TEST_PG_URL (scripts/test.sh starts one)")
+    _reset_postgres(PG_URL)
+    return PG_URL
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty study database: an SQLite file, then a real PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'study.db'}"
+    return postgres_url()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'study.db'}"
+
+
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One local Ray for the whole test session (starting one costs seconds)."""
+    import ray
+
+    from tuner.orchestrator import ensure_ray
+
+    ensure_ray(None, min_cpus=4)
+    yield
+    ray.shutdown()

@@ -1,0 +1,172 @@
+"""Whole studies through the real stack: Ray worker actors, Optuna, the SQL database."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner.orchestrator import Orchestrator, StudyConflict
+from tuner.spec import load_spec
+from tuner.storage import StudyDB
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("ray_session")]
+
+# every config of this space passes the noop static rule (tile * stages <= 1024)
+ALWAYS_FEASIBLE = {"tile": {"high": 128}, "stages": {"high": 4}}
+
+
+def noop_spec(name: str, **changes: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name,
+        "workload": "noop",
+        "args": {"sleep_ms": 20},
+        "objectives": [{"metric": "score"}, {"metric": "cost"}],
+        "constraints": ["score >= 0.2"],
+        "budget": {"trials": 12, "trial_timeout_s": 30},
+        "seed": 7,
+    }
+    spec.update(changes)
+    return spec
+
+
+def run(spec: dict[str, Any], db: StudyDB, **kwargs: Any):
+    return Orchestrator(load_spec(spec), db, **kwargs).run()
+
+
+def test_full_study_on_two_workers(db_url: str) -> None:
+    db = StudyDB(db_url)
+    events = []
+    summary = run(noop_spec("two-workers"), db, workers=2, progress=events.append)
+    trials = db.trials(summary.study_id)
+    measured = [t for t in trials if t.status != "infeasible_static"]
+    assert summary.status == "completed"
+    assert len(measured) == 12
+    assert sorted(t.number for t in trials) == list(range(len(trials)))
+    assert {t.worker.split(".")[0] for t in measured} == {"w0", "w1"}  # both workers ran trials
+    assert all(t.status == "ok" for t in measured)
+    assert all(t.fingerprint and t.fingerprint["torch"] for t in measured)
+    assert summary.best is not None and summary.best.feasible
+    assert summary.best.metrics["score"] == max(t.metrics["score"] for t in measured if t.feasible)
+    assert summary.pareto and all(t.feasible for t in summary.pareto)
+    assert events and events[-1].finished == 12
+    # the sampler's side agrees with the database
+    study = optuna.load_study(storage=db.url, study_name=db.find_study("two-workers").optuna_name)
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == len(trials)
+    db.dispose()
+
+
+def test_injected_faults_become_statuses_and_the_study_completes(sqlite_url: str) -> None:
+    faults = {
+        "2": "hang",
+        "4": "exit",
+        "5": "exit_once",
+        "6": "raise",
+        "7": "wrong",
+        "8": "segfault",
+        "9": "oom",
+        "10": "out_of_resources",
+    }
+    spec = noop_spec(
+        "faults",
+        args={"sleep_ms": 10, "faults": faults},
+        space=ALWAYS_FEASIBLE,
+        budget={"trials": 13, "trial_timeout_s": 8},
+    )
+    db = StudyDB(sqlite_url)
+    summary = run(spec, db, workers=2)
+    trials = {t.number: t for t in db.trials(summary.study_id)}
+    assert summary.status == "completed"
+    assert sorted(trials) == list(range(13)), "no trial lost, none duplicated"
+    expected = {
+        2: "timeout",
+        4: "worker_lost",
+        5: "ok",
+        6: "runtime_error",
+        7: "numerics_fail",
+        8: "worker_lost",
+        9: "oom",
+        10: "out_of_resources",
+    }
+    assert {n: trials[n].status for n in expected} == expected
+    assert trials[4].attempt == 2 and trials[8].attempt == 2 and trials[5].attempt == 2
+    assert "injected failure in trial 6" in trials[6].error
+    assert "8 s" in trials[2].error
+    others = [t for n, t in trials.items() if n not in expected]
+    assert others and all(t.status == "ok" for t in others)
+    assert all(t.feasible is False for t in trials.values() if t.status != "ok")
+    # failures were told to Optuna as infeasible, never as better than real results
+    study = optuna.load_study(storage=db.url, study_name=db.find_study("faults").optuna_name)
+    for trial in study.trials:
+        failed = trials[trial.number].status != "ok"
+        assert (trial.system_attrs["constraints"][-1] > 0) == failed
+    db.dispose()
+
+
+def test_same_seed_same_results_same_proposals(tmp_path) -> None:
+    sequences = []
+    for i in range(2):
+        db = StudyDB(f"sqlite:///{tmp_path / f'run{i}.db'}")
+        summary = run(noop_spec("determinism", budget={"trials": 14}), db, workers=1, trials_per_worker=1)
+        sequences.append([t.params for t in db.trials(summary.study_id)])
+        db.dispose()
+    assert len(sequences[0]) >= 14
+    assert sequences[0] == sequences[1]
+
+
+@pytest.mark.parametrize("sampler", ["nsga2", "gp", "random"])
+def test_other_samplers_run(sqlite_url: str, sampler: str) -> None:
+    db = StudyDB(sqlite_url)
+    spec = noop_spec(f"sampler-{sampler}", sampler=sampler, budget={"trials": 8}, args={})
+    if sampler == "gp":
+        spec["objectives"] = [{"metric": "score"}]
+    summary = run(spec, db, workers=2)
+    assert summary.status == "completed"
+    assert summary.counts.get("ok") == 8
+    db.dispose()
+
+
+def test_grid_sampler_visits_every_point_once(sqlite_url: str) -> None:
+    db = StudyDB(sqlite_url)
+    space = {
+        "x": {"type": "float", "low": 0.5, "high": 1.0, "step": 0.5},
+        "tile": {"choices": [32, 64]},
+        "stages": {"choices": [2, 3]},
+        "mode": {"choices": ["balanced", "exact"]},
+        "depth": {"low": 8, "high": 16},
+    }
+    spec = noop_spec("grid", sampler="grid", space=space, budget={"trials": 100}, args={})
+    summary = run(spec, db, workers=2)
+    points = [tuple(sorted(t.params.items())) for t in db.trials(summary.study_id)]
+    assert len(points) == len(set(points)) == 2 * 2 * 2 * (1 + 2)  # exact carries depth in {8, 16}
+    assert summary.status == "completed"
+    db.dispose()
+
+
+def test_resume_with_a_changed_space_is_refused(sqlite_url: str) -> None:
+    db = StudyDB(sqlite_url)
+    run(noop_spec("resume-guard", budget={"trials": 3}, args={}), db, workers=1)
+    with pytest.raises(StudyConflict, match="different search space"):
+        run(noop_spec("resume-guard", space={"tile": {"high": 64}}, args={}), db, workers=1)
+    with pytest.raises(StudyConflict, match="objectives"):
+        run(noop_spec("resume-guard", objectives=[{"metric": "score"}], args={}), db, workers=1)
+    # a larger budget resumes the same study and only adds trials
+    summary = run(noop_spec("resume-guard", budget={"trials": 5}, args={}), db, workers=1)
+    measured = [t for t in db.trials(summary.study_id) if t.status != "infeasible_static"]
+    assert len(measured) == 5
+    db.dispose()
+
+
+def test_statically_infeasible_configs_cost_no_worker_time(sqlite_url: str) -> None:
+    db = StudyDB(sqlite_url)
+    # tile in {128, 256} and stages in {5, 6}: tile * stages > 1024 except 128 * 5 = 640 and 128 * 6 = 768
+    space = {"tile": {"low": 128, "high": 256}, "stages": {"low": 5, "high": 6}}
+    summary = run(noop_spec("static", space=space, budget={"trials": 6}, args={}), db, workers=1)
+    trials = db.trials(summary.study_id)
+    static = [t for t in trials if t.status == "infeasible_static"]
+    assert static, "the sampler proposed no infeasible config: the test does not test anything"
+    assert all(t.params["tile"] == 256 for t in static)
+    assert all(t.worker is None and "tile_budget" in t.error for t in static)
+    assert sum(t.status == "ok" for t in trials) == 6
+    db.dispose()

@@ -1,0 +1,122 @@
+"""The CLI end to end, and killing the orchestrator mid-study then resuming it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuner.storage import StudyDB
+
+pytestmark = pytest.mark.timeout(400)
+
+SPEC = {
+    "name": "resume-me",
+    "workload": "noop",
+    "args": {"sleep_ms": 400},
+    "space": {"tile": {"high": 128}, "stages": {"high": 4}},
+    "objectives": [{"metric": "score"}, {"metric": "cost"}],
+    "budget": {"trials": 16, "trial_timeout_s": 60},
+    "seed": 3,
+}
+
+
+def tuner(*args: str, cwd: Path, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "160"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", *args],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
+
+
+def finished_rows(db: StudyDB) -> list:
+    row = db.find_study("resume-me")
+    if row is None:
+        return []
+    return [t for t in db.trials(row.id) if t.status not in ("running",)]
+
+
+def test_kill_the_orchestrator_and_resume(tmp_path: Path) -> None:
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(SPEC))
+    db_path = tmp_path / "study.db"
+    db = StudyDB(str(db_path))
+    db.create_tables()
+
+    # start, wait for a few finished trials, then kill the orchestrator and its local Ray
+    first = tuner(
+        "run", str(spec_path), "--db", str(db_path), "--workers", "2", "--quiet", cwd=tmp_path, start_new_session=True
+    )
+    deadline = time.monotonic() + 240
+    while len(finished_rows(db)) < 5:
+        assert first.poll() is None, first.stdout.read()
+        assert time.monotonic() < deadline, "the first run made no progress"
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    before = {t.number: t for t in finished_rows(db)}
+    study = db.find_study("resume-me")
+    assert study.status == "running"  # nobody marked it: it was killed
+    in_flight = [t for t in db.trials(study.id) if t.status == "running"]
+    assert len(before) < 16
+
+    second = tuner("run", str(spec_path), "--db", str(db_path), "--workers", "2", "--quiet", cwd=tmp_path)
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out
+    trials = db.trials(study.id)
+    numbers = [t.number for t in trials]
+    assert len(numbers) == len(set(numbers)), "a trial number was duplicated"
+    assert numbers == list(range(len(numbers))), "a trial number was skipped"
+    measured = [t for t in trials if t.status != "infeasible_static"]
+    assert len(measured) == 16, "the budget was not honoured"
+    assert all(t.status == "ok" for t in measured)
+    for number, old in before.items():  # no finished trial lost or changed
+        new = next(t for t in trials if t.number == number)
+        assert (new.status, new.params, new.metrics) == (old.status, old.params, old.metrics)
+    for old in in_flight:  # trials cut off by the kill were run again under their own numbers
+        new = next(t for t in trials if t.number == old.number)
+        assert new.status == "ok" and new.params == old.params
+    assert db.find_study("resume-me").status == "completed"
+    assert "Pareto front" in out
+
+    # the CLI's other commands against the same database
+    status = tuner("status", "--db", str(db_path), cwd=tmp_path).communicate(timeout=60)[0]
+    assert "resume-me" in status and "completed" in status and "16/16" in status
+    listing = tuner("trials", "resume-me", "--db", str(db_path), cwd=tmp_path).communicate(timeout=60)[0]
+    assert "ok" in listing
+    exported = tuner("export", "resume-me", "--format", "json", "--db", str(db_path), cwd=tmp_path)
+    doc = json.loads(exported.communicate(timeout=60)[0])
+    assert doc["study"] == "resume-me" and doc["on_pareto_front"]
+    assert doc["spec"]["name"] == "resume-me" and doc["fingerprint"]["python"]
+    best_score = max(t.metrics["score"] for t in measured)
+    assert doc["metrics"]["score"] == best_score
+    as_yaml = tuner("export", str(study.id), "--format", "yaml", "--trial", "0", "--db", str(db_path), cwd=tmp_path)
+    assert yaml.safe_load(as_yaml.communicate(timeout=60)[0])["trial"] == 0
+    db.dispose()
+
+
+def test_cli_refuses_a_bad_spec_naming_the_field(tmp_path: Path) -> None:
+    spec = dict(SPEC, objectives=[{"metric": "speed"}])
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    proc = tuner("run", str(path), "--db", str(tmp_path / "x.db"), cwd=tmp_path)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 2
+    assert "objectives.0.metric" in out and "unknown metric 'speed'" in out
+
+
+def test_cli_lists_workloads(tmp_path: Path) -> None:
+    out = tuner("workloads", cwd=tmp_path).communicate(timeout=60)[0]
+    assert "triton_gemm" in out and "tflops" in out and "noop" in out

@@ -1,0 +1,102 @@
+"""One storage contract, run on an SQLite file and on a real PostgreSQL."""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.exc import IntegrityError
+
+from tuner.storage import RUNNING, StudyDB, resolve_url
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def make_study(db: StudyDB, name: str = "s1") -> int:
+    row = db.create_study(name=name, workload="noop", spec={"name": name}, space={"params": {}}, space_hash="abc")
+    return row.id
+
+
+def test_studies_and_trials_round_trip(db_url: str) -> None:
+    db = StudyDB(db_url)
+    db.create_tables()
+    study_id = make_study(db)
+    assert db.find_study("s1").id == study_id
+    assert db.find_study(str(study_id)).name == "s1"
+    assert db.find_study("nope") is None
+    db.insert_trial(study_id, 0, {"tile": 64, "mode": "fast"}, optuna_trial_id=10)
+    db.insert_trial(study_id, 1, {"tile": 32}, optuna_trial_id=11, status="infeasible_static", error="rule")
+    assert db.status_counts(study_id) == {RUNNING: 1, "infeasible_static": 1}
+    db.finish_trial(
+        study_id,
+        0,
+        status="ok",
+        metrics={"tflops": 512.5, "nan_metric": float("nan"), "inf_metric": math.inf},
+        samples_ms=[1.0, 1.1, float("nan")],
+        feasible=True,
+        timing_comparable=True,
+        error=None,
+        worker="w0.0",
+        attempt=2,
+        fingerprint={"gpu": "H200", "driver": "580"},
+    )
+    trial = db.trial(study_id, 0)
+    assert trial.status == "ok"
+    assert trial.metrics == {"tflops": 512.5, "nan_metric": None, "inf_metric": None}
+    assert trial.samples_ms == [1.0, 1.1]
+    assert trial.params == {"tile": 64, "mode": "fast"}
+    assert (trial.attempt, trial.worker, trial.feasible) == (2, "w0.0", True)
+    assert trial.fingerprint["gpu"] == "H200"
+    assert trial.finished_at is not None and trial.started_at is not None
+    assert [t.number for t in db.trials(study_id)] == [0, 1]
+    assert [t.number for t in db.trials(study_id, status="infeasible_static")] == [1]
+    db.update_study(study_id, status="completed", elapsed_s=12.5)
+    assert db.find_study("s1").status == "completed"
+    db.dispose()
+
+
+def test_trial_numbers_are_unique_per_study(db_url: str) -> None:
+    db = StudyDB(db_url)
+    db.create_tables()
+    a, b = make_study(db, "a"), make_study(db, "b")
+    db.insert_trial(a, 0, {}, optuna_trial_id=None)
+    db.insert_trial(b, 0, {}, optuna_trial_id=None)  # same number, other study: fine
+    with pytest.raises(IntegrityError):
+        db.insert_trial(a, 0, {}, optuna_trial_id=None)
+    with pytest.raises(IntegrityError):
+        make_study(db, "a")
+    db.delete_study(a)
+    assert db.find_study("a") is None and db.trials(a) == []
+    db.dispose()
+
+
+def test_optuna_storage_lives_in_the_same_database(db_url: str) -> None:
+    db = StudyDB(db_url)
+    db.create_tables()
+    make_study(db)
+    study = optuna.create_study(storage=db.url, study_name="optuna-side", direction="maximize")
+    study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+    tables = set(sa_inspect(db.engine).get_table_names())
+    assert {"tuner_studies", "tuner_trials", "studies", "trials"} <= tables
+    assert len(optuna.load_study(storage=db.url, study_name="optuna-side").trials) == 3
+    db.dispose()
+
+
+def test_url_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TUNER_DB_URL", raising=False)
+    assert resolve_url(None) == "sqlite:///tuner.db"
+    assert resolve_url("/tmp/x.db") == "sqlite:////tmp/x.db"
+    assert resolve_url("postgresql://u:p@h/d") == "postgresql+psycopg://u:p@h/d"
+    monkeypatch.setenv("TUNER_DB_URL", "sqlite:///env.db")
+    assert resolve_url(None) == "sqlite:///env.db"
+
+
+def test_sqlite_runs_in_wal_mode(sqlite_url: str) -> None:
+    db = StudyDB(sqlite_url)
+    db.create_tables()
+    with db.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
+    db.dispose()
