@@ -31,7 +31,7 @@ import optuna
 from tuner.pareto import best_trial, pareto_front
 from tuner.samplers import CONSTRAINTS_ATTR, EnumeratedGridSampler, make_sampler, resolve_sampler_name
 from tuner.spec import CompiledStudy
-from tuner.storage import RUNNING, StudyDB, StudyRow, TrialRow
+from tuner.storage import RUNNING, StudyDB, StudyRow, TrialRow, tune_sqlite_engine
 from tuner.workload import DeviceInfo, TrialStatus
 
 log = logging.getLogger("tuner")
@@ -77,6 +77,8 @@ class RunSummary:
     best: TrialRow | None
     elapsed_s: float
     message: str | None = None
+    startup_s: float = 0.0  # Ray, workers, Optuna study: before the first dispatch
+    loop_s: float = 0.0  # from the first dispatch to the last result
 
 
 @dataclass
@@ -155,6 +157,7 @@ class Orchestrator:
         self._counts: dict[str, int] = {}
         self._start_failures = 0
         self._durations: list[float] = []
+        self._startup_s = self._loop_s = 0.0
 
     # public ------------------------------------------------------------------
     def stop(self) -> None:
@@ -175,7 +178,10 @@ class Orchestrator:
             self._start_workers()
             self._optuna = self._open_optuna(row)
             self._recover()
+            loop_started = time.monotonic()
+            self._startup_s = loop_started - self._run_started
             self._loop()
+            self._loop_s = time.monotonic() - loop_started
             if self._stop:
                 status = "stopped"
         except KeyboardInterrupt:
@@ -199,6 +205,8 @@ class Orchestrator:
             best=best_trial(trials, objectives),
             elapsed_s=elapsed,
             message=message,
+            startup_s=self._startup_s,
+            loop_s=self._loop_s,
         )
         if status == "failed":
             raise StudyFailed(message)
@@ -311,6 +319,7 @@ class Orchestrator:
         )
         engine_kwargs = {"connect_args": {"timeout": 30}} if self.db.url.startswith("sqlite") else {}
         storage = optuna.storages.RDBStorage(self.db.url, engine_kwargs=engine_kwargs)
+        tune_sqlite_engine(storage.engine)
         study = optuna.create_study(
             storage=storage,
             study_name=row.optuna_name,

@@ -1,0 +1,204 @@
+"""A multi-objective GEMM study on the GPUs of this machine, against torch.matmul in the same run.
+
+Runs the engine end to end (Ray worker per GPU, Optuna, SQLite) on the
+``triton_gemm`` workload's default space (tile sizes, warps, stages, all five
+precisions), objectives TFLOP/s (max) and max relative error (min). In the
+same run it times ``torch.matmul`` in bf16 on the same shape with the same
+stopwatch, before the study and again after it, interleaved with the best
+bf16 config found, so clock drift cannot favour either side.
+
+    python bench/gemm_study.py --size 8192 --trials 60 --out $OUT/gemm-study.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def baseline_bf16_tflops(size: int, rounds: int = 1) -> list[float]:
+    import torch
+
+    from tuner.fingerprint import device_info
+    from tuner.measure import time_fn
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
+    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
+    device = device_info()
+    out = []
+    for _ in range(rounds):
+        timing = time_fn(lambda: torch.matmul(a, b), device, warmup_ms=25, rep_ms=200, min_reps=10, max_reps=1000)
+        out.append(2 * size**3 / (timing.median_ms * 1e-3) / 1e12)
+    return out
+
+
+def remeasure_interleaved(size: int, config: dict[str, Any], rounds: int) -> dict[str, list[float]]:
+    """Best bf16 config and torch.matmul, A B A B ..., each with the same stopwatch."""
+    from objectives.triton_gemm import TritonGemm
+    from tuner.fingerprint import device_info
+    from tuner.workload import TrialContext
+
+    workload = TritonGemm(m=size, n=size, k=size)
+    device = device_info()
+    ours, theirs = [], []
+    for _ in range(rounds):
+        result = workload.run(config, device, TrialContext())
+        ours.append(result.metrics["tflops"])
+        theirs.extend(baseline_bf16_tflops(size))
+    return {"tuned_bf16_tflops": ours, "torch_matmul_bf16_tflops": theirs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=8192)
+    parser.add_argument("--trials", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved re-measurement rounds")
+    parser.add_argument("--db", help="SQLite file (default: a fresh temporary file)")
+    parser.add_argument("--out", help="write the result JSON here")
+    args = parser.parse_args()
+
+    from tuner.fingerprint import fingerprint
+    from tuner.orchestrator import Orchestrator
+    from tuner.spec import load_spec
+    from tuner.storage import StudyDB
+
+    size = args.size
+    spec = {
+        "name": f"gemm-{size}-multiobjective",
+        "workload": "triton_gemm",
+        "args": {"m": size, "n": size, "k": size},
+        "objectives": [{"metric": "tflops", "direction": "maximize"}, {"metric": "max_rel_error"}],
+        "constraints": ["max_rel_error <= 0.1"],
+        "budget": {"trials": args.trials, "trial_timeout_s": 180},
+        "sampler": "auto",
+        "seed": args.seed,
+    }
+    compiled = load_spec(spec)
+    baseline_before = baseline_bf16_tflops(size)
+    db_path = Path(args.db) if args.db else Path(tempfile.mkdtemp()) / "gemm-study.db"
+    db = StudyDB(str(db_path))
+
+    def on_progress(p: Any) -> None:
+        best = f"{p.best_value:.1f}" if p.best_value is not None else "-"
+        print(f"  {p.finished}/{p.budget_trials} done, {p.failed} failed, best tflops {best}", flush=True)
+
+    wall_start = time.time()
+    summary = Orchestrator(compiled, db, progress=on_progress).run()
+    trials = db.trials(summary.study_id)
+    measured = [t for t in trials if t.status != "infeasible_static"]
+    ok = [t for t in measured if t.status == "ok"]
+    seeds = {json.dumps(s, sort_keys=True) for s in compiled.space.seeds}
+
+    def origin(t: Any) -> str:
+        return "seed" if json.dumps(t.params, sort_keys=True) in seeds else "sampler"
+
+    def best_of(rows: list[Any]) -> Any | None:
+        return max(rows, key=lambda t: t.metrics["tflops"]) if rows else None
+
+    bf16 = [t for t in ok if t.params["precision"] == "bf16"]
+    best_bf16 = best_of(bf16)
+    best_bf16_sampler = best_of([t for t in bf16 if origin(t) == "sampler"])
+    first_start = min(t.started_at for t in measured)
+    best_any = summary.best
+
+    def seconds_to(t: Any | None) -> float | None:
+        return None if t is None else round((t.finished_at - first_start).total_seconds(), 1)
+
+    interleaved = remeasure_interleaved(size, best_bf16.params, args.rounds) if best_bf16 else {}
+    baseline_after = baseline_bf16_tflops(size)
+    all_baseline = baseline_before + baseline_after + interleaved.get("torch_matmul_bf16_tflops", [])
+    torch_median = statistics.median(all_baseline)
+    tuned_median = statistics.median(interleaved["tuned_bf16_tflops"]) if interleaved else None
+    loop_minutes = summary.loop_s / 60
+    result = {
+        "benchmark": "multi-objective triton_gemm study vs torch.matmul bf16",
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", *sys.argv]),
+        "fingerprint": fingerprint(),
+        "shape": {"m": size, "n": size, "k": size},
+        "spec": spec,
+        "space_points": compiled.space.size(),
+        "workers": len({t.worker.split(".")[0] for t in measured if t.worker}),
+        "study_status": summary.status,
+        "trials_measured": len(measured),
+        "trials_static_pruned": len(trials) - len(measured),
+        "status_breakdown": summary.counts,
+        "failures": [
+            {"trial": t.number, "status": t.status, "params": t.params, "error": (t.error or "")[-300:]}
+            for t in measured
+            if t.status != "ok"
+        ],
+        "trials_per_minute": round(len(measured) / loop_minutes, 2) if loop_minutes else None,
+        "startup_s": round(summary.startup_s, 1),
+        "study_loop_s": round(summary.loop_s, 1),
+        "wall_s": round(time.time() - wall_start, 1),
+        "best_bf16": None
+        if best_bf16 is None
+        else {
+            "trial": best_bf16.number,
+            "origin": origin(best_bf16),
+            "params": best_bf16.params,
+            "tflops_in_study": best_bf16.metrics["tflops"],
+            "seconds_to_find": seconds_to(best_bf16),
+        },
+        "best_bf16_from_sampler_proposals": None
+        if best_bf16_sampler is None
+        else {
+            "trial": best_bf16_sampler.number,
+            "params": best_bf16_sampler.params,
+            "tflops_in_study": best_bf16_sampler.metrics["tflops"],
+            "ratio_to_torch_matmul": round(best_bf16_sampler.metrics["tflops"] / torch_median, 3),
+        },
+        "best_overall": None
+        if best_any is None
+        else {
+            "trial": best_any.number,
+            "params": best_any.params,
+            "metrics": best_any.metrics,
+            "seconds_to_find": seconds_to(best_any),
+        },
+        "pareto_front": [{"trial": t.number, "params": t.params, "metrics": t.metrics} for t in summary.pareto],
+        "torch_matmul_bf16_tflops": {
+            "before_study": baseline_before,
+            "after_study": baseline_after,
+            "interleaved": interleaved.get("torch_matmul_bf16_tflops"),
+            "median": round(torch_median, 1),
+        },
+        "tuned_bf16_tflops_interleaved": interleaved.get("tuned_bf16_tflops"),
+        "ratio_best_bf16_to_torch_matmul": round(tuned_median / torch_median, 3) if tuned_median else None,
+        "target": ">= 0.85 x torch.matmul bf16",
+        "trials": [
+            {
+                "trial": t.number,
+                "status": t.status,
+                "origin": origin(t),
+                "params": t.params,
+                "metrics": t.metrics,
+                "worker": t.worker,
+                "seconds": round((t.finished_at - t.started_at).total_seconds(), 2) if t.finished_at else None,
+            }
+            for t in trials
+        ],
+    }
+    text = json.dumps(result, indent=2, default=str)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    short = {k: result[k] for k in ("status_breakdown", "trials_per_minute", "best_bf16", "best_overall")}
+    print(json.dumps(short, indent=2, default=str))
+    print(
+        f"torch.matmul bf16 {torch_median:.1f} TFLOP/s; best bf16 found {tuned_median} TFLOP/s; "
+        f"ratio {result['ratio_best_bf16_to_torch_matmul']}"
+    )
+
+
+if __name__ == "__main__":
+    main()

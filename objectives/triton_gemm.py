@@ -1,0 +1,343 @@
+"""The ``triton_gemm`` workload: one M x N x K product with the Triton kernel of ``kernels/gemm.py``.
+
+Knobs: BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages and
+precision (fp32, tf32, bf16, fp16, fp8). Metrics: TFLOP/s, latency and the
+maximum relative error against an fp32 reference of the fp32 master inputs,
+so the error includes input quantization and precision trades against speed.
+
+torch and triton are imported inside the methods: listing workloads and
+``static_check`` stay fast and never touch a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.workload import DeviceInfo, MetricSpec, TrialContext, TrialResult, TrialStatus, Workload
+
+PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
+TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+#: Largest ``max|out - ref| / max|ref|`` accepted, ref = fp32 (IEEE) product of the fp32 masters.
+#: It includes input quantization: a config above it is a NUMERICS_FAIL. Measured on an H200
+#: (K from 29 to 131072, standard-normal inputs): fp32 <= 6.3e-7, tf32 <= 1.1e-3,
+#: fp16 <= 6e-4, bf16 <= 4.4e-3, fp8 <= 0.048; the interpreter gives the same or less.
+TOLERANCE_VS_FP32: dict[str, float] = {"fp32": 1e-4, "tf32": 2e-2, "fp16": 2e-2, "bf16": 5e-2, "fp8": 0.15}
+#: Largest error against the fp32 product of the very operands the kernel reads (no quantization
+#: error left): catches a kernel that is wrong by less than the tolerance above. Output rounding
+#: alone gives up to 2^-8 (bf16) and 2^-11 (fp16); fp32/tf32 read the masters themselves, so the
+#: first check already covers them. fp8 on Hopper accumulates with reduced precision (Triton's
+#: default max_num_imprecise_acc), an error that grows like sqrt(K): measured 9e-5 * sqrt(K),
+#: see :func:`operand_tolerance`.
+TOLERANCE_VS_OPERANDS: dict[str, float] = {"fp16": 5e-3, "bf16": 1e-2, "fp8": 2e-2}
+#: Smallest BLOCK_K ``tl.dot`` accepts on NVIDIA GPUs (8-bit operands need K >= 32).
+MIN_BLOCK_K: dict[str, int] = {"fp32": 16, "tf32": 16, "bf16": 16, "fp16": 16, "fp8": 32}
+#: Compute capability each precision needs on a GPU (tensor-core tf32/bf16: Ampere; fp8: Ada/Hopper).
+MIN_CAPABILITY: dict[str, tuple[int, int]] = {"tf32": (8, 0), "bf16": (8, 0), "fp8": (8, 9)}
+
+#: Timing on a CPU (Triton interpreter): one warm-up call and three timed calls, as the
+#: numbers only show that the path runs.
+CPU_TIMING: dict[str, Any] = {"warmup_ms": 0.0, "rep_ms": 0.0, "min_reps": 3, "max_reps": 3}
+GPU_TIMING: dict[str, Any] = {"warmup_ms": 25.0, "rep_ms": 100.0, "min_reps": 10, "max_reps": 1000}
+
+
+def _interpreter_active() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+@dataclass
+class _Case:
+    """Inputs, references and output buffer of one precision on one device, reused across trials."""
+
+    inputs: Any  # kernels.gemm.GemmInputs
+    ref: Any  # fp32 product of the masters
+    operand_ref: Any | None  # fp32 product of the dequantized operands (None for fp32/tf32)
+    out: Any
+
+
+@dataclass(frozen=True)
+class NumericsCheck:
+    """Outcome of comparing one output with the references (errors are relative to ``max|ref|``)."""
+
+    max_rel_error: float
+    operand_rel_error: float | None
+    failure: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def operand_tolerance(precision: str, k: int) -> float:
+    """Tolerance of the error against the operands' own product, for a K-deep product."""
+    tolerance = TOLERANCE_VS_OPERANDS[precision]
+    if precision == "fp8":
+        tolerance = max(tolerance, 2e-4 * math.sqrt(k))
+    return tolerance
+
+
+def check_numerics(out: Any, ref: Any, operand_ref: Any | None, precision: str, k: int) -> NumericsCheck:
+    """Compare the kernel's ``out`` with the fp32 reference(s); NaN/inf anywhere is a failure.
+
+    ``out`` was filled with NaN before the launch, so an element the kernel
+    never wrote shows up here as NaN.
+    """
+    import torch
+
+    from kernels.gemm import max_rel_error
+
+    non_finite = int((~torch.isfinite(out)).sum())
+    if non_finite:
+        return NumericsCheck(
+            math.inf,
+            None,
+            f"{non_finite} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)",
+        )
+    error = max_rel_error(out, ref)
+    tolerance = TOLERANCE_VS_FP32[precision]
+    if not error <= tolerance:
+        return NumericsCheck(
+            error,
+            None,
+            f"max_rel_error {error:.3g} vs fp32 reference exceeds {precision} tolerance {tolerance:g}",
+        )
+    operand_error = None
+    if operand_ref is not None:
+        operand_error = max_rel_error(out, operand_ref)
+        tolerance = operand_tolerance(precision, k)
+        if not operand_error <= tolerance:
+            return NumericsCheck(
+                error,
+                operand_error,
+                f"error {operand_error:.3g} vs the fp32 product of the {precision} operands exceeds "
+                f"{tolerance:g}: the kernel, not the input rounding, is wrong",
+            )
+    return NumericsCheck(error, operand_error, None)
+
+
+def _compile_failure_status(exc: BaseException) -> TrialStatus | None:
+    """OUT_OF_RESOURCES / COMPILE_ERROR for Triton's own exceptions, None for anything else."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "OutOfResources" in names:
+        return TrialStatus.OUT_OF_RESOURCES
+    if names & {"CompilationError", "PTXASError", "MLIRCompilationError", "CompileTimeAssertionFailure"}:
+        return TrialStatus.COMPILE_ERROR
+    return None
+
+
+class TritonGemm(Workload):
+    """C = A @ B with the tutorial-style Triton GEMM, checked against an fp32 reference, then timed.
+
+    Args: ``m``, ``n``, ``k`` (positive ints, the product's shape) and ``seed``
+    (int, default 0) for the fp32 master inputs (standard normal).
+    """
+
+    name = "triton_gemm"
+    space_file = "gemm.yaml"
+    metrics = (
+        MetricSpec("tflops", "maximize", "TFLOP/s", "2*M*N*K / median latency"),
+        MetricSpec(
+            "max_rel_error",
+            "minimize",
+            "",
+            "max|C - C_ref| / max|C_ref|, C_ref = fp32 (IEEE) product of the fp32 master inputs",
+        ),
+        MetricSpec("latency_ms", "minimize", "ms", "median of the timed repetitions, L2 flushed"),
+    )
+    description = "Triton GEMM (kernels/gemm.py): tiles, warps, stages and precision fp32/tf32/bf16/fp16/fp8"
+
+    def __init__(self, m: int, n: int, k: int, seed: int = 0) -> None:
+        for arg, value in (("m", m), ("n", n), ("k", k)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.m, self.n, self.k, self.seed = m, n, k, seed
+        self._masters: dict[str, tuple[Any, Any, Any]] = {}
+        self._cases: dict[tuple[str, str], _Case] = {}
+        # Failures seen by prepare(), reported by run() of the same config without compiling again.
+        self._prepare_failures: dict[tuple[Any, ...], BaseException] = {}
+
+    @property
+    def flops(self) -> int:
+        """Floating-point operations of one product: 2*M*N*K."""
+        return 2 * self.m * self.n * self.k
+
+    # ------------------------------------------------------------------ static feasibility
+
+    def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
+        missing = [p for p in (*TILE_PARAMS, "precision") if p not in config]
+        if missing:
+            return f"config lacks {', '.join(missing)}"
+        precision = config["precision"]
+        if precision not in PRECISIONS:
+            return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+        try:
+            tile = {p: int(config[p]) for p in TILE_PARAMS}
+        except (TypeError, ValueError):
+            return f"tile parameters must be ints, got {[config[p] for p in TILE_PARAMS]}"
+        for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"):
+            if not _is_pow2(tile[p]):
+                return f"{p}={tile[p]} is not a power of two (tl.arange and the warp layout need one)"
+        if tile["BLOCK_M"] < 16 or tile["BLOCK_N"] < 16:
+            return f"BLOCK_M and BLOCK_N must be >= 16, got {tile['BLOCK_M']} and {tile['BLOCK_N']}"
+        if tile["BLOCK_K"] < MIN_BLOCK_K[precision]:
+            return f"{precision} needs BLOCK_K >= {MIN_BLOCK_K[precision]} for tl.dot, got {tile['BLOCK_K']}"
+        if tile["GROUP_M"] < 1 or tile["num_stages"] < 1 or tile["num_warps"] > 32:
+            return f"need GROUP_M >= 1, num_stages >= 1 and num_warps <= 32, got {tile}"
+        if precision == "bf16" and (not device.is_gpu or _interpreter_active()):
+            # Measured with Triton 3.9: max relative error ~3e9 on 48x80x64, whatever the tiles.
+            return "bf16 is not checked under the Triton interpreter (it computes bf16 products wrongly)"
+        if device.is_gpu and precision in MIN_CAPABILITY and device.compute_capability is not None:
+            needed = MIN_CAPABILITY[precision]
+            if tuple(device.compute_capability) < needed:
+                return (
+                    f"{precision} needs compute capability >= {needed[0]}.{needed[1]}, "
+                    f"{device.name} has {device.compute_capability[0]}.{device.compute_capability[1]}"
+                )
+        return None
+
+    # ------------------------------------------------------------------ compile ahead
+
+    def prepare(self, config: dict[str, Any], device: DeviceInfo) -> None:
+        """Compile the config's kernel on a GPU without launching it (no-op on CPU / interpreter).
+
+        Never raises: a compile error or an out-of-resources finding is kept and
+        returned as the status of ``run`` for the same config. Compiles for the
+        calling thread's current CUDA device.
+        """
+        if not device.is_gpu or _interpreter_active() or self.static_check(config, device) is not None:
+            return
+        try:
+            from kernels.gemm import compile_only
+
+            compile_only(self.m, self.n, self.k, precision=config["precision"], **self._tile(config))
+        except Exception as exc:  # failures are values, reported by run()
+            self._prepare_failures[self._key(config)] = exc
+
+    # ------------------------------------------------------------------ one trial
+
+    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
+        comparable = device.is_gpu and not _interpreter_active()
+        reason = self.static_check(config, device)
+        if reason is not None:
+            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
+        failure = self._prepare_failures.pop(self._key(config), None)
+        if failure is not None:
+            return self._compile_failure(failure, comparable)
+
+        import torch
+
+        from kernels.gemm import matmul
+        from tuner.measure import time_fn
+
+        precision = config["precision"]
+        tile = self._tile(config)
+        case = self._case(precision, device)
+        inputs = case.inputs
+
+        def launch() -> Any:
+            return matmul(
+                inputs.a,
+                inputs.b,
+                precision=precision,
+                scale_a=inputs.scale_a,
+                scale_b=inputs.scale_b,
+                out=case.out,
+                **tile,
+            )
+
+        case.out.fill_(float("nan"))
+        try:
+            launch()
+            if device.is_gpu:
+                torch.cuda.synchronize()
+        except Exception as exc:
+            if _compile_failure_status(exc) is None:
+                raise
+            return self._compile_failure(exc, comparable)
+
+        check = check_numerics(case.out, case.ref, case.operand_ref, precision, self.k)
+        extra: dict[str, Any] = {}
+        if check.operand_rel_error is not None:
+            extra["operand_rel_error"] = check.operand_rel_error
+        if not check.ok:
+            return TrialResult(
+                TrialStatus.NUMERICS_FAIL,
+                metrics={"max_rel_error": check.max_rel_error},
+                error=check.failure,
+                timing_comparable=comparable,
+                extra=extra,
+            )
+
+        timing = time_fn(launch, device, **(GPU_TIMING if comparable else CPU_TIMING))
+        extra["timing"] = timing.to_dict()
+        latency_s = timing.median_ms * 1e-3
+        return TrialResult(
+            TrialStatus.OK,
+            metrics={
+                "tflops": self.flops / latency_s / 1e12 if latency_s > 0 else math.inf,
+                "max_rel_error": check.max_rel_error,
+                "latency_ms": timing.median_ms,
+            },
+            samples_ms=timing.samples_ms,
+            timing_comparable=comparable,
+            extra=extra,
+        )
+
+    def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The config as ``triton.Config(kwargs, num_warps=..., num_stages=...)`` takes it, plus precision."""
+        tile = self._tile(config)
+        return {
+            "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
+            "num_warps": tile["num_warps"],
+            "num_stages": tile["num_stages"],
+            "precision": config["precision"],
+        }
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _tile(config: dict[str, Any]) -> dict[str, int]:
+        return {p: int(config[p]) for p in TILE_PARAMS}
+
+    @staticmethod
+    def _key(config: dict[str, Any]) -> tuple[Any, ...]:
+        return (config.get("precision"), *(config.get(p) for p in TILE_PARAMS))
+
+    @staticmethod
+    def _compile_failure(exc: BaseException, comparable: bool) -> TrialResult:
+        status = _compile_failure_status(exc) or TrialStatus.COMPILE_ERROR
+        text = f"{type(exc).__name__}: {exc}"
+        return TrialResult(status, error=text[:4000], timing_comparable=comparable)
+
+    def _case(self, precision: str, device: DeviceInfo) -> _Case:
+        """Inputs, references and output buffer for ``precision``, built on first use."""
+        torch_device = "cuda" if device.is_gpu else "cpu"
+        key = (precision, torch_device)
+        case = self._cases.get(key)
+        if case is not None:
+            return case
+        import torch
+
+        from kernels.gemm import OUTPUT_DTYPES, make_masters, quantize_inputs, reference_matmul, torch_matmul
+
+        masters = self._masters.get(torch_device)
+        if masters is None:
+            a_master, b_master = make_masters(self.m, self.n, self.k, torch_device, self.seed)
+            masters = (a_master, b_master, reference_matmul(a_master, b_master))
+            self._masters[torch_device] = masters
+        a_master, b_master, ref = masters
+        inputs = quantize_inputs(a_master, b_master, precision)
+        operand_ref = torch_matmul(inputs) if precision in TOLERANCE_VS_OPERANDS else None
+        out = torch.empty((self.m, self.n), device=torch_device, dtype=OUTPUT_DTYPES[precision])
+        case = _Case(inputs, ref, operand_ref, out)
+        self._cases[key] = case
+        return case
