@@ -1,17 +1,14 @@
 """The Triton GEMM kernel, the ``triton_gemm`` workload, the stopwatch and the fingerprint, on a CPU.
 
 Kernels run under the Triton interpreter: ``TRITON_INTERPRET`` must be set
-before triton is imported, so it is set here at import time and the kernel
-modules are imported inside the tests.
+before triton is imported (the test command and ``conftest.py`` set it on
+machines without a GPU), and the kernel modules are imported inside the tests.
 """
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
 import math
+import os
 import time
 from pathlib import Path
 

@@ -31,7 +31,7 @@ import optuna
 from tuner.pareto import best_trial, pareto_front
 from tuner.samplers import CONSTRAINTS_ATTR, EnumeratedGridSampler, make_sampler, resolve_sampler_name
 from tuner.spec import CompiledStudy
-from tuner.storage import RUNNING, StudyDB, StudyRow, TrialRow, tune_sqlite_engine
+from tuner.storage import RUNNING, StudyDB, StudyRow, TrialRow, TrialWrite, tune_sqlite_engine
 from tuner.workload import DeviceInfo, TrialStatus
 
 log = logging.getLogger("tuner")
@@ -158,6 +158,7 @@ class Orchestrator:
         self._start_failures = 0
         self._durations: list[float] = []
         self._startup_s = self._loop_s = 0.0
+        self._pending: list[TrialWrite] = []
 
     # public ------------------------------------------------------------------
     def stop(self) -> None:
@@ -189,6 +190,7 @@ class Orchestrator:
         except StudyFailed as exc:
             status, message = "failed", str(exc)
         finally:
+            self._flush()
             for worker in self._workers:
                 ray.kill(worker.actor, no_restart=True)
             self._workers.clear()
@@ -328,6 +330,7 @@ class Orchestrator:
             load_if_exists=True,
         )
         self._grid_sampler = sampler if isinstance(sampler, EnumeratedGridSampler) else None
+        self._constraints_on_every_trial = name not in ("tpe", "random", "grid")
         if spec.warm_start and name != "grid" and not study.get_trials(deepcopy=False):
             limit = max(1, spec.budget.trials // 4)
             seeds = [s for s in compiled.space.seeds if self._static_reason(s) is None][:limit]
@@ -369,6 +372,7 @@ class Orchestrator:
                 if exhausted or self._stop:
                     return
                 continue
+            self._flush()  # every dispatched trial has its row before we block
             ready, _ = ray.wait(refs, num_returns=1, timeout=self._wait_timeout())
             if ready:
                 ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
@@ -424,11 +428,14 @@ class Orchestrator:
         """Record a proposed config: as a trial to run, or as statically infeasible (told at once)."""
         reason = self._static_reason(config)
         if reason is None:
-            self.db.insert_trial(self.study_id, number, config, optuna_trial_id=trial_id)
+            self._pending.append(self.db.insert_op(self.study_id, number, config, optuna_trial_id=trial_id))
             self._count(RUNNING, +1)
             return _Work(number, trial_id, config)
         status = TrialStatus.INFEASIBLE_STATIC.value
-        self.db.insert_trial(self.study_id, number, config, optuna_trial_id=trial_id, status=status, error=reason)
+        self._pending.append(
+            self.db.insert_op(self.study_id, number, config, optuna_trial_id=trial_id, status=status, error=reason)
+        )
+        self._flush()  # recorded before Optuna hears of it: a told trial always has its row
         self._count(status, +1)
         self._tell(trial_id, number, status, {})
         return None
@@ -508,7 +515,7 @@ class Orchestrator:
         fingerprint = None
         if work.worker is not None:
             fingerprint = work.worker.info.get("fingerprint")
-        self.db.finish_trial(
+        write = self.db.finish_op(
             self.study_id,
             work.number,
             status=status,
@@ -521,6 +528,7 @@ class Orchestrator:
             attempt=work.attempt,
             fingerprint=fingerprint,
         )
+        self._pending.append(write)
         self._count(RUNNING, -1)
         self._count(status, +1)
         self._note_result(status, metrics, work.number, feasible)
@@ -537,7 +545,13 @@ class Orchestrator:
             values = [self._penalty(m, d, metrics) for m, d in self.compiled.objectives]
         if trial_id is None:
             trial_id = self._optuna._storage.get_trial_id_from_study_id_trial_number(self._optuna._study_id, number)
-        self._optuna._storage.set_trial_system_attr(trial_id, CONSTRAINTS_ATTR, violations)
+        # TPE reads a trial without constraints as feasible, so satisfied ones need no write (a
+        # transaction per trial saved); GP and NSGA-II want the same constraints on every trial.
+        if self._constraints_on_every_trial or any(v > 0 for v in violations):
+            try:
+                self._optuna._storage.set_trial_system_attr(trial_id, CONSTRAINTS_ATTR, violations)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                return  # told before a crash, re-run on resume: Optuna keeps its first answer
         self._optuna.tell(number, values, state=optuna.trial.TrialState.COMPLETE, skip_if_finished=True)
 
     def _penalty(self, metric: str, direction: str, metrics: dict[str, Any]) -> float:
@@ -605,6 +619,12 @@ class Orchestrator:
             self._redispatch.appendleft(work)
 
     # bookkeeping -------------------------------------------------------------
+    def _flush(self) -> None:
+        """Write pending trial rows in one transaction (several results and proposals at once)."""
+        if self._pending:
+            self.db.apply(self._pending)
+            self._pending.clear()
+
     def _count(self, status: str, delta: int) -> None:
         self._counts[status] = self._counts.get(status, 0) + delta
 

@@ -12,6 +12,7 @@ import datetime as dt
 import math
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    insert,
     select,
     update,
 )
@@ -139,6 +141,16 @@ def clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float | None]:
     return {str(k): clean_number(v) for k, v in metrics.items()}
 
 
+@dataclass(frozen=True)
+class TrialWrite:
+    """One pending write of a trial row: an insert, or the update that finishes it."""
+
+    kind: str  # "insert" | "finish"
+    study_id: int
+    number: int
+    values: dict[str, Any]
+
+
 class StudyDB:
     """Reads and writes studies and trials. Each method is one short transaction."""
 
@@ -186,8 +198,9 @@ class StudyDB:
             s.query(StudyRow).filter(StudyRow.id == study_id).delete()
 
     # trials ------------------------------------------------------------------
-    def insert_trial(
-        self,
+    # Writes come as operations so the orchestrator can apply several in one transaction.
+    @staticmethod
+    def insert_op(
         study_id: int,
         number: int,
         params: dict[str, Any],
@@ -195,35 +208,27 @@ class StudyDB:
         optuna_trial_id: int | None,
         status: str = RUNNING,
         error: str | None = None,
-    ) -> None:
+    ) -> TrialWrite:
         now = _now()
-        with self.Session.begin() as s:
-            s.add(
-                TrialRow(
-                    study_id=study_id,
-                    number=number,
-                    optuna_trial_id=optuna_trial_id,
-                    status=status,
-                    params=params,
-                    metrics={},
-                    samples_ms=[],
-                    error=error,
-                    started_at=now,
-                    finished_at=None if status == RUNNING else now,
-                    feasible=None if status == RUNNING else False,
-                )
-            )
+        return TrialWrite(
+            "insert",
+            study_id,
+            number,
+            {
+                "optuna_trial_id": optuna_trial_id,
+                "status": status,
+                "params": params,
+                "metrics": {},
+                "samples_ms": [],
+                "error": error,
+                "started_at": now,
+                "finished_at": None if status == RUNNING else now,
+                "feasible": None if status == RUNNING else False,
+            },
+        )
 
-    def mark_dispatched(self, study_id: int, number: int, *, worker: str, attempt: int) -> None:
-        with self.Session.begin() as s:
-            s.execute(
-                update(TrialRow)
-                .where(TrialRow.study_id == study_id, TrialRow.number == number)
-                .values(worker=worker, attempt=attempt, started_at=_now())
-            )
-
-    def finish_trial(
-        self,
+    @staticmethod
+    def finish_op(
         study_id: int,
         number: int,
         *,
@@ -236,24 +241,44 @@ class StudyDB:
         worker: str | None,
         attempt: int,
         fingerprint: dict[str, Any] | None,
-    ) -> None:
-        with self.Session.begin() as s:
-            s.execute(
-                update(TrialRow)
-                .where(TrialRow.study_id == study_id, TrialRow.number == number)
-                .values(
-                    status=status,
-                    metrics=clean_metrics(metrics),
-                    samples_ms=[x for x in (clean_number(v) for v in samples_ms) if x is not None],
-                    feasible=feasible,
-                    timing_comparable=timing_comparable,
-                    error=error,
-                    worker=worker,
-                    attempt=attempt,
-                    fingerprint=fingerprint,
-                    finished_at=_now(),
-                )
-            )
+    ) -> TrialWrite:
+        return TrialWrite(
+            "finish",
+            study_id,
+            number,
+            {
+                "status": status,
+                "metrics": clean_metrics(metrics),
+                "samples_ms": [x for x in (clean_number(v) for v in samples_ms) if x is not None],
+                "feasible": feasible,
+                "timing_comparable": timing_comparable,
+                "error": error,
+                "worker": worker,
+                "attempt": attempt,
+                "fingerprint": fingerprint,
+                "finished_at": _now(),
+            },
+        )
+
+    def apply(self, writes: Iterable[TrialWrite]) -> None:
+        """Apply trial writes in order, in one transaction (SQL Core: this is the orchestrator's hot path)."""
+        table = TrialRow.__table__
+        with self.engine.begin() as conn:
+            for write in writes:
+                if write.kind == "insert":
+                    conn.execute(insert(table).values(study_id=write.study_id, number=write.number, **write.values))
+                else:
+                    conn.execute(
+                        update(table)
+                        .where(table.c.study_id == write.study_id, table.c.number == write.number)
+                        .values(**write.values)
+                    )
+
+    def insert_trial(self, study_id: int, number: int, params: dict[str, Any], **kwargs: Any) -> None:
+        self.apply([self.insert_op(study_id, number, params, **kwargs)])
+
+    def finish_trial(self, study_id: int, number: int, **kwargs: Any) -> None:
+        self.apply([self.finish_op(study_id, number, **kwargs)])
 
     def trials(self, study_id: int, status: str | None = None) -> list[TrialRow]:
         with self.Session() as s:
