@@ -96,6 +96,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             return 1
     counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items()))
     console.print(f"study {summary.name} {summary.status} in {summary.elapsed_s:.1f} s: {counts}")
+    if any(t.timing_comparable is False for t in summary.pareto):
+        console.print(
+            "[yellow]timings come from a CPU or the Triton interpreter: numerics are real, speeds are not "
+            "comparable with GPU timings[/yellow]"
+        )
     _print_front(summary.pareto, compiled.objectives, summary.best.number if summary.best else None)
     return 0 if summary.status == "completed" else 1
 
