@@ -154,6 +154,23 @@ def _grid(m: int, n: int, block_m: int, block_n: int) -> tuple[int]:
     return (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
 
 
+def _meta_args(
+    precision: str, k: int, BLOCK_M: int, BLOCK_N: int, BLOCK_K: int, GROUP_M: int, num_warps: int, num_stages: int
+) -> dict[str, Any]:
+    """The kernel's constexpr and launch arguments for one config (shared by launch and warm-up)."""
+    return {
+        "BLOCK_M": BLOCK_M,
+        "BLOCK_N": BLOCK_N,
+        "BLOCK_K": BLOCK_K,
+        "GROUP_M": GROUP_M,
+        "INPUT_PRECISION": DOT_INPUT_PRECISION[precision],
+        "HAS_SCALE": precision == "fp8",
+        "EVEN_K": k % BLOCK_K == 0,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+    }
+
+
 def matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -209,15 +226,7 @@ def matmul(
         b.stride(1),
         out.stride(0),
         out.stride(1),
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
-        GROUP_M=GROUP_M,
-        INPUT_PRECISION=DOT_INPUT_PRECISION[precision],
-        HAS_SCALE=has_scale,
-        EVEN_K=k % BLOCK_K == 0,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        **_meta_args(precision, k, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages),
     )
     return out
 
@@ -291,15 +300,7 @@ def compile_only(
         *strides["a"],
         *strides["b"],
         *strides["c"],
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
-        GROUP_M=GROUP_M,
-        INPUT_PRECISION=DOT_INPUT_PRECISION[precision],
-        HAS_SCALE=has_scale,
-        EVEN_K=k % BLOCK_K == 0,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        **_meta_args(precision, k, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages),
         grid=_grid(m, n, BLOCK_M, BLOCK_N),
     )
     _raise_if_over_shared_memory(kernel)
