@@ -172,3 +172,35 @@ def test_statically_infeasible_configs_cost_no_worker_time(sqlite_url: str) -> N
     assert all(t.worker is None and "tile_budget" in t.error for t in static)
     assert sum(t.status == "ok" for t in trials) == 6
     db.dispose()
+
+
+def test_gemm_study_on_cpu_workers_under_the_interpreter(sqlite_url: str) -> None:
+    db = StudyDB(sqlite_url)
+    spec = {
+        "name": "gemm-cpu",
+        "workload": "triton_gemm",
+        "args": {"m": 48, "n": 40, "k": 64},
+        "space": {
+            "BLOCK_M": {"high": 32},
+            "BLOCK_N": {"high": 32},
+            "BLOCK_K": {"high": 32},
+            "precision": {"choices": ["fp32", "bf16", "fp16", "fp8"]},
+        },
+        "objectives": [{"metric": "tflops"}, {"metric": "max_rel_error"}],
+        "constraints": ["max_rel_error <= 0.1"],
+        "budget": {"trials": 6, "trial_timeout_s": 120},
+        "seed": 1,
+        "warm_start": False,
+    }
+    summary = run(spec, db, workers=2)
+    trials = db.trials(summary.study_id)
+    measured = [t for t in trials if t.status != "infeasible_static"]
+    assert summary.status == "completed" and len(measured) == 6
+    assert all(t.status == "ok" for t in measured), [(t.status, t.error) for t in measured]
+    assert all(t.params["precision"] != "bf16" for t in measured)  # refused on the interpreter
+    assert all("interpreter" in t.error for t in trials if t.status == "infeasible_static")
+    for t in measured:
+        assert t.timing_comparable is False
+        assert t.metrics["tflops"] > 0 and t.metrics["max_rel_error"] < 0.1
+        assert t.fingerprint["triton_interpret"] is True
+    db.dispose()
