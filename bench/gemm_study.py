@@ -94,7 +94,7 @@ def main() -> None:
     wall_start = time.time()
     summary = Orchestrator(compiled, db, progress=on_progress).run()
     trials = db.trials(summary.study_id)
-    measured = [t for t in trials if t.status != "infeasible_static"]
+    measured = [t for t in trials if t.status != "infeasible_static" and t.duplicate_of is None]
     ok = [t for t in measured if t.status == "ok"]
     seeds = {json.dumps(s, sort_keys=True) for s in compiled.space.seeds}
 

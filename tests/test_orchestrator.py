@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import optuna
@@ -155,8 +156,11 @@ def test_resume_with_a_changed_space_is_refused(sqlite_url: str) -> None:
         run(noop_spec("resume-guard", objectives=[{"metric": "score"}], args={}), db, workers=1)
     # a larger budget resumes the same study and only adds trials
     summary = run(noop_spec("resume-guard", budget={"trials": 5}, args={}), db, workers=1)
-    measured = [t for t in db.trials(summary.study_id) if t.status != "infeasible_static"]
+    trials = db.trials(summary.study_id)
+    measured = [t for t in trials if t.status != "infeasible_static" and t.duplicate_of is None]
     assert len(measured) == 5
+    first_run = {json.dumps(t.params, sort_keys=True) for t in trials[:3]}
+    assert all(json.dumps(t.params, sort_keys=True) not in first_run for t in trials[3:]), "proposals replayed"
     db.dispose()
 
 
@@ -203,4 +207,28 @@ def test_gemm_study_on_cpu_workers_under_the_interpreter(sqlite_url: str) -> Non
         assert t.timing_comparable is False
         assert t.metrics["tflops"] > 0 and t.metrics["max_rel_error"] < 0.1
         assert t.fingerprint["triton_interpret"] is True
+    db.dispose()
+
+
+def test_repeated_configs_reuse_results_and_an_exhausted_space_ends_the_study(sqlite_url: str) -> None:
+    db = StudyDB(sqlite_url)
+    space = {  # 3 points in all
+        "x": {"low": 0.0, "high": 1.0, "step": 0.5},
+        "tile": {"choices": [64]},
+        "stages": {"choices": [3]},
+        "mode": {"choices": ["balanced"]},
+    }
+    spec = noop_spec("tiny", space=space, budget={"trials": 10}, args={}, warm_start=False)
+    summary = run(spec, db, workers=1)
+    trials = db.trials(summary.study_id)
+    originals = [t for t in trials if t.duplicate_of is None]
+    copies = [t for t in trials if t.duplicate_of is not None]
+    assert summary.status == "completed" and "repeated measured configs" in summary.message
+    assert len(originals) == 3 and {t.params["x"] for t in originals} == {0.0, 0.5, 1.0}
+    assert len(copies) >= 200 and summary.counts["duplicate"] == len(copies)
+    by_number = {t.number: t for t in originals}
+    for copy in copies:
+        source = by_number[copy.duplicate_of]
+        assert (copy.params, copy.status, copy.metrics) == (source.params, source.status, source.metrics)
+        assert copy.worker is None and "reused" in copy.error
     db.dispose()

@@ -131,7 +131,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         table.add_column(col)
     for row in db.list_studies():
         counts = db.status_counts(row.id)
-        measured = sum(n for s, n in counts.items() if s not in ("infeasible_static", "running"))
+        measured = sum(n for s, n in counts.items() if s not in ("infeasible_static", "running", "duplicate"))
         failed = measured - counts.get("ok", 0)
         objectives = objectives_of(row)
         best = best_trial(db.trials(row.id), objectives)

@@ -17,6 +17,7 @@ marked running under the same numbers, then goes on until the budget is met.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -31,13 +32,17 @@ import optuna
 from tuner.pareto import best_trial, pareto_front
 from tuner.samplers import CONSTRAINTS_ATTR, EnumeratedGridSampler, make_sampler, resolve_sampler_name
 from tuner.spec import CompiledStudy
-from tuner.storage import RUNNING, StudyDB, StudyRow, TrialRow, TrialWrite, tune_sqlite_engine
+from tuner.storage import DUPLICATE, RUNNING, StudyDB, StudyRow, TrialRow, TrialWrite, tune_sqlite_engine
 from tuner.workload import DeviceInfo, TrialStatus
 
 log = logging.getLogger("tuner")
 MAX_ATTEMPTS = 2
 MAX_WORKER_START_FAILURES = 3
 STATIC_REJECT_LIMIT = 2000  # consecutive statically infeasible proposals before giving up
+DUPLICATE_LIMIT = 200  # consecutive proposals of measured configs: the space is exhausted or the search converged
+# A repeated config reuses the earlier result when that result does not depend on luck.
+REUSABLE = frozenset({"ok", "compile_error", "out_of_resources", "numerics_fail"})
+NOT_MEASURED = frozenset({TrialStatus.INFEASIBLE_STATIC.value, DUPLICATE})
 ELAPSED_SAVE_EVERY_S = 5.0
 
 
@@ -159,6 +164,9 @@ class Orchestrator:
         self._durations: list[float] = []
         self._startup_s = self._loop_s = 0.0
         self._pending: list[TrialWrite] = []
+        self._reusable: dict[str, Any] = {}  # config key -> finished trial whose result a repeat reuses
+        self._duplicates_in_a_row = 0
+        self._exhausted: str | None = None
 
     # public ------------------------------------------------------------------
     def stop(self) -> None:
@@ -185,6 +193,7 @@ class Orchestrator:
             self._loop_s = time.monotonic() - loop_started
             if self._stop:
                 status = "stopped"
+            message = self._exhausted
         except KeyboardInterrupt:
             status, message = "stopped", "interrupted"
         except StudyFailed as exc:
@@ -311,10 +320,14 @@ class Orchestrator:
         name = resolve_sampler_name(spec.sampler, len(compiled.objectives))
         if name == "grid":
             grid = [compiled.space.optuna_params(p) for p in compiled.space.grid()]
+        # A resumed study reseeds deterministically: the same seed again would replay the proposals
+        # (the random start-up ones above all) that the first run already measured.
+        done = len(self.db.trials(self.study_id))
+        seed = spec.seed + done if spec.seed is not None and done else spec.seed
         sampler = make_sampler(
             name,
             n_objectives=len(compiled.objectives),
-            seed=spec.seed,
+            seed=seed,
             budget_trials=spec.budget.trials,
             has_conditions=any(p.when is not None for p in compiled.space.params.values()),
             grid_points=grid,
@@ -342,7 +355,9 @@ class Orchestrator:
         """Re-send trials left running by an earlier orchestrator; settle Optuna's view with ours."""
         rows = {r.number: r for r in self.db.trials(self.study_id)}
         for row in rows.values():
-            self._counts[row.status] = self._counts.get(row.status, 0) + 1
+            self._count(DUPLICATE if row.duplicate_of is not None else row.status, +1)
+            if row.status in REUSABLE and row.duplicate_of is None:
+                self._reusable[_config_key(row.params)] = row
             if row.status == RUNNING:
                 self._redispatch.append(_Work(row.number, row.optuna_trial_id, dict(row.params), row.attempt))
             else:
@@ -403,8 +418,10 @@ class Orchestrator:
     def _no_new_trials(self) -> bool:
         if self._stop:
             return True
-        measured = sum(n for s, n in self._counts.items() if s != TrialStatus.INFEASIBLE_STATIC.value)
+        measured = sum(n for s, n in self._counts.items() if s not in NOT_MEASURED)
         if measured >= self.spec.budget.trials:
+            return True
+        if self._exhausted is not None:
             return True
         minutes = self.spec.budget.minutes
         if minutes is not None and self._elapsed() >= minutes * 60:
@@ -420,12 +437,28 @@ class Orchestrator:
             work = self._admit(trial.number, trial._trial_id, self.compiled.space.suggest(trial))
             if work is not None:
                 return work
+            if self._exhausted is not None:
+                return None
             if self._grid_sampler is not None and self._grid_sampler.is_exhausted(self._optuna):
                 return None
         raise StudyFailed(f"{STATIC_REJECT_LIMIT} proposals in a row were statically infeasible; widen the space")
 
     def _admit(self, number: int, trial_id: int, config: dict[str, Any]) -> _Work | None:
-        """Record a proposed config: as a trial to run, or as statically infeasible (told at once)."""
+        """Record a proposed config: as a trial to run, as a copy of an earlier identical trial, or as
+        statically infeasible (both told at once)."""
+        earlier = self._reusable.get(_config_key(config))
+        if earlier is not None:
+            self._pending.append(
+                self.db.insert_op(self.study_id, number, config, optuna_trial_id=trial_id, copy_of=earlier)
+            )
+            self._flush()
+            self._count(DUPLICATE, +1)
+            self._duplicates_in_a_row += 1
+            if self._duplicates_in_a_row >= DUPLICATE_LIMIT:
+                self._exhausted = f"{DUPLICATE_LIMIT} proposals in a row repeated measured configs"
+            self._tell(trial_id, number, earlier.status, earlier.metrics)
+            return None
+        self._duplicates_in_a_row = 0
         reason = self._static_reason(config)
         if reason is None:
             self._pending.append(self.db.insert_op(self.study_id, number, config, optuna_trial_id=trial_id))
@@ -529,6 +562,8 @@ class Orchestrator:
             fingerprint=fingerprint,
         )
         self._pending.append(write)
+        if status in REUSABLE:
+            self._reusable[_config_key(work.config)] = _Reusable(number=work.number, **write.values)
         self._count(RUNNING, -1)
         self._count(status, +1)
         self._note_result(status, metrics, work.number, feasible)
@@ -637,7 +672,7 @@ class Orchestrator:
         counts = self._counts
         static = counts.get(TrialStatus.INFEASIBLE_STATIC.value, 0)
         running = counts.get(RUNNING, 0)
-        finished = sum(n for s, n in counts.items() if s not in (RUNNING, TrialStatus.INFEASIBLE_STATIC.value))
+        finished = sum(n for s, n in counts.items() if s != RUNNING and s not in NOT_MEASURED)
         failed = finished - counts.get(TrialStatus.OK.value, 0)
         remaining = max(0, self.spec.budget.trials - finished)
         eta = None
@@ -660,6 +695,27 @@ class Orchestrator:
                 last_status=last_status,
             )
         )
+
+
+def _config_key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+@dataclass
+class _Reusable:
+    """A finished trial's result as a repeat of its config copies it (see ``StudyDB.insert_op``)."""
+
+    number: int
+    status: str
+    metrics: dict[str, Any]
+    samples_ms: list[float]
+    feasible: bool
+    timing_comparable: bool | None
+    fingerprint: dict[str, Any] | None
+    error: str | None = None
+    worker: str | None = None
+    attempt: int = 1
+    finished_at: Any = None
 
 
 def _finite(value: Any) -> bool:

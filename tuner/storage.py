@@ -39,6 +39,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 DEFAULT_DB_URL = "sqlite:///tuner.db"
 STUDY_STATUSES = ("queued", "running", "completed", "stopped", "failed")
 RUNNING = "running"  # a trial dispatched and not yet finished
+DUPLICATE = "duplicate"  # in counts: trials that reused an earlier trial's result (duplicate_of set)
 
 
 def _now() -> dt.datetime:
@@ -85,6 +86,7 @@ class TrialRow(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
+    duplicate_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
     fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
@@ -208,8 +210,24 @@ class StudyDB:
         optuna_trial_id: int | None,
         status: str = RUNNING,
         error: str | None = None,
+        copy_of: Any = None,
     ) -> TrialWrite:
+        """A new trial row; ``copy_of`` makes it a finished copy of an earlier trial's result."""
         now = _now()
+        if copy_of is not None:
+            values = {
+                column: getattr(copy_of, column)
+                for column in ("status", "metrics", "samples_ms", "feasible", "timing_comparable", "fingerprint")
+            }
+            values.update(
+                optuna_trial_id=optuna_trial_id,
+                params=params,
+                error=f"same config as trial {copy_of.number}: its result is reused, not measured again",
+                duplicate_of=copy_of.number,
+                started_at=now,
+                finished_at=now,
+            )
+            return TrialWrite("insert", study_id, number, values)
         return TrialWrite(
             "insert",
             study_id,
@@ -294,6 +312,12 @@ class StudyDB:
     def status_counts(self, study_id: int) -> dict[str, int]:
         with self.Session() as s:
             rows = s.execute(
-                select(TrialRow.status, func.count()).where(TrialRow.study_id == study_id).group_by(TrialRow.status)
+                select(TrialRow.status, TrialRow.duplicate_of.is_not(None), func.count())
+                .where(TrialRow.study_id == study_id)
+                .group_by(TrialRow.status, TrialRow.duplicate_of.is_not(None))
             )
-            return {status: count for status, count in rows}
+            counts: dict[str, int] = {}
+            for status, duplicate, count in rows:
+                key = DUPLICATE if duplicate else status
+                counts[key] = counts.get(key, 0) + count
+            return counts
