@@ -130,7 +130,8 @@ def main() -> None:
         "workers": len({t.worker.split(".")[0] for t in measured if t.worker}),
         "study_status": summary.status,
         "trials_measured": len(measured),
-        "trials_static_pruned": len(trials) - len(measured),
+        "trials_static_pruned": sum(t.status == "infeasible_static" for t in trials),
+        "trials_reusing_a_repeated_config": sum(t.duplicate_of is not None for t in trials),
         "status_breakdown": summary.counts,
         "failures": [
             {"trial": t.number, "status": t.status, "params": t.params, "error": (t.error or "")[-300:]}
@@ -184,6 +185,7 @@ def main() -> None:
                 "params": t.params,
                 "metrics": t.metrics,
                 "worker": t.worker,
+                "duplicate_of": t.duplicate_of,
                 "seconds": round((t.finished_at - t.started_at).total_seconds(), 2) if t.finished_at else None,
             }
             for t in trials

@@ -226,6 +226,7 @@ def test_repeated_configs_reuse_results_and_an_exhausted_space_ends_the_study(sq
     assert summary.status == "completed" and "repeated measured configs" in summary.message
     assert len(originals) == 3 and {t.params["x"] for t in originals} == {0.0, 0.5, 1.0}
     assert len(copies) >= 200 and summary.counts["duplicate"] == len(copies)
+    assert summary.pareto and all(t.duplicate_of is None for t in summary.pareto)
     by_number = {t.number: t for t in originals}
     for copy in copies:
         source = by_number[copy.duplicate_of]

@@ -31,12 +31,12 @@ def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
 def pareto_front(trials: Sequence[TrialLike], objectives: Sequence[tuple[str, str]]) -> list[TrialLike]:
     """The non-dominated feasible ``ok`` trials, ordered by the first objective (best first).
 
-    Trials with equal objective values are all kept.
+    Distinct trials with equal objective values are all kept; copies (``duplicate_of``) are not.
     """
     candidates = []
     for trial in trials:
-        if trial.status != "ok" or not trial.feasible:
-            continue
+        if trial.status != "ok" or not trial.feasible or getattr(trial, "duplicate_of", None) is not None:
+            continue  # copies of a repeated config stand behind their original
         key = _key(trial, objectives)
         if key is not None:
             candidates.append((key, trial))
