@@ -302,6 +302,18 @@ class TritonGemm(Workload):
             "precision": config["precision"],
         }
 
+    def export_python(self, config: dict[str, Any]) -> str:
+        """A ``triton.Config`` list ready to paste into ``@triton.autotune(configs=...)``."""
+        exported = self.export_config(config)
+        return (
+            "import triton\n\n"
+            f"# {self.m}x{self.n}x{self.k}, operands in {exported['precision']}\n"
+            "configs = [\n"
+            f"    triton.Config({exported['kwargs']!r}, num_warps={exported['num_warps']}, "
+            f"num_stages={exported['num_stages']}),\n"
+            "]\n"
+        )
+
     # ------------------------------------------------------------------ helpers
 
     @staticmethod

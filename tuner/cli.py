@@ -170,6 +170,30 @@ def cmd_trials(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tuner.export import ExportError, export_document, render
 
+    if args.url:
+        with _client(args) as client:
+            study = args.study
+            if not study.isdigit():
+                found = [
+                    s for s in client.get("/api/studies", params={"limit": 500}).json()["items"] if s["name"] == study
+                ]
+                if not found:
+                    err.print(f"[red]no study named {study!r} on {args.url}[/red]")
+                    return 2
+                study = str(found[0]["id"])
+            params: dict[str, Any] = {"format": args.format}
+            if args.trial is not None:
+                params["trial"] = args.trial
+            response = client.get(f"/api/studies/{study}/export", params=params)
+            if response.status_code >= 400:
+                err.print(f"[red]{response.status_code}[/red] {response.text}")
+                return 2
+            text = response.text
+        if args.output:
+            Path(args.output).write_text(text)
+        else:
+            sys.stdout.write(text)
+        return 0
     db = _db(args)
     row = _find(db, args.study)
     try:
@@ -202,6 +226,97 @@ def cmd_workloads(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Claim queued studies from the database and run them (what ``tuner serve`` starts beside the API)."""
+    import logging
+
+    from tuner.service import StudyRunner
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    runner = StudyRunner(_db(args), ray_address=args.ray_address, workers=args.workers)
+    try:
+        runner.run_forever()
+    except KeyboardInterrupt:
+        runner.stop()
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import os
+    import signal
+    import subprocess
+
+    import uvicorn
+
+    from api.main import create_app
+    from api.settings import Settings
+    from tuner.storage import resolve_url
+
+    db_url = resolve_url(args.db)
+    settings = Settings.from_env(host=args.host, db_url=db_url)
+    settings.check()
+    app = create_app(settings)
+    runner = None
+    if not args.no_runner:
+        cmd = [sys.executable, "-m", "tuner.cli", "worker", "--db", db_url]
+        if args.ray_address:
+            cmd += ["--ray-address", args.ray_address]
+        if args.workers:
+            cmd += ["--workers", str(args.workers)]
+        runner = subprocess.Popen(cmd, start_new_session=True)
+    console.print(f"dashboard: http://{args.host}:{args.port}/   API docs: http://{args.host}:{args.port}/docs")
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        if runner is not None and runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGTERM)
+            try:
+                runner.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(runner.pid, signal.SIGKILL)
+    return 0
+
+
+def _client(args: argparse.Namespace):
+    import os
+
+    import httpx
+
+    token = args.token or os.environ.get("TUNER_API_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=args.url.rstrip("/"), headers=headers, timeout=30)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    import time
+
+    from tuner.spec import SpecError, parse_spec_text
+
+    try:
+        spec = parse_spec_text(Path(args.spec).read_text(), args.spec)
+    except (FileNotFoundError, SpecError) as exc:
+        err.print(f"[red]{exc}[/red]")
+        return 2
+    headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else {}
+    with _client(args) as client:
+        response = client.post("/api/studies", json=spec, headers=headers)
+        if response.status_code >= 400:
+            err.print(f"[red]{response.status_code}[/red] {response.text}")
+            return 2
+        study = response.json()
+        console.print(
+            f"study {study['name']} (id {study['id']}) {study['status']}: {args.url.rstrip('/')}"
+            f"{study['dashboard_url']}"
+        )
+        while args.wait:
+            current = client.get(study["url"]).json()
+            console.print(f"  {current['status']}: {current['measured']}/{current['budget_trials']} trials")
+            if current["status"] in ("completed", "stopped", "failed"):
+                return 0 if current["status"] == "completed" else 1
+            time.sleep(2)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description="Autotune GPU performance knobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -230,11 +345,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="export the chosen config")
     export.add_argument("study", help="study name or id")
-    export.add_argument("--format", choices=["json", "yaml"], default="json")
+    export.add_argument("--format", choices=["json", "yaml", "env", "python"], default="json")
     export.add_argument("--trial", type=int, help="export this trial instead of the default pick")
     export.add_argument("-o", "--output", help="write to a file instead of stdout")
+    export.add_argument("--url", help="ask this running server instead of opening the database")
+    export.add_argument("--token", help="bearer token (default: $TUNER_API_TOKEN)")
     add_db(export)
     export.set_defaults(func=cmd_export)
+
+    serve = sub.add_parser("serve", help="run the REST API and dashboard, with a study runner beside it")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    add_db(serve)
+    serve.add_argument("--ray-address", help="the runner joins this Ray cluster")
+    serve.add_argument("--workers", type=int, help="worker actors per study (default: one per GPU, 2 on CPU)")
+    serve.add_argument("--no-runner", action="store_true", help="API only; run `tuner worker` elsewhere")
+    serve.add_argument("--log-level", default="warning")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="claim queued studies from the database and run them")
+    add_db(worker)
+    worker.add_argument("--ray-address")
+    worker.add_argument("--workers", type=int)
+    worker.set_defaults(func=cmd_worker)
+
+    submit = sub.add_parser("submit", help="submit a spec to a running server")
+    submit.add_argument("spec")
+    submit.add_argument("--url", default="http://127.0.0.1:8000")
+    submit.add_argument("--token", help="bearer token (default: $TUNER_API_TOKEN)")
+    submit.add_argument("--idempotency-key", help="a retried submit with the same key returns the same study")
+    submit.add_argument("--wait", action="store_true", help="follow the study until it ends")
+    submit.set_defaults(func=cmd_submit)
 
     workloads = sub.add_parser("workloads", help="list workloads, their metrics and spaces")
     workloads.set_defaults(func=cmd_workloads)

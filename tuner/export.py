@@ -11,7 +11,7 @@ from tuner.spec import StudySpec
 from tuner.storage import StudyDB, StudyRow
 from tuner.yamlio import dump_yaml
 
-FORMATS = ("json", "yaml")
+FORMATS = ("json", "yaml", "env", "python")
 
 
 class ExportError(ValueError):
@@ -62,8 +62,16 @@ def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None)
 
 
 def render(document: dict[str, Any], fmt: str) -> str:
+    """``json``/``yaml``: the whole document; ``env``: ``KEY=value`` lines; ``python``: source to paste."""
     if fmt == "json":
         return json.dumps(document, indent=2, default=str) + "\n"
     if fmt == "yaml":
         return dump_yaml(json.loads(json.dumps(document, default=str)))
+    header = f"study {document['study']}, trial {document['trial']}, workload {document['workload']}"
+    workload = workload_class(document["workload"])(**document["spec"].get("args", {}))
+    if fmt == "env":
+        lines = [f"# {header}"] + [f"{k}={v}" for k, v in workload.export_env(document["params"]).items()]
+        return "\n".join(lines) + "\n"
+    if fmt == "python":
+        return f"# {header}\n" + workload.export_python(document["params"])
     raise ExportError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")

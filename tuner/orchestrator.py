@@ -142,8 +142,11 @@ class Orchestrator:
         workers: int | None = None,
         trials_per_worker: int | None = None,
         progress: Callable[[Progress], None] | None = None,
+        heartbeat: Callable[[], None] | None = None,
         poll_s: float = 0.5,
     ) -> None:
+        """``progress`` is called after each finished trial; ``heartbeat`` on every turn of the loop
+        (at least every ``poll_s`` seconds), where a service renews its lease and checks for stop requests."""
         self.compiled = compiled
         self.spec = compiled.spec
         self.db = db
@@ -151,6 +154,7 @@ class Orchestrator:
         self.requested_workers = workers or compiled.spec.resources.workers
         self.requested_slots = trials_per_worker or compiled.spec.resources.trials_per_worker
         self.progress = progress
+        self.heartbeat = heartbeat
         self.poll_s = poll_s
         self.workload = compiled.workload_cls(**compiled.spec.args)
         self._stop = False
@@ -235,6 +239,7 @@ class Orchestrator:
                 spec=spec_json,
                 space=space.canonical,
                 space_hash=space.hash,
+                status="running",
             )
         else:
             if row.name != spec.name:
@@ -250,7 +255,7 @@ class Orchestrator:
                 raise StudyConflict(
                     f"study {spec.name!r} exists with different {', '.join(changed)}; use a new study name"
                 )
-        self.db.update_study(row.id, status="running", spec=spec_json, message=None)
+        self.db.update_study(row.id, status="running", spec=spec_json, message=None, stop_requested=False)
         return row
 
     def _start_workers(self) -> None:
@@ -394,6 +399,8 @@ class Orchestrator:
             for ref in ready:
                 self._handle_ready(ref)
             self._check_timeouts()
+            if self.heartbeat is not None:
+                self.heartbeat()
             if time.monotonic() - last_save > ELAPSED_SAVE_EVERY_S:
                 self.db.update_study(self.study_id, elapsed_s=self._elapsed())
                 last_save = time.monotonic()

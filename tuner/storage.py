@@ -65,6 +65,11 @@ class StudyRow(Base):
     fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     elapsed_s: Mapped[float] = mapped_column(Float, default=0.0)
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Who runs it: an orchestrator holds a lease it keeps renewing; a lapsed lease lets another take over.
+    lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
     updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now, onupdate=_now)
 
@@ -177,14 +182,86 @@ class StudyDB:
             return row
 
     def create_study(
-        self, *, name: str, workload: str, spec: dict[str, Any], space: dict[str, Any], space_hash: str
+        self,
+        *,
+        name: str,
+        workload: str,
+        spec: dict[str, Any],
+        space: dict[str, Any],
+        space_hash: str,
+        status: str = "queued",
+        idempotency_key: str | None = None,
     ) -> StudyRow:
         with self.Session.begin() as s:
-            row = StudyRow(name=name, workload=workload, spec=spec, space=space, space_hash=space_hash, optuna_name="")
+            row = StudyRow(
+                name=name,
+                workload=workload,
+                spec=spec,
+                space=space,
+                space_hash=space_hash,
+                optuna_name="",
+                status=status,
+                idempotency_key=idempotency_key,
+                stop_requested=False,
+            )
             s.add(row)
             s.flush()
             row.optuna_name = f"tuner-{row.id}-{name}"
         return row
+
+    def get_study(self, study_id: int) -> StudyRow | None:
+        with self.Session() as s:
+            return s.get(StudyRow, study_id)
+
+    def find_by_idempotency_key(self, key: str) -> StudyRow | None:
+        with self.Session() as s:
+            return s.scalar(select(StudyRow).where(StudyRow.idempotency_key == key))
+
+    # leases ------------------------------------------------------------------
+    def claim_next(self, owner: str, lease_s: float) -> StudyRow | None:
+        """Take the oldest queued study, or a running one whose lease lapsed; None if there is none.
+
+        The claim is a conditional UPDATE, so two orchestrators never take the same study.
+        """
+        now = _now()
+        lapsed = (StudyRow.status == "running") & StudyRow.lease_expires_at.is_not(None)
+        claimable = (StudyRow.status == "queued") | (lapsed & (StudyRow.lease_expires_at < now))
+        with self.Session() as s:
+            candidates = list(s.scalars(select(StudyRow.id).where(claimable).order_by(StudyRow.id).limit(5)))
+        for study_id in candidates:
+            with self.Session.begin() as s:
+                result = s.execute(
+                    update(StudyRow)
+                    .where(StudyRow.id == study_id, claimable)
+                    .values(
+                        status="running",
+                        lease_owner=owner,
+                        lease_expires_at=now + dt.timedelta(seconds=lease_s),
+                        stop_requested=False,
+                        updated_at=now,
+                    )
+                )
+            if result.rowcount == 1:
+                return self.get_study(study_id)
+        return None
+
+    def renew_lease(self, study_id: int, owner: str, lease_s: float) -> bool:
+        """Extend our lease; False when another orchestrator holds the study now."""
+        with self.Session.begin() as s:
+            result = s.execute(
+                update(StudyRow)
+                .where(StudyRow.id == study_id, StudyRow.lease_owner == owner)
+                .values(lease_expires_at=_now() + dt.timedelta(seconds=lease_s))
+            )
+        return result.rowcount == 1
+
+    def release_lease(self, study_id: int, owner: str) -> None:
+        with self.Session.begin() as s:
+            s.execute(
+                update(StudyRow)
+                .where(StudyRow.id == study_id, StudyRow.lease_owner == owner)
+                .values(lease_owner=None, lease_expires_at=None)
+            )
 
     def update_study(self, study_id: int, **fields: Any) -> None:
         with self.Session.begin() as s:

@@ -151,6 +151,14 @@ class Workload:
         """The config in the form user code consumes (default: the params as they are)."""
         return dict(config)
 
+    def export_env(self, config: dict[str, Any]) -> dict[str, str]:
+        """The config as environment variables (default: each param, upper-cased)."""
+        return {name.upper(): str(value) for name, value in config.items()}
+
+    def export_python(self, config: dict[str, Any]) -> str:
+        """Python source a user pastes into their code (default: a dict literal)."""
+        return f"config = {dict(config)!r}\n"
+
 
 def classify_exception(exc: BaseException) -> TrialStatus:
     """Map an exception raised by a workload to a trial status, by type and message."""

@@ -1,0 +1,57 @@
+"""Typed dependencies: the database, the settings, and the bearer-token checks."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+
+from api.settings import Settings
+from tuner.storage import StudyDB, StudyRow
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_db(request: Request) -> StudyDB:
+    return request.app.state.db
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+DBDep = Annotated[StudyDB, Depends(get_db)]
+
+
+def _token_ok(request: Request, settings: Settings) -> bool:
+    if not settings.token:
+        return True
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), settings.token)
+
+
+def require_write(request: Request, settings: SettingsDep) -> None:
+    if not _token_ok(request, settings):
+        raise HTTPException(
+            401,
+            "a bearer token is required (Authorization: Bearer $TUNER_API_TOKEN)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+
+def require_read(request: Request, settings: SettingsDep) -> None:
+    if settings.reads_need_token and not _token_ok(request, settings):
+        raise HTTPException(
+            401, "a bearer token is required to read from this server", headers={"WWW-Authenticate": "Bearer"}
+        )
+
+
+def study_or_404(study_id: int, db: DBDep) -> StudyRow:
+    row = db.get_study(study_id)
+    if row is None:
+        raise HTTPException(404, f"no study {study_id}")
+    return row
+
+
+StudyDep = Annotated[StudyRow, Depends(study_or_404)]

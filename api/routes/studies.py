@@ -1,0 +1,284 @@
+"""``/api/studies``: submit, list, inspect, stop, resume, delete; trials, Pareto front, importances, export."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from sqlalchemy.exc import IntegrityError
+
+from api.deps import DBDep, StudyDep, require_read, require_write
+from api.schemas import (
+    ErrorOut,
+    ImportanceOut,
+    ParetoOut,
+    StudyDetail,
+    StudyPage,
+    SubmitOut,
+    TrialDetail,
+    TrialPage,
+)
+from api.views import study_out, trial_out
+from tuner.export import ExportError, export_document, objectives_of, render
+from tuner.pareto import best_trial, pareto_front
+from tuner.spec import SpecError, StudySpec, compile_study
+
+TERMINAL = ("completed", "stopped", "failed")
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorOut, "description": "missing or wrong bearer token"},
+    404: {"model": ErrorOut, "description": "no such study or trial"},
+    422: {"model": ErrorOut, "description": "invalid input; `detail[].loc` names the field"},
+}
+
+router = APIRouter(prefix="/api/studies", tags=["studies"], dependencies=[Depends(require_read)])
+
+
+def _spec_error(exc: SpecError) -> HTTPException:
+    return HTTPException(
+        422,
+        [
+            {"loc": ["body", *[p for p in field.split(".") if p]], "msg": msg, "type": "value_error"}
+            for field, msg in exc.errors
+        ],
+    )
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=SubmitOut,
+    dependencies=[Depends(require_write)],
+    responses={**ERRORS, 409: {"model": ErrorOut, "description": "a study of that name exists"}},
+)
+def submit_study(
+    spec: StudySpec,
+    db: DBDep,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> SubmitOut:
+    """Queue a study (the same spec as ``tuner run``); an orchestrator picks it up.
+
+    A retried request with the same ``Idempotency-Key`` returns the study the first one made.
+    """
+    if idempotency_key:
+        existing = db.find_by_idempotency_key(idempotency_key)
+        if existing is not None:
+            return _submitted(existing)
+    try:
+        compiled = compile_study(spec)
+    except SpecError as exc:
+        raise _spec_error(exc) from None
+    existing = db.find_study(spec.name)
+    if existing is not None and existing.name == spec.name:
+        raise HTTPException(409, f"a study named {spec.name!r} exists; resume it or choose another name")
+    try:
+        row = db.create_study(
+            name=spec.name,
+            workload=spec.workload,
+            spec=spec.model_dump(mode="json"),
+            space=compiled.space.canonical,
+            space_hash=compiled.space.hash,
+            status="queued",
+            idempotency_key=idempotency_key or None,
+        )
+    except IntegrityError:  # a concurrent submit with the same name or key won
+        again = db.find_by_idempotency_key(idempotency_key) if idempotency_key else None
+        if again is not None:
+            return _submitted(again)
+        raise HTTPException(409, f"a study named {spec.name!r} exists") from None
+    response.headers["Location"] = f"/api/studies/{row.id}"
+    return _submitted(row)
+
+
+def _submitted(row: Any) -> SubmitOut:
+    return SubmitOut(
+        id=row.id, name=row.name, status=row.status, url=f"/api/studies/{row.id}", dashboard_url=f"/studies/{row.id}"
+    )
+
+
+@router.get("", response_model=StudyPage, responses=ERRORS)
+def list_studies(
+    db: DBDep,
+    status: Literal["queued", "running", "completed", "stopped", "failed"] | None = None,
+    workload: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> StudyPage:
+    rows = [
+        r
+        for r in reversed(db.list_studies())
+        if (status is None or r.status == status) and (workload is None or r.workload == workload)
+    ]
+    items = [study_out(db, r) for r in rows[offset : offset + limit]]
+    return StudyPage(items=items, total=len(rows), limit=limit, offset=offset)
+
+
+@router.get("/{study_id}", response_model=StudyDetail, responses=ERRORS)
+def get_study(row: StudyDep, db: DBDep) -> StudyDetail:
+    return study_out(db, row, detail=True)  # type: ignore[return-value]
+
+
+@router.post(
+    "/{study_id}/stop",
+    status_code=202,
+    response_model=StudyDetail,
+    dependencies=[Depends(require_write)],
+    responses=ERRORS,
+)
+def stop_study(row: StudyDep, db: DBDep) -> StudyDetail:
+    """Ask the orchestrator to stop dispatching; trials in flight finish. A queued study stops at once."""
+    if row.status == "queued":
+        db.update_study(row.id, status="stopped", message="stopped before it started")
+    elif row.status == "running":
+        db.update_study(row.id, stop_requested=True)
+    return study_out(db, db.get_study(row.id), detail=True)  # type: ignore[arg-type,return-value]
+
+
+@router.post(
+    "/{study_id}/resume",
+    status_code=202,
+    response_model=StudyDetail,
+    dependencies=[Depends(require_write)],
+    responses={**ERRORS, 409: {"model": ErrorOut, "description": "the study is running"}},
+)
+def resume_study(row: StudyDep, db: DBDep) -> StudyDetail:
+    """Queue a stopped, failed or completed study again; it goes on to its budget."""
+    if row.status in ("running", "queued"):
+        raise HTTPException(409, f"study {row.id} is {row.status}")
+    db.update_study(row.id, status="queued", stop_requested=False, message=None)
+    return study_out(db, db.get_study(row.id), detail=True)  # type: ignore[arg-type,return-value]
+
+
+@router.delete(
+    "/{study_id}",
+    status_code=204,
+    dependencies=[Depends(require_write)],
+    responses={**ERRORS, 409: {"model": ErrorOut, "description": "the study is running"}},
+)
+def delete_study(row: StudyDep, db: DBDep) -> Response:
+    if row.status == "running":
+        raise HTTPException(409, f"study {row.id} is running: stop it first")
+    db.delete_study(row.id)
+    _delete_optuna_study(db, row.optuna_name)
+    return Response(status_code=204)
+
+
+def _delete_optuna_study(db: Any, name: str) -> None:
+    import optuna
+
+    try:
+        optuna.delete_study(study_name=name, storage=db.url)
+    except KeyError:
+        pass  # queued and never started: Optuna never heard of it
+
+
+@router.get("/{study_id}/trials", response_model=TrialPage, responses=ERRORS)
+def list_trials(
+    row: StudyDep,
+    db: DBDep,
+    status: Annotated[str | None, Query(max_length=32)] = None,
+    sort: Annotated[str, Query(max_length=64, pattern=r"^-?[A-Za-z_][A-Za-z0-9_]*$")] = "number",
+    limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> TrialPage:
+    """Trials, filtered by status, sorted by ``number`` or a metric (``-`` first for descending; nulls last)."""
+    trials = db.trials(row.id, status=status)
+    key, descending = sort.lstrip("-"), sort.startswith("-")
+    if key == "number":
+        trials.sort(key=lambda t: t.number, reverse=descending)
+    else:
+        present = [t for t in trials if (t.metrics or {}).get(key) is not None]
+        missing = [t for t in trials if (t.metrics or {}).get(key) is None]
+        present.sort(key=lambda t: t.metrics[key], reverse=descending)
+        trials = present + missing
+    page = trials[offset : offset + limit]
+    return TrialPage(items=[trial_out(t) for t in page], total=len(trials), limit=limit, offset=offset)
+
+
+@router.get("/{study_id}/trials/{number}", response_model=TrialDetail, responses=ERRORS)
+def get_trial(row: StudyDep, db: DBDep, number: int) -> TrialDetail:
+    trial = db.trial(row.id, number)
+    if trial is None:
+        raise HTTPException(404, f"study {row.id} has no trial {number}")
+    return trial_out(trial, detail=True)  # type: ignore[return-value]
+
+
+@router.get("/{study_id}/pareto", response_model=ParetoOut, responses=ERRORS)
+def get_pareto(row: StudyDep, db: DBDep) -> ParetoOut:
+    """The non-dominated feasible trials (for one objective: the best) and the default pick."""
+    trials = db.trials(row.id)
+    objectives = objectives_of(row)
+    front = pareto_front(trials, objectives)
+    if len(objectives) == 1:
+        front = front[:1]
+    best = best_trial(trials, objectives)
+    return ParetoOut(
+        objectives=[{"metric": m, "direction": d} for m, d in objectives],  # type: ignore[misc]
+        trials=[trial_out(t) for t in front],
+        default_pick=best.number if best else None,
+    )
+
+
+@router.get("/{study_id}/importance", response_model=ImportanceOut, responses=ERRORS)
+def get_importance(row: StudyDep, db: DBDep) -> ImportanceOut:
+    """Parameter importances for the first objective over feasible successful trials (PED-ANOVA)."""
+    from api.importance import importances
+
+    return ImportanceOut(importances=importances(db, row))
+
+
+@router.get(
+    "/{study_id}/export",
+    response_class=PlainTextResponse,
+    responses={**ERRORS, 409: {"model": ErrorOut, "description": "nothing to export yet"}},
+)
+def export_study(
+    row: StudyDep,
+    db: DBDep,
+    format: Literal["json", "yaml", "env", "python"] = "json",
+    trial: Annotated[int | None, Query(ge=0)] = None,
+) -> PlainTextResponse:
+    """The chosen config (default pick, or ``?trial=n``) as json/yaml (config, metrics, fingerprint, spec),
+    env (``KEY=value`` lines) or python (source to paste)."""
+    try:
+        document = export_document(db, row, trial)
+    except ExportError as exc:
+        status = 404 if "has no trial" in str(exc) else 409
+        raise HTTPException(status, str(exc)) from None
+    text = render(document, format)
+    media = {"json": "application/json", "yaml": "application/yaml", "env": "text/plain", "python": "text/x-python"}
+    suffix = {"json": "json", "yaml": "yaml", "env": "env", "python": "py"}[format]
+    filename = f"{row.name}-trial{document['trial']}.{suffix}"
+    return PlainTextResponse(
+        text, media_type=media[format], headers={"Content-Disposition": f'attachment; filename="{filename}"'}
+    )
+
+
+@router.get("/{study_id}/events", responses=ERRORS, response_class=StreamingResponse)
+async def study_events(row: StudyDep, db: DBDep, request: Request) -> StreamingResponse:
+    """Server-sent events: ``event: study`` with the study (as ``GET /api/studies/{id}``) on each change,
+    until it reaches a terminal status."""
+
+    async def stream() -> Any:
+        last = None
+        idle = 0
+        while not await request.is_disconnected():
+            current = db.get_study(row.id)
+            if current is None:
+                yield "event: deleted\ndata: {}\n\n"
+                return
+            payload = study_out(db, current).model_dump_json()
+            if payload != last:
+                last, idle = payload, 0
+                yield f"event: study\ndata: {payload}\n\n"
+                if current.status in TERMINAL:
+                    return
+            else:
+                idle += 1
+                if idle % 15 == 0:
+                    yield ": keep-alive\n\n"
+            await asyncio.sleep(1.0)
+
+    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

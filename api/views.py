@@ -1,0 +1,93 @@
+"""Rows to response models: the one place that turns database rows into what the API shows."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from api.schemas import BestOut, ObjectiveOut, StudyDetail, StudyOut, TrialDetail, TrialOut
+from tuner.export import objectives_of
+from tuner.pareto import best_trial
+from tuner.storage import DUPLICATE, RUNNING, StudyDB, StudyRow, TrialRow
+
+NOT_MEASURED = ("infeasible_static", DUPLICATE, RUNNING)
+
+
+def trial_out(row: TrialRow, detail: bool = False) -> TrialOut:
+    duration = None
+    if row.started_at is not None and row.finished_at is not None:
+        duration = max(0.0, (row.finished_at - row.started_at).total_seconds())
+    fields: dict[str, Any] = {
+        "number": row.number,
+        "status": row.status,
+        "params": row.params or {},
+        "metrics": {k: _finite_or_none(v) for k, v in (row.metrics or {}).items()},
+        "feasible": row.feasible,
+        "timing_comparable": row.timing_comparable,
+        "error": row.error,
+        "worker": row.worker,
+        "attempt": row.attempt or 1,
+        "duplicate_of": row.duplicate_of,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+        "duration_s": duration,
+    }
+    if detail:
+        return TrialDetail(**fields, samples_ms=list(row.samples_ms or []), fingerprint=row.fingerprint)
+    return TrialOut(**fields)
+
+
+def study_out(db: StudyDB, row: StudyRow, detail: bool = False) -> StudyOut:
+    trials = db.trials(row.id)
+    objectives = objectives_of(row)
+    counts: dict[str, int] = {}
+    for t in trials:
+        key = DUPLICATE if t.duplicate_of is not None else t.status
+        counts[key] = counts.get(key, 0) + 1
+    measured = sum(n for s, n in counts.items() if s not in NOT_MEASURED)
+    budget = int(row.spec.get("budget", {}).get("trials", 0) or 0)
+    best = best_trial(trials, objectives)
+    elapsed = float(row.elapsed_s or 0.0)
+    eta = None
+    if row.status == "running" and measured:
+        eta = max(0, budget - measured) * elapsed / measured
+    fields: dict[str, Any] = {
+        "id": row.id,
+        "name": row.name,
+        "workload": row.workload,
+        "status": row.status,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "objectives": [ObjectiveOut(metric=m, direction=d) for m, d in objectives],
+        "budget_trials": budget,
+        "measured": measured,
+        "running": counts.get(RUNNING, 0),
+        "counts": counts,
+        "progress": min(1.0, measured / budget) if budget else 0.0,
+        "best": None if best is None else BestOut(trial=best.number, params=best.params, metrics=best.metrics),
+        "elapsed_s": elapsed,
+        "eta_s": eta,
+        "message": row.message,
+        "url": f"/api/studies/{row.id}",
+        "dashboard_url": f"/studies/{row.id}",
+    }
+    if detail:
+        return StudyDetail(
+            **fields,
+            spec=row.spec,
+            space=row.space,
+            space_hash=row.space_hash,
+            device=row.device,
+            fingerprint=row.fingerprint,
+        )
+    return StudyOut(**fields)
+
+
+def _finite_or_none(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None

@@ -1,0 +1,99 @@
+"""The study runner: claims queued studies from the database and runs them, one at a time.
+
+The API only writes a queued study; a runner (``tuner worker``, started beside
+the API by ``tuner serve``, or on other machines against the same database
+and Ray cluster) claims it with a lease that it renews while the study runs.
+A runner that dies lets its lease lapse, and another runner takes the study
+over and resumes it. Stop requests arrive through the database too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+
+from tuner.storage import StudyDB, StudyRow
+
+log = logging.getLogger("tuner.service")
+DEFAULT_LEASE_S = 30.0
+
+
+class StudyRunner:
+    """Claims and runs studies until ``stop`` is called. One study at a time per runner."""
+
+    def __init__(
+        self,
+        db: StudyDB,
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+        poll_s: float = 1.0,
+        ray_address: str | None = None,
+        workers: int | None = None,
+        owner: str | None = None,
+    ) -> None:
+        self.db = db
+        self.lease_s = lease_s
+        self.poll_s = poll_s
+        self.ray_address = ray_address
+        self.workers = workers
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run_forever(self) -> None:
+        self.db.create_tables()
+        log.info("runner %s waiting for studies in %s", self.owner, self.db.url)
+        while not self._stop.is_set():
+            row = self.db.claim_next(self.owner, self.lease_s)
+            if row is None:
+                self._stop.wait(self.poll_s)
+                continue
+            self.run_study(row)
+
+    def run_study(self, row: StudyRow) -> None:
+        """Run one claimed study to its end (or a stop request); never raises for the study's own failures."""
+        from tuner.orchestrator import Orchestrator, StudyConflict, StudyFailed
+        from tuner.spec import SpecError, StudySpec, compile_study
+
+        log.info("runner %s took study %s (%s)", self.owner, row.id, row.name)
+        try:
+            compiled = compile_study(StudySpec.model_validate(row.spec))
+        except (SpecError, ValueError) as exc:
+            self.db.update_study(row.id, status="failed", message=f"invalid spec: {exc}")
+            self.db.release_lease(row.id, self.owner)
+            return
+        orchestrator: Orchestrator | None = None
+        last_renewal = time.monotonic()
+
+        def heartbeat() -> None:
+            nonlocal last_renewal
+            if time.monotonic() - last_renewal < self.lease_s / 3:
+                return
+            last_renewal = time.monotonic()
+            if not self.db.renew_lease(row.id, self.owner, self.lease_s):
+                log.warning("runner %s lost the lease of study %s; stopping", self.owner, row.id)
+                orchestrator.stop()
+                return
+            current = self.db.get_study(row.id)
+            if current is not None and (current.stop_requested or self._stop.is_set()):
+                orchestrator.stop()
+
+        orchestrator = Orchestrator(
+            compiled, self.db, ray_address=self.ray_address, workers=self.workers, heartbeat=heartbeat
+        )
+        try:
+            orchestrator.run()
+        except (StudyConflict, StudyFailed) as exc:
+            log.warning("study %s failed: %s", row.id, exc)
+            self.db.update_study(row.id, status="failed", message=str(exc))
+        except Exception as exc:
+            log.exception("study %s crashed the orchestrator", row.id)
+            self.db.update_study(row.id, status="failed", message=f"orchestrator error: {exc}")
+        finally:
+            self.db.release_lease(row.id, self.owner)
