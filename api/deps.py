@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Path, Request
 
 from api.settings import Settings
 from tuner.storage import StudyDB, StudyRow
@@ -47,7 +47,10 @@ def require_read(request: Request, settings: SettingsDep) -> None:
         )
 
 
-def study_or_404(study_id: int, db: DBDep) -> StudyRow:
+MAX_ID = 2**31 - 1  # ids and trial numbers are 32-bit integers in the database
+
+
+def study_or_404(study_id: Annotated[int, Path(ge=1, le=MAX_ID)], db: DBDep) -> StudyRow:
     row = db.get_study(study_id)
     if row is None:
         raise HTTPException(404, f"no study {study_id}")

@@ -35,6 +35,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+from sqlalchemy.types import TypeDecorator
 
 DEFAULT_DB_URL = "sqlite:///tuner.db"
 STUDY_STATUSES = ("queued", "running", "completed", "stopped", "failed")
@@ -44,6 +45,18 @@ DUPLICATE = "duplicate"  # in counts: trials that reused an earlier trial's resu
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
+
+
+class UTCDateTime(TypeDecorator):
+    """A timezone-aware UTC datetime on every backend (SQLite hands back naive ones)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value
 
 
 class Base(DeclarativeBase):
@@ -67,11 +80,11 @@ class StudyRow(Base):
     message: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Who runs it: an orchestrator holds a lease it keeps renewing; a lapsed lease lets another take over.
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True, nullable=True)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
-    updated_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now, onupdate=_now)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now, onupdate=_now)
 
 
 class TrialRow(Base):
@@ -93,8 +106,8 @@ class TrialRow(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     duplicate_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
     fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 def resolve_url(db: str | None) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import func, select, text
 
@@ -46,7 +46,14 @@ def healthz(db: DBDep) -> HealthOut:
     return HealthOut(status="ok", db="ok")
 
 
-@router.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(require_read)])
+@router.get(
+    "/metrics",
+    response_class=Response,
+    dependencies=[Depends(require_read)],
+    responses={
+        200: {"description": "Prometheus text format", "content": {"text/plain": {"schema": {"type": "string"}}}}
+    },
+)
 def metrics(db: DBDep) -> PlainTextResponse:
     """Prometheus text: studies and trials by status, trial durations, queue depth."""
     with db.Session() as s:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from sqlalchemy.exc import IntegrityError
 
-from api.deps import DBDep, StudyDep, require_read, require_write
+from api.deps import MAX_ID, DBDep, StudyDep, require_read, require_write
 from api.schemas import (
     ErrorOut,
     ImportanceOut,
@@ -26,6 +26,12 @@ from tuner.pareto import best_trial, pareto_front
 from tuner.spec import SpecError, StudySpec, compile_study
 
 TERMINAL = ("completed", "stopped", "failed")
+EXPORT_MEDIA_TYPES = {
+    "json": "application/json",
+    "yaml": "application/yaml",
+    "env": "text/plain",
+    "python": "text/x-python",
+}
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorOut, "description": "missing or wrong bearer token"},
     404: {"model": ErrorOut, "description": "no such study or trial"},
@@ -50,7 +56,12 @@ def _spec_error(exc: SpecError) -> HTTPException:
     status_code=202,
     response_model=SubmitOut,
     dependencies=[Depends(require_write)],
-    responses={**ERRORS, 409: {"model": ErrorOut, "description": "a study of that name exists"}},
+    responses={
+        **ERRORS,
+        400: {"model": ErrorOut, "description": "the body is not JSON"},
+        409: {"model": ErrorOut, "description": "a study of that name exists"},
+        413: {"model": ErrorOut, "description": "the body is larger than 1 MiB"},
+    },
 )
 def submit_study(
     spec: StudySpec,
@@ -104,7 +115,7 @@ def list_studies(
     status: Literal["queued", "running", "completed", "stopped", "failed"] | None = None,
     workload: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> StudyPage:
     rows = [
         r
@@ -181,7 +192,7 @@ def list_trials(
     status: Annotated[str | None, Query(max_length=32)] = None,
     sort: Annotated[str, Query(max_length=64, pattern=r"^-?[A-Za-z_][A-Za-z0-9_]*$")] = "number",
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> TrialPage:
     """Trials, filtered by status, sorted by ``number`` or a metric (``-`` first for descending; nulls last)."""
     trials = db.trials(row.id, status=status)
@@ -198,7 +209,7 @@ def list_trials(
 
 
 @router.get("/{study_id}/trials/{number}", response_model=TrialDetail, responses=ERRORS)
-def get_trial(row: StudyDep, db: DBDep, number: int) -> TrialDetail:
+def get_trial(row: StudyDep, db: DBDep, number: Annotated[int, Path(ge=0, le=MAX_ID)]) -> TrialDetail:
     trial = db.trial(row.id, number)
     if trial is None:
         raise HTTPException(404, f"study {row.id} has no trial {number}")
@@ -231,14 +242,21 @@ def get_importance(row: StudyDep, db: DBDep) -> ImportanceOut:
 
 @router.get(
     "/{study_id}/export",
-    response_class=PlainTextResponse,
-    responses={**ERRORS, 409: {"model": ErrorOut, "description": "nothing to export yet"}},
+    response_class=Response,
+    responses={
+        200: {
+            "description": "the export, as a download",
+            "content": {t: {"schema": {"type": "string"}} for t in EXPORT_MEDIA_TYPES.values()},
+        },
+        **ERRORS,
+        409: {"model": ErrorOut, "description": "nothing to export yet"},
+    },
 )
 def export_study(
     row: StudyDep,
     db: DBDep,
     format: Literal["json", "yaml", "env", "python"] = "json",
-    trial: Annotated[int | None, Query(ge=0)] = None,
+    trial: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
 ) -> PlainTextResponse:
     """The chosen config (default pick, or ``?trial=n``) as json/yaml (config, metrics, fingerprint, spec),
     env (``KEY=value`` lines) or python (source to paste)."""
@@ -248,15 +266,20 @@ def export_study(
         status = 404 if "has no trial" in str(exc) else 409
         raise HTTPException(status, str(exc)) from None
     text = render(document, format)
-    media = {"json": "application/json", "yaml": "application/yaml", "env": "text/plain", "python": "text/x-python"}
     suffix = {"json": "json", "yaml": "yaml", "env": "env", "python": "py"}[format]
     filename = f"{row.name}-trial{document['trial']}.{suffix}"
     return PlainTextResponse(
-        text, media_type=media[format], headers={"Content-Disposition": f'attachment; filename="{filename}"'}
+        text,
+        media_type=EXPORT_MEDIA_TYPES[format],
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
     )
 
 
-@router.get("/{study_id}/events", responses=ERRORS, response_class=StreamingResponse)
+@router.get(
+    "/{study_id}/events",
+    response_class=StreamingResponse,
+    responses={200: {"description": "server-sent events", "content": {"text/event-stream": {}}}, **ERRORS},
+)
 async def study_events(row: StudyDep, db: DBDep, request: Request) -> StreamingResponse:
     """Server-sent events: ``event: study`` with the study (as ``GET /api/studies/{id}``) on each change,
     until it reaches a terminal status."""
