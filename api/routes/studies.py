@@ -288,11 +288,12 @@ async def study_events(row: StudyDep, db: DBDep, request: Request) -> StreamingR
         last = None
         idle = 0
         while not await request.is_disconnected():
-            current = db.get_study(row.id)
+            # database work off the event loop: open dashboards must not stall the server
+            current = await asyncio.to_thread(db.get_study, row.id)
             if current is None:
                 yield "event: deleted\ndata: {}\n\n"
                 return
-            payload = study_out(db, current).model_dump_json()
+            payload = (await asyncio.to_thread(study_out, db, current)).model_dump_json()
             if payload != last:
                 last, idle = payload, 0
                 yield f"event: study\ndata: {payload}\n\n"

@@ -1,0 +1,162 @@
+"""The browser dashboard: server-rendered page shells whose JavaScript reads the JSON API.
+
+``router`` serves ``GET /`` (studies), ``GET /studies/{study_id}`` (one study) and
+``GET /static/{name}`` (``api/static/*`` plus ``plotly.min.js`` from the installed
+``plotly`` package: no CDN, the dashboard works without a network).
+
+The pages read nothing from the database: their script polls ``/api/...`` (server-sent
+events with a polling fallback on the study page), so they stay live while a study runs.
+The study page asks the app's own ``GET /api/studies/{id}`` in-process, only to answer a
+missing study with a 404 page and to put the study's name in the title.
+
+Templates are Jinja2 with autoescape on; scripts insert user strings with ``textContent``
+(or escape them for Plotly's hover text, which renders a subset of HTML). This module
+imports neither torch, triton, ray nor optuna.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, HTMLResponse, Response
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).resolve().parent
+TEMPLATE_DIR = HERE / "templates"
+STATIC_DIR = HERE / "static"
+PLOTLY_JS = "plotly.min.js"
+_MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+
+# Scripts only from this origin, none inline. 'unsafe-eval': Plotly's parcoords draws through regl,
+# which compiles its draw calls with new Function (without it: "WebGL is not supported"). Plotly
+# injects its own <style> elements, hence inline styles.
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self' 'unsafe-eval'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data: blob:; connect-src 'self'; worker-src 'self' blob:; object-src 'none'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+_PAGE_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+router = APIRouter(include_in_schema=False)
+
+_env = Environment(
+    loader=FileSystemLoader(TEMPLATE_DIR),
+    autoescape=True,  # every page is HTML: escape every value, not only those of *.html names
+    undefined=StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def plotly_js_path() -> Path | None:
+    """``plotly/package_data/plotly.min.js`` of the installed ``plotly`` package (not imported)."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "package_data" / PLOTLY_JS
+        if path.is_file():
+            return path
+    return None
+
+
+def _static_file(name: str) -> Path | None:
+    """A file directly in ``api/static`` (no sub-folders, no dot files), or plotly.min.js."""
+    if name == PLOTLY_JS:
+        return plotly_js_path()
+    if not name or name.startswith(".") or "/" in name or "\\" in name:
+        return None
+    path = STATIC_DIR / name
+    if path.parent != STATIC_DIR or not path.is_file():
+        return None
+    return path
+
+
+def _asset_version() -> str:
+    """Changes whenever a static file does, so browsers never run a stale script against a new page."""
+    stamps = [int(p.stat().st_mtime) for p in STATIC_DIR.iterdir() if p.is_file()]
+    return format(max(stamps, default=0), "x")
+
+
+def _render(request: Request, template: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    root = request.scope.get("root_path", "").rstrip("/")
+    html = _env.get_template(template).render(root=root, asset_version=_asset_version(), **context)
+    return HTMLResponse(html, status_code=status_code, headers=_PAGE_HEADERS)
+
+
+def not_found_page(request: Request, message: str) -> HTMLResponse:
+    return _render(request, "not_found.html", status_code=404, message=message)
+
+
+async def _lookup_study(request: Request, study_id: int) -> tuple[int, dict[str, Any] | None]:
+    """Ask this app's own JSON API for the study, in-process: (HTTP status, body or None)."""
+    # Straight into the app, past any proxy prefix: its routes match "/api/..." as they are.
+    transport = httpx.ASGITransport(app=request.app, raise_app_exceptions=False)
+    base_url = f"{request.url.scheme}://{request.url.netloc or 'localhost'}"  # the same Host, for host checks
+    headers = {"accept": "application/json"}
+    if "authorization" in request.headers:  # reads may need the caller's token; never more than the caller has
+        headers["authorization"] = request.headers["authorization"]
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url=base_url, timeout=10) as client:
+            response = await client.get(f"/api/studies/{study_id}", headers=headers)
+    except Exception:  # the page still works: its script reports what the API says
+        log.exception("dashboard: GET /api/studies/%s failed in-process", study_id)
+        return 0, None
+    if response.status_code != 200:
+        return response.status_code, None
+    try:
+        body = response.json()
+    except ValueError:
+        return response.status_code, None
+    return 200, body if isinstance(body, dict) else None
+
+
+@router.get("/", response_class=HTMLResponse, name="dashboard_index")
+async def index_page(request: Request) -> HTMLResponse:
+    """All studies: status, progress, best value of the first objective; refreshed live."""
+    return _render(request, "index.html")
+
+
+@router.get("/studies/{study_id}", response_class=HTMLResponse, name="dashboard_study")
+async def study_page(request: Request, study_id: str) -> HTMLResponse:
+    """One study: Pareto front, history, parameters, importances, trials; live while it runs."""
+    if not study_id.isascii() or not study_id.isdigit() or len(study_id) > 18:
+        return not_found_page(request, "Study ids are whole numbers.")
+    number = int(study_id)
+    status, study = await _lookup_study(request, number)
+    if status == 404:
+        return not_found_page(request, f"There is no study {number}.")
+    return _render(
+        request,
+        "study.html",
+        study_id=number,
+        study_name=(study or {}).get("name") or f"study {number}",
+        study_status=(study or {}).get("status") or "",
+        workload=(study or {}).get("workload") or "",
+    )
+
+
+@router.get("/static/{name}", name="dashboard_static")
+async def static_file(request: Request, name: str) -> Response:
+    path = _static_file(name)
+    if path is None:
+        return not_found_page(request, "No such file.")
+    # plotly.min.js changes only with the installed package: let browsers keep it for a day.
+    cache = "public, max-age=86400" if name == PLOTLY_JS else "no-cache"
+    return FileResponse(
+        path,
+        media_type=_MEDIA_TYPES.get(path.suffix, "application/octet-stream"),
+        headers={"Cache-Control": cache, "X-Content-Type-Options": "nosniff"},
+    )

@@ -1,0 +1,463 @@
+"""The dashboard's pages and files, fast: FastAPI's TestClient against the router, a stub of the JSON API
+(so that fields real workloads never fill, such as a study name full of markup, can be served), and
+the real app. One test draws every chart from hostile stub data in headless Chromium (skipped without
+a browser unless ``TUNER_REQUIRE_BROWSER=1``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("jinja2")
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import PlainTextResponse
+from fastapi.testclient import TestClient
+
+from api import dashboard
+from tuner.pareto import pareto_front
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTILE = '<img src=x onerror="window.__pwned=1">&amp;<b>'
+HOSTILE_NAME = f"</title><script>window.__pwned=2</script>{HOSTILE}"
+NOW = "2026-01-01T00:00:00+00:00"
+
+
+# ---------------------------------------------------------------- a stub of the JSON API
+def _trial(number: int, status: str = "ok", knob: str = "a", **metrics: float | None) -> dict[str, Any]:
+    return {
+        "number": number,
+        "status": status,
+        "params": {"<i>knob</i>": knob, "tile": 2 ** (4 + number % 4), "x": number / 10},
+        "metrics": metrics,
+        "feasible": status == "ok",
+        "timing_comparable": True,
+        "error": None if status == "ok" else f"Traceback (most recent call last):\nKeyError: {HOSTILE}",
+        "worker": f"w{number % 2}<b>",
+        "attempt": 1,
+        "duplicate_of": None,
+        "started_at": NOW,
+        "finished_at": NOW,
+        "duration_s": 0.5,
+    }
+
+
+def _stub_study(study_id: int, objectives: list[tuple[str, str]]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    trials = []
+    for n in range(12):
+        if n in (3, 7):
+            trials.append(_trial(n, "runtime_error", knob=HOSTILE))
+            continue
+        ai = 4.0 * (n + 1)
+        trials.append(
+            _trial(
+                n,
+                knob="a" if n % 2 else HOSTILE,
+                **{
+                    "<b>m1</b>": float(n),
+                    "m&2": float(12 - n + (n % 3) * 2),
+                    "m3": float((n * 7) % 5),
+                    "arithmetic_intensity": ai,
+                    "tflops": min(500.0, ai * 3.0) * 0.6,
+                },
+            )
+        )
+    study = {
+        "id": study_id,
+        "name": HOSTILE_NAME,
+        "workload": f"noop{HOSTILE}",
+        "status": "completed",
+        "created_at": NOW,
+        "updated_at": NOW,
+        "objectives": [{"metric": m, "direction": d} for m, d in objectives],
+        "budget_trials": 12,
+        "measured": 12,
+        "running": 0,
+        "counts": {"ok": 10, "runtime_error": 2},
+        "progress": 1.0,
+        "best": {"trial": 11, "params": trials[11]["params"], "metrics": trials[11]["metrics"]},
+        "elapsed_s": 12.5,
+        "eta_s": None,
+        "message": f"finished {HOSTILE}",
+        "spec": {},
+        "space": {
+            "params": {
+                "<i>knob</i>": {"type": "categorical", "choices": ["a", HOSTILE]},
+                "tile": {"type": "pow2", "low": 16, "high": 128},
+                "x": {"type": "float", "low": 0.0, "high": 1.0},
+            }
+        },
+        "space_hash": "abc123",
+        # A roofline device: peak 500 TFLOP/s, 3000 GB/s (ridge at 166.7 FLOP/byte).
+        "device": {
+            "kind": "cuda",
+            "name": f"GPU {HOSTILE}",
+            "roofline": {"peak_tflops": 500.0, "bandwidth_gbps": 3000.0},
+        },
+        "fingerprint": {"hostname": HOSTILE, "gpu_names": [HOSTILE, "H200"], "torch": "2.13"},
+    }
+    return study, trials
+
+
+def stub_api() -> FastAPI:
+    """Studies 1 (two objectives), 2 (three), 3 (one); 99 makes the API fail; others are missing."""
+    app = FastAPI()
+    studies = {
+        1: _stub_study(1, [("<b>m1</b>", "maximize"), ("m&2", "minimize")]),
+        2: _stub_study(2, [("<b>m1</b>", "maximize"), ("m&2", "minimize"), ("m3", "minimize")]),
+        3: _stub_study(3, [("<b>m1</b>", "maximize")]),
+    }
+
+    def get(study_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        if study_id == 99:
+            raise RuntimeError("the API broke")
+        if study_id not in studies:
+            raise HTTPException(404, f"no study {study_id}")
+        return studies[study_id]
+
+    @app.get("/api/studies")
+    def list_studies(limit: int = 50, offset: int = 0) -> dict[str, Any]:
+        items = [s for s, _ in studies.values()]
+        return {"items": items[offset : offset + limit], "total": len(items), "limit": limit, "offset": offset}
+
+    @app.get("/api/studies/{study_id}")
+    def study(study_id: int) -> dict[str, Any]:
+        return get(study_id)[0]
+
+    @app.get("/api/studies/{study_id}/trials")
+    def trials(study_id: int, limit: int = 1000, offset: int = 0) -> dict[str, Any]:
+        items = get(study_id)[1]
+        return {"items": items[offset : offset + limit], "total": len(items), "limit": limit, "offset": offset}
+
+    @app.get("/api/studies/{study_id}/trials/{number}")
+    def trial(study_id: int, number: int) -> dict[str, Any]:
+        return dict(get(study_id)[1][number], samples_ms=[1.0, 1.5, 2.0], fingerprint=None)
+
+    @app.get("/api/studies/{study_id}/pareto")
+    def pareto(study_id: int) -> dict[str, Any]:
+        study, items = get(study_id)
+        objectives = [(o["metric"], o["direction"]) for o in study["objectives"]]
+        rows = [SimpleNamespace(**t) for t in items]
+        front = [t.number for t in pareto_front(rows, objectives)]
+        return {
+            "objectives": study["objectives"],
+            "trials": [items[n] for n in front],
+            "default_pick": front[0] if front else None,
+        }
+
+    @app.get("/api/studies/{study_id}/importance")
+    def importance(study_id: int) -> dict[str, Any]:
+        get(study_id)
+        return {"importances": {"<i>knob</i>": 0.6, "tile": 0.3, "x": 0.1}}
+
+    @app.get("/api/studies/{study_id}/export")
+    def export(study_id: int, format: str = "json", trial: int | None = None) -> PlainTextResponse:
+        get(study_id)
+        return PlainTextResponse("{}", headers={"Content-Disposition": 'attachment; filename="x.json"'})
+
+    app.include_router(dashboard.router)
+    return app
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
+    with TestClient(stub_api(), raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+# ---------------------------------------------------------------- server-rendered pages
+def test_index_page_is_a_shell_with_the_dashboard_script(client: TestClient) -> None:
+    response = client.get("/")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    html = response.text
+    assert 'data-page="index"' in html
+    assert 'id="studies-table"' in html
+    assert re.search(r'<script src="/static/dashboard\.js\?v=[0-9a-f]+" defer>', html)
+    assert "plotly.min.js" not in html  # the studies page draws no plots
+    csp = response.headers["content-security-policy"]
+    assert "script-src 'self' 'unsafe-eval';" in csp  # no inline scripts (eval: Plotly's parcoords needs it)
+    assert "<script>" not in html  # no inline script: the policy forbids it
+
+
+def test_study_page_escapes_a_hostile_study_name(client: TestClient) -> None:
+    response = client.get("/studies/1")
+    assert response.status_code == 200
+    html = response.text
+    assert HOSTILE_NAME not in html
+    assert "<script>window.__pwned" not in html
+    assert '<img src=x onerror="window.__pwned=1">' not in html
+    escaped = (
+        "&lt;/title&gt;&lt;script&gt;window.__pwned=2&lt;/script&gt;"
+        "&lt;img src=x onerror=&#34;window.__pwned=1&#34;&gt;&amp;amp;&lt;b&gt;"
+    )
+    assert f"<title>{escaped} · gpu-knob-tuner</title>" in html
+    assert f'<span id="study-name">{escaped}</span>' in html
+    assert 'data-study-id="1"' in html
+    for element_id in ("pareto-plot", "history-plot", "parallel-plot", "importance-plot", "roofline-plot"):
+        assert f'id="{element_id}"' in html
+    for element_id in ("trial-table", "selected-trial", "study-status", "failures", "fingerprint"):
+        assert f'id="{element_id}"' in html
+    assert re.search(r'<script src="/static/plotly\.min\.js" defer>', html)
+
+
+def test_missing_study_gets_a_404_page(client: TestClient) -> None:
+    response = client.get("/studies/12345")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("text/html")
+    assert "There is no study 12345." in response.text
+    assert 'href="/"' in response.text
+
+
+@pytest.mark.parametrize("ref", ["abc", "1.5", "-1", "%3Cscript%3E", "1" * 30])
+def test_study_ids_that_are_not_numbers_get_a_404_page(client: TestClient, ref: str) -> None:
+    response = client.get(f"/studies/{ref}")
+    assert response.status_code == 404
+    assert "Study ids are whole numbers." in response.text
+    assert "<script>" not in response.text
+
+
+def test_study_page_still_renders_when_the_api_fails(client: TestClient) -> None:
+    # The page's script reports what the API says; the server-side lookup is only for the title and 404s.
+    response = client.get("/studies/99")
+    assert response.status_code == 200
+    assert 'data-study-id="99"' in response.text
+    assert "<title>study 99 · gpu-knob-tuner</title>" in response.text
+
+
+def test_pages_work_under_a_root_path() -> None:
+    with TestClient(stub_api(), root_path="/tuner") as test_client:
+        html = test_client.get("/studies/1").text
+    assert 'data-root="/tuner"' in html
+    assert 'src="/tuner/static/plotly.min.js"' in html
+    assert 'href="/tuner/static/dashboard.css' in html
+
+
+# ---------------------------------------------------------------- static files
+def test_static_files_are_served(client: TestClient) -> None:
+    js = client.get("/static/dashboard.js")
+    assert js.status_code == 200
+    assert js.headers["content-type"].startswith("text/javascript")
+    assert "function studyPage" in js.text
+    css = client.get("/static/dashboard.css")
+    assert css.status_code == 200
+    assert css.headers["content-type"].startswith("text/css")
+
+
+def test_plotly_comes_from_the_installed_package(client: TestClient) -> None:
+    path = dashboard.plotly_js_path()
+    if path is None:
+        pytest.skip("the plotly package is not installed")
+    response = client.get("/static/plotly.min.js")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/javascript")
+    assert "max-age" in response.headers["cache-control"]
+    assert len(response.content) == path.stat().st_size
+    assert response.content[:200] == path.read_bytes()[:200]
+    assert b"plotly.js" in response.content[:200]
+
+
+@pytest.mark.parametrize(
+    "name", ["nope.js", ".hidden", "%2E%2E", "..%2Fdashboard.py", "%2E%2E%2Fdashboard.py", "..%5Cdashboard.py"]
+)
+def test_static_refuses_what_is_not_a_static_file(client: TestClient, name: str) -> None:
+    response = client.get(f"/static/{name}")
+    assert response.status_code == 404
+    assert "import" not in response.text  # never the source of a module
+
+
+def test_templates_escape_everything() -> None:
+    assert dashboard._env.autoescape is True
+
+
+def test_scripts_never_insert_markup() -> None:
+    # User strings reach the DOM through textContent or attributes; Plotly text goes through escapeHtml.
+    source = (dashboard.STATIC_DIR / "dashboard.js").read_text()
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+        assert sink not in source, sink
+
+
+def test_dashboard_imports_no_heavy_modules() -> None:
+    code = (
+        "import sys, api.dashboard; "
+        "print(','.join(m for m in ('torch', 'triton', 'ray', 'optuna', 'plotly') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+# ---------------------------------------------------------------- the real app
+def test_real_app_serves_the_pages(tmp_path: Path) -> None:
+    main = pytest.importorskip("api.main")
+    from api.settings import Settings
+
+    app = main.create_app(Settings(db_url=f"sqlite:///{tmp_path / 'pages.db'}"))
+    spec = {"name": "pages", "workload": "noop", "objectives": [{"metric": "score"}, {"metric": "cost"}]}
+    # Spec names are restricted to [A-Za-z0-9._-]; a row written by other means may still hold markup.
+    row = app.state.db.create_study(
+        name=HOSTILE_NAME[:120], workload="noop", spec=spec, space={"params": {}}, space_hash="0" * 64
+    )
+    with TestClient(app) as test_client:
+        index = test_client.get("/")
+        assert index.status_code == 200 and 'id="studies-table"' in index.text
+        page = test_client.get(f"/studies/{row.id}")
+        assert page.status_code == 200
+        assert "<script>window.__pwned" not in page.text
+        assert "&lt;/title&gt;&lt;script&gt;" in page.text
+        assert test_client.get(f"/studies/{row.id + 1}").status_code == 404
+        assert test_client.get("/static/dashboard.js").status_code == 200
+        assert test_client.get("/static/plotly.min.js").status_code in (200, 404)
+
+
+# ---------------------------------------------------------------- the charts, in a browser
+def _browser() -> str:
+    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+    reason = None
+    if path is None:
+        reason = "no chromium binary (apt-get install chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            reason = "playwright is not installed (pip install playwright)"
+    if reason is not None:
+        if os.environ.get("TUNER_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"TUNER_REQUIRE_BROWSER=1 but {reason}")
+        pytest.skip(reason)
+    return path
+
+
+@pytest.fixture(scope="module")
+def stub_server() -> Iterator[str]:
+    """The stub API and the dashboard under uvicorn in a thread, for the browser."""
+    import uvicorn
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(stub_api(), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.mark.timeout(120)
+def test_charts_draw_hostile_data_as_text(stub_server: str) -> None:
+    chromium = _browser()
+    from playwright.sync_api import sync_playwright
+
+    args = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-unsafe-swiftshader"]
+    errors: list[str] = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=args)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+
+            # Two objectives: Pareto scatter, history, parallel coordinates, importances, roofline.
+            page.goto(f"{stub_server}/studies/1")
+            page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1")
+            page.wait_for_selector("#roofline-plot .main-svg")
+            assert page.locator("#study-name").text_content() == HOSTILE_NAME
+            assert page.locator("#study-message").text_content() == f"finished {HOSTILE}"
+            data = page.evaluate(
+                """() => Object.fromEntries(['pareto-plot', 'history-plot', 'parallel-plot', 'importance-plot',
+                   'roofline-plot'].map((id) => [id, (document.getElementById(id).data || []).map((t) => ({
+                     name: t.name, type: t.type, n: (t.x || t.dimensions || []).length,
+                     hover: t.hovertext ? t.hovertext[0] : null }))]))"""
+            )
+            trials = {t["name"]: t for t in data["pareto-plot"]}
+            assert trials["trials"]["n"] == 10 and trials["trials"]["type"] == "scatter"
+            assert trials["Pareto front"]["n"] >= 1
+            # Plotly renders hover text as HTML: the markup in params arrives escaped.
+            assert '&lt;img src=x onerror="window.__pwned=1"&gt;&amp;amp;&lt;b&gt;' in trials["trials"]["hover"]
+            assert "&lt;i&gt;knob&lt;/i&gt;" in trials["trials"]["hover"]
+            assert [t["n"] for t in data["roofline-plot"]] == [3, 10]
+            assert data["parallel-plot"][0]["type"] == "parcoords" and data["parallel-plot"][0]["n"] == 4
+            assert data["importance-plot"][0]["n"] == 3
+            assert page.locator("#pareto-plot .xtitle").text_content() == "<b>m1</b> (max ↑)"
+            assert "WebGL is not supported" not in page.locator("main").text_content()
+            assert HOSTILE[:39] + "…" in page.locator("#parallel-plot").text_content()  # long ticks are cut
+            assert "<i>knob</i>" in page.locator("#importance-plot").text_content()
+            assert page.locator("#roofline-note").is_hidden()
+
+            # Hover a point: the tooltip shows the markup as text.
+            pixel = page.evaluate(
+                """() => { const gd = document.getElementById('pareto-plot'); const fl = gd._fullLayout;
+                   const t = gd.data.find((d) => d.name === 'trials'); const b = gd.getBoundingClientRect();
+                   const i = t.customdata.indexOf(0);
+                   return {x: b.left + fl._size.l + fl.xaxis.l2p(t.x[i]),
+                           y: b.top + fl._size.t + fl.yaxis.l2p(t.y[i])}; }"""
+            )
+            page.mouse.move(pixel["x"], pixel["y"])
+            page.wait_for_selector("#pareto-plot .hoverlayer .hovertext")
+            assert HOSTILE in page.locator("#pareto-plot .hoverlayer").text_content()
+
+            # The trial table sorts by a header click and filters by status; rows select trials.
+            table = page.locator("#trial-table")
+            assert table.locator("tbody tr").count() == 12
+            assert HOSTILE in table.text_content()
+            table.locator("th", has_text="<b>m1</b>").click()
+            first = table.locator("tbody tr").first.get_attribute("data-trial")
+            assert first == "0"
+            table.locator("th", has_text="<b>m1</b>").click()
+            assert table.locator("tbody tr").first.get_attribute("data-trial") == "11"
+            page.select_option("#trial-status-filter", "runtime_error")
+            assert table.locator("tbody tr").count() == 2
+            table.locator('tbody tr[data-trial="3"]').click()
+            page.wait_for_function("() => document.getElementById('selected-trial').dataset.trial === '3'")
+            assert "Only successful trials can be exported." in page.locator("#selected-trial").text_content()
+            page.locator("#failures details summary").first.click()
+            assert f"KeyError: {HOSTILE}" in page.locator("#failures").text_content()
+            assert HOSTILE in page.locator("#fingerprint").text_content()
+            page.select_option("#trial-status-filter", "")
+            table.locator('tbody tr[data-trial="11"]').click()
+            page.wait_for_selector("#export-link")
+            assert page.locator("#export-link").get_attribute("href") == "/api/studies/1/export?format=json&trial=11"
+            assert page.locator("#export-link").get_attribute("download").endswith("-trial-11.json")
+            assert page.evaluate("() => window.__pwned") is None
+            assert page.locator('img[src="x"]').count() == 0
+
+            # Three objectives: a 3-D scatter.
+            page.goto(f"{stub_server}/studies/2")
+            page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1")
+            types = page.evaluate("() => document.getElementById('pareto-plot').data.map((t) => t.type)")
+            assert set(types) == {"scatter3d"}
+
+            # One objective: no front, a note; the history still draws.
+            page.goto(f"{stub_server}/studies/3")
+            page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1")
+            assert "One objective" in page.locator("#pareto-note").text_content()
+            assert page.evaluate("() => (document.getElementById('pareto-plot').data || []).length") == 0
+            assert page.evaluate("() => document.getElementById('history-plot').data.length") >= 3
+
+            # The studies page lists the studies, names as text.
+            page.goto(f"{stub_server}/")
+            page.wait_for_selector('#studies-table tr[data-study-id="3"]')
+            assert HOSTILE_NAME in page.locator('#studies-table tr[data-study-id="1"]').text_content()
+            assert page.evaluate("() => window.__pwned") is None
+        finally:
+            browser.close()
+    assert not errors, errors
