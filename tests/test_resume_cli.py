@@ -120,3 +120,72 @@ def test_cli_refuses_a_bad_spec_naming_the_field(tmp_path: Path) -> None:
 def test_cli_lists_workloads(tmp_path: Path) -> None:
     out = tuner("workloads", cwd=tmp_path).communicate(timeout=60)[0]
     assert "triton_gemm" in out and "tflops" in out and "noop" in out
+
+
+def test_serve_submit_wait_and_export_over_http(tmp_path: Path) -> None:
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    env_token = {"TUNER_API_TOKEN": "cli-token"}
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tuner.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--db",
+            str(tmp_path / "svc.db"),
+            "--workers",
+            "1",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, **env_token},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and server.poll() is None, "the server did not start"
+            time.sleep(0.3)
+        spec = dict(SPEC, name="over-http", args={"sleep_ms": 10}, budget={"trials": 5})
+        path = tmp_path / "spec.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        refused = tuner("submit", str(path), "--url", url, cwd=tmp_path)  # no token
+        assert refused.wait(timeout=60) == 2 and "401" in refused.stdout.read()
+        submit = subprocess.run(
+            [sys.executable, "-m", "tuner.cli", "submit", str(path), "--url", url, "--wait", "--token", "cli-token"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert submit.returncode == 0, submit.stdout + submit.stderr
+        assert "completed: 5/5 trials" in submit.stdout
+        exported = subprocess.run(
+            [sys.executable, "-m", "tuner.cli", "export", "over-http", "--url", url, "--format", "python"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert exported.returncode == 0 and exported.stdout.startswith("# study over-http, trial ")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)

@@ -100,3 +100,24 @@ def test_sqlite_runs_in_wal_mode(sqlite_url: str) -> None:
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30000
     db.dispose()
+
+
+def test_leases_let_one_runner_hold_a_study_and_another_take_over_when_it_lapses(db_url: str) -> None:
+    import time
+
+    db = StudyDB(db_url)
+    db.create_tables()
+    study_id = make_study(db, "leased")  # created queued
+    first = db.claim_next("runner-a", lease_s=0.5)
+    assert first is not None and first.id == study_id and first.status == "running"
+    assert db.claim_next("runner-b", lease_s=30) is None  # held
+    assert db.renew_lease(study_id, "runner-a", 0.5)
+    time.sleep(0.8)  # runner-a stops renewing: its lease lapses
+    taken = db.claim_next("runner-b", lease_s=30)
+    assert taken is not None and taken.id == study_id and taken.lease_owner == "runner-b"
+    assert not db.renew_lease(study_id, "runner-a", 30)  # the old owner learns it lost the study
+    db.release_lease(study_id, "runner-b")
+    assert db.get_study(study_id).lease_owner is None
+    db.update_study(study_id, status="completed")
+    assert db.claim_next("runner-c", lease_s=30) is None
+    db.dispose()
