@@ -189,3 +189,55 @@ def test_serve_submit_wait_and_export_over_http(tmp_path: Path) -> None:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
+
+
+def test_a_runner_shut_down_mid_study_queues_it_again_and_the_next_runner_finishes_it(tmp_path: Path) -> None:
+    from tuner.spec import load_spec
+
+    db_path = tmp_path / "runner.db"
+    db = StudyDB(str(db_path))
+    db.create_tables()
+    spec = dict(SPEC, name="handover", args={"sleep_ms": 300}, budget={"trials": 12})
+    compiled = load_spec(spec)
+    study = db.create_study(
+        name="handover",
+        workload="noop",
+        spec=compiled.spec.model_dump(mode="json"),
+        space=compiled.space.canonical,
+        space_hash=compiled.space.hash,
+    )
+
+    def start_runner() -> subprocess.Popen:
+        return tuner("worker", "--db", str(db_path), "--workers", "1", cwd=tmp_path, start_new_session=True)
+
+    first = start_runner()
+    deadline = time.monotonic() + 180
+    while len(finished_rows_of(db, study.id)) < 3:
+        assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()
+        time.sleep(0.2)
+    os.killpg(first.pid, signal.SIGTERM)  # what `tuner serve` does to its runner when it shuts down
+    assert first.wait(timeout=120) == 0
+    after_first = db.get_study(study.id)
+    assert after_first.status == "queued" and "queued again" in after_first.message
+    assert after_first.lease_owner is None
+    done_by_first = {t.number: t.metrics for t in finished_rows_of(db, study.id)}
+    assert 3 <= len(done_by_first) < 12
+
+    second = start_runner()
+    try:
+        deadline = time.monotonic() + 180
+        while db.get_study(study.id).status != "completed":
+            assert second.poll() is None and time.monotonic() < deadline
+            time.sleep(0.3)
+    finally:
+        os.killpg(second.pid, signal.SIGTERM)
+        second.wait(timeout=120)
+    trials = db.trials(study.id)
+    assert [t.number for t in trials] == list(range(len(trials)))
+    assert sum(t.status == "ok" and t.duplicate_of is None for t in trials) == 12
+    assert all(next(t for t in trials if t.number == n).metrics == m for n, m in done_by_first.items())
+    db.dispose()
+
+
+def finished_rows_of(db: StudyDB, study_id: int) -> list:
+    return [t for t in db.trials(study_id) if t.status == "ok"]

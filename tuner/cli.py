@@ -229,11 +229,17 @@ def cmd_workloads(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     """Claim queued studies from the database and run them (what ``tuner serve`` starts beside the API)."""
     import logging
+    import signal
 
+    from tuner.orchestrator import ensure_ray
     from tuner.service import StudyRunner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     runner = StudyRunner(_db(args), ray_address=args.ray_address, workers=args.workers)
+    ensure_ray(args.ray_address, min_cpus=args.workers or 2)
+    # After Ray's own handler: SIGTERM asks for a graceful stop (trials in flight finish, the study is
+    # queued again for the next runner) instead of exiting in the middle of the loop.
+    signal.signal(signal.SIGTERM, lambda *_: runner.stop())
     try:
         runner.run_forever()
     except KeyboardInterrupt:
@@ -265,6 +271,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             cmd += ["--workers", str(args.workers)]
         runner = subprocess.Popen(cmd, start_new_session=True)
     console.print(f"dashboard: http://{args.host}:{args.port}/   API docs: http://{args.host}:{args.port}/docs")
+    # uvicorn re-raises the SIGTERM it caught once it has shut down; exit through `finally` then, so the
+    # runner is stopped too rather than left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:

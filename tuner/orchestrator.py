@@ -202,6 +202,9 @@ class Orchestrator:
             status, message = "stopped", "interrupted"
         except StudyFailed as exc:
             status, message = "failed", str(exc)
+        except BaseException:  # SystemExit from a signal handler, a bug: never record such a run as completed
+            status, message = "stopped", "interrupted"
+            raise
         finally:
             self._flush()
             for worker in self._workers:

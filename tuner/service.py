@@ -20,6 +20,7 @@ from tuner.storage import StudyDB, StudyRow
 
 log = logging.getLogger("tuner.service")
 DEFAULT_LEASE_S = 30.0
+STOP_CHECK_S = 1.0  # how often a running study looks for a stop request
 
 
 class StudyRunner:
@@ -69,26 +70,35 @@ class StudyRunner:
             self.db.release_lease(row.id, self.owner)
             return
         orchestrator: Orchestrator | None = None
-        last_renewal = time.monotonic()
+        last_renewal = last_check = time.monotonic()
 
         def heartbeat() -> None:
-            nonlocal last_renewal
-            if time.monotonic() - last_renewal < self.lease_s / 3:
-                return
-            last_renewal = time.monotonic()
-            if not self.db.renew_lease(row.id, self.owner, self.lease_s):
-                log.warning("runner %s lost the lease of study %s; stopping", self.owner, row.id)
+            nonlocal last_renewal, last_check
+            if self._stop.is_set():
                 orchestrator.stop()
                 return
-            current = self.db.get_study(row.id)
-            if current is not None and (current.stop_requested or self._stop.is_set()):
-                orchestrator.stop()
+            now = time.monotonic()
+            if now - last_renewal >= self.lease_s / 3:
+                last_renewal = now
+                if not self.db.renew_lease(row.id, self.owner, self.lease_s):
+                    log.warning("runner %s lost the lease of study %s; stopping", self.owner, row.id)
+                    orchestrator.stop()
+                    return
+            if now - last_check >= STOP_CHECK_S:
+                last_check = now
+                current = self.db.get_study(row.id)
+                if current is not None and current.stop_requested:
+                    orchestrator.stop()
 
         orchestrator = Orchestrator(
             compiled, self.db, ray_address=self.ray_address, workers=self.workers, heartbeat=heartbeat
         )
         try:
             orchestrator.run()
+            current = self.db.get_study(row.id)
+            if self._stop.is_set() and current is not None and current.status == "stopped":
+                if not current.stop_requested:  # we are shutting down, nobody asked: the next runner goes on
+                    self.db.update_study(row.id, status="queued", message="runner shut down; queued again")
         except (StudyConflict, StudyFailed) as exc:
             log.warning("study %s failed: %s", row.id, exc)
             self.db.update_study(row.id, status="failed", message=str(exc))
