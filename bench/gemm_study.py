@@ -46,14 +46,18 @@ def remeasure_interleaved(size: int, config: dict[str, Any], rounds: int) -> dic
     from tuner.fingerprint import device_info
     from tuner.workload import TrialContext
 
+    from tuner.roofline import gpu_clock_and_temperature
+
     workload = TritonGemm(m=size, n=size, k=size)
     device = device_info()
-    ours, theirs = [], []
+    ours, theirs, clocks = [], [], []
     for _ in range(rounds):
         result = workload.run(config, device, TrialContext())
         ours.append(result.metrics["tflops"])
+        clocks.append(gpu_clock_and_temperature())
         theirs.extend(baseline_bf16_tflops(size))
-    return {"tuned_bf16_tflops": ours, "torch_matmul_bf16_tflops": theirs}
+        clocks.append(gpu_clock_and_temperature())
+    return {"tuned_bf16_tflops": ours, "torch_matmul_bf16_tflops": theirs, "clock_after_each": clocks}
 
 
 def main() -> None:
@@ -175,6 +179,12 @@ def main() -> None:
             "median": round(torch_median, 1),
         },
         "tuned_bf16_tflops_interleaved": interleaved.get("tuned_bf16_tflops"),
+        "sm_clock_and_temperature_after_each_interleaved_measurement": interleaved.get("clock_after_each"),
+        "roofline": {
+            "device": (db.find_study(spec["name"]).device or {}).get("roofline"),
+            "best_bf16_roofline_fraction": None if best_bf16 is None else best_bf16.metrics.get("roofline_fraction"),
+            "best_overall_roofline_fraction": None if best_any is None else best_any.metrics.get("roofline_fraction"),
+        },
         "ratio_best_bf16_to_torch_matmul": round(tuned_median / torch_median, 3) if tuned_median else None,
         "target": ">= 0.85 x torch.matmul bf16",
         "trials": [

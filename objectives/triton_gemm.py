@@ -302,6 +302,14 @@ class TritonGemm(Workload):
             "precision": config["precision"],
         }
 
+    def work(self, config: dict[str, Any]) -> tuple[float, float, str | None]:
+        """2mnk FLOPs; A and B read once and C written once, at the precision's element sizes."""
+        precision = config["precision"]
+        in_bytes = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[precision]
+        out_bytes = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}[precision]  # fp8 writes bf16
+        moved = (self.m * self.k + self.k * self.n) * in_bytes + self.m * self.n * out_bytes
+        return float(self.flops), float(moved), precision
+
     def export_python(self, config: dict[str, Any]) -> str:
         """A ``triton.Config`` list ready to paste into ``@triton.autotune(configs=...)``."""
         exported = self.export_config(config)

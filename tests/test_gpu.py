@@ -38,3 +38,17 @@ def test_gemm_numerics_on_gpu(precision: str, shape: tuple[int, int, int]) -> No
     bound = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 5e-3, "bf16": 2e-2, "fp8": 0.1}[precision]
     assert 0 <= result.metrics["max_rel_error"] < bound
     assert result.metrics["tflops"] > 0 and len(result.samples_ms) >= 10
+
+
+def test_worker_reports_roofline_position_and_clocks() -> None:
+    from tuner.worker import TrialWorker
+
+    worker = TrialWorker("triton_gemm", {"m": 4096, "n": 4096, "k": 4096}, "w-test")
+    info = worker.describe()
+    assert info["roofline"]["bandwidth_gbps"] > 100 and info["roofline"]["peaks_tflops"]["bf16"] > 0
+    result = worker.run_trial({**CONFIG, "precision": "bf16"}, trial_number=0, attempt=1, seq=0)
+    assert result["status"] == "ok", result["error"]
+    metrics = result["metrics"]
+    assert metrics["arithmetic_intensity"] == pytest.approx(2 * 4096 / 6)
+    assert 0 < metrics["roofline_fraction"] < 1.2
+    assert metrics["sm_clock_mhz"] > 100 and metrics["gpu_temp_c"] > 0

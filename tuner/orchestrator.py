@@ -279,7 +279,8 @@ class Orchestrator:
         if not infos:
             raise StudyFailed("no worker could start")
         self.device = DeviceInfo.from_dict(infos[0]["device"])
-        self.db.update_study(self.study_id, device=infos[0]["device"], fingerprint=infos[0]["fingerprint"])
+        device = {**infos[0]["device"], "roofline": infos[0].get("roofline")}
+        self.db.update_study(self.study_id, device=device, fingerprint=infos[0]["fingerprint"])
 
     def _spawn(self, index: int, generation: int) -> _Worker:
         import ray

@@ -36,6 +36,11 @@ class TrialWorker:
         self.workload = workload_class(workload)(**args)
         self.device: DeviceInfo = device_info()
         self.fingerprint = fingerprint()
+        self.roofline = None
+        if self.device.is_gpu:
+            from tuner.roofline import describe_roofline, measure_copy_bandwidth_gbps
+
+            self.roofline = describe_roofline(self.device.name, measure_copy_bandwidth_gbps())
         self._turn = threading.Condition()
         self._next_seq = 0
 
@@ -46,6 +51,7 @@ class TrialWorker:
             "host": socket.gethostname(),
             "device": self.device.to_dict(),
             "fingerprint": self.fingerprint,
+            "roofline": self.roofline,
         }
 
     def reset_sequence(self, next_seq: int) -> None:
@@ -77,11 +83,27 @@ class TrialWorker:
             with self._turn:
                 self._next_seq = seq + 1
                 self._turn.notify_all()
+        if result.ok and self.device.is_gpu:
+            result.metrics.update(self._position(config, result.metrics))
         out = result_to_dict(result)
         out["worker"] = self.label
         out["duration_s"] = time.time() - started
         out["replace_worker"] = bool(result.extra.get("replace_worker", False))
         return out
+
+    def _position(self, config: dict[str, Any], metrics: dict[str, float]) -> dict[str, float]:
+        """The trial's roofline position and the GPU's SM clock and temperature right after it."""
+        from tuner.roofline import gpu_clock_and_temperature, roofline_metrics
+
+        extra = gpu_clock_and_temperature()
+        work = self.workload.work(config)
+        latency_ms = metrics.get("latency_ms")
+        if work is not None and latency_ms:
+            flops, moved, precision = work
+            peaks = (self.roofline or {}).get("peaks_tflops") or {}
+            bandwidth = (self.roofline or {}).get("bandwidth_gbps")
+            extra.update(roofline_metrics(flops, moved, latency_ms, peaks.get(precision or ""), bandwidth))
+        return extra
 
     def _run(self, config: dict[str, Any], ctx: TrialContext) -> TrialResult:
         try:

@@ -147,6 +147,12 @@ class Workload:
     def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
         raise NotImplementedError
 
+    def work(self, config: dict[str, Any]) -> tuple[float, float, str | None] | None:
+        """``(flops, bytes, precision)``: the FLOPs a config computes and the fewest bytes it must move
+        through device memory, and the precision whose peak bounds it; None when not meaningful.
+        The worker turns it into the trial's roofline position."""
+        return None
+
     def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config in the form user code consumes (default: the params as they are)."""
         return dict(config)

@@ -954,26 +954,34 @@
         return;
       }
       showNote("roofline-note", "");
-      const peak = roof.peak_tflops;
       const bw = roof.bandwidth_gbps;
-      const ridge = (peak * 1000) / bw; // FLOP/byte where memory bandwidth stops limiting
+      // One roof per precision the trials used when the device gives peaks by precision.
+      const used = new Set(points.map((t) => String((t.params || {}).precision)));
+      let peaks = [];
+      if (roof.peaks_tflops && typeof roof.peaks_tflops === "object") {
+        peaks = Object.entries(roof.peaks_tflops).filter(([name, v]) => isNum(v) && v > 0 && used.has(name));
+      }
+      if (!peaks.length) peaks = [["peak", roof.peak_tflops]];
       const ai = points.map((t) => t.metrics.arithmetic_intensity);
-      const lo = Math.min(...ai, ridge) / 4;
-      const hi = Math.max(...ai, ridge) * 4;
-      const roofX = [lo, ridge, hi];
-      const roofY = roofX.map((x) => Math.min(peak, (x * bw) / 1000));
+      const ridges = peaks.map(([, peak]) => (peak * 1000) / bw); // FLOP/byte where bandwidth stops limiting
+      const lo = Math.min(...ai, ...ridges) / 4;
+      const hi = Math.max(...ai, ...ridges) * 4;
+      const roofs = peaks.map(([name, peak], i) => {
+        const roofX = [lo, ridges[i], hi];
+        return {
+          type: "scatter",
+          mode: "lines",
+          name: `roof ${name}`,
+          x: roofX,
+          y: roofX.map((x) => Math.min(peak, (x * bw) / 1000)),
+          line: { color: "#495057", width: 1.5, dash: i ? "dot" : "solid" },
+          hoverinfo: "x+y+name",
+        };
+      });
       draw(
         div,
         [
-          {
-            type: "scatter",
-            mode: "lines",
-            name: "roof",
-            x: roofX,
-            y: roofY,
-            line: { color: "#495057", width: 2 },
-            hoverinfo: "x+y",
-          },
+          ...roofs,
           {
             type: "scatter",
             mode: "markers",
