@@ -44,9 +44,8 @@ def remeasure_interleaved(size: int, config: dict[str, Any], rounds: int) -> dic
     """Best bf16 config and torch.matmul, A B A B ..., each with the same stopwatch."""
     from objectives.triton_gemm import TritonGemm
     from tuner.fingerprint import device_info
-    from tuner.workload import TrialContext
-
     from tuner.roofline import gpu_clock_and_temperature
+    from tuner.workload import TrialContext
 
     workload = TritonGemm(m=size, n=size, k=size)
     device = device_info()
