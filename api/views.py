@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from api.schemas import BestOut, ObjectiveOut, StudyDetail, StudyOut, TrialDetail, TrialOut
 from tuner.export import objectives_of
 from tuner.pareto import best_trial
-from tuner.storage import DUPLICATE, RUNNING, StudyDB, StudyRow, TrialRow
+from tuner.storage import DUPLICATE, RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics
 
 NOT_MEASURED = ("infeasible_static", DUPLICATE, RUNNING)
 
@@ -21,7 +20,7 @@ def trial_out(row: TrialRow, detail: bool = False) -> TrialOut:
         "number": row.number,
         "status": row.status,
         "params": row.params or {},
-        "metrics": {k: _finite_or_none(v) for k, v in (row.metrics or {}).items()},
+        "metrics": clean_metrics(row.metrics or {}),
         "feasible": row.feasible,
         "timing_comparable": row.timing_comparable,
         "error": row.error,
@@ -81,13 +80,3 @@ def study_out(db: StudyDB, row: StudyRow, detail: bool = False) -> StudyOut:
             fingerprint=row.fingerprint,
         )
     return StudyOut(**fields)
-
-
-def _finite_or_none(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None

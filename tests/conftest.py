@@ -66,3 +66,32 @@ def ray_session() -> Iterator[None]:
     ensure_ray(None, min_cpus=4)
     yield
     ray.shutdown()
+
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--enable-unsafe-swiftshader",
+]
+
+
+def chromium_or_skip() -> str:
+    """The Chromium binary, or skip (fail under TUNER_REQUIRE_BROWSER=1) when it or Playwright is missing."""
+    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+    reason = None
+    if path is None:
+        reason = "no chromium binary (apt-get install chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            reason = "playwright is not installed (pip install playwright)"
+    if reason is not None:
+        if os.environ.get("TUNER_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"TUNER_REQUIRE_BROWSER=1 but {reason}")
+        pytest.skip(reason)
+    return path

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,22 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import CHROMIUM_ARGS, chromium_or_skip
 
 httpx = pytest.importorskip("httpx")
 
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "test-artifacts"
 TOKEN = "test-token"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    # WebGL (parcoords, 3-D scatter) on the software rasterizer, with the GPU disabled.
-    "--enable-unsafe-swiftshader",
-]
 SPEC = {
     "name": "e2e-noop",
     "workload": "noop",
@@ -62,21 +52,7 @@ HOSTILE_SPEC = {
 
 
 def _chromium() -> str:
-    """The Chromium binary, or skip (fail under TUNER_REQUIRE_BROWSER=1) when it or Playwright is missing."""
-    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-    reason = None
-    if path is None:
-        reason = "no chromium binary (apt-get install chromium)"
-    else:
-        try:
-            import playwright.sync_api  # noqa: F401
-        except ImportError:
-            reason = "playwright is not installed (pip install playwright)"
-    if reason is not None:
-        if os.environ.get("TUNER_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"TUNER_REQUIRE_BROWSER=1 but {reason}")
-        pytest.skip(reason)
-    return path
+    return chromium_or_skip()
 
 
 def _free_port() -> int:

@@ -6,9 +6,7 @@ a browser unless ``TUNER_REQUIRE_BROWSER=1``).
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from conftest import CHROMIUM_ARGS, chromium_or_skip
 
 pytest.importorskip("fastapi")
 pytest.importorskip("jinja2")
@@ -326,20 +325,7 @@ def test_real_app_serves_the_pages(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- the charts, in a browser
 def _browser() -> str:
-    path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
-    reason = None
-    if path is None:
-        reason = "no chromium binary (apt-get install chromium)"
-    else:
-        try:
-            import playwright.sync_api  # noqa: F401
-        except ImportError:
-            reason = "playwright is not installed (pip install playwright)"
-    if reason is not None:
-        if os.environ.get("TUNER_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"TUNER_REQUIRE_BROWSER=1 but {reason}")
-        pytest.skip(reason)
-    return path
+    return chromium_or_skip()
 
 
 @pytest.fixture(scope="module")
@@ -367,7 +353,7 @@ def test_charts_draw_hostile_data_as_text(stub_server: str) -> None:
     chromium = _browser()
     from playwright.sync_api import sync_playwright
 
-    args = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--enable-unsafe-swiftshader"]
+    args = CHROMIUM_ARGS
     errors: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium, args=args)
