@@ -74,6 +74,7 @@ class TrialOut(BaseModel):
     worker: str | None
     attempt: int
     duplicate_of: int | None
+    remeasured: dict[str, Any] | None
     started_at: dt.datetime | None
     finished_at: dt.datetime | None
     duration_s: float | None

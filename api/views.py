@@ -27,6 +27,7 @@ def trial_out(row: TrialRow, detail: bool = False) -> TrialOut:
         "worker": row.worker,
         "attempt": row.attempt or 1,
         "duplicate_of": row.duplicate_of,
+        "remeasured": row.remeasured,
         "started_at": row.started_at,
         "finished_at": row.finished_at,
         "duration_s": duration,

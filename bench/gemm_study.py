@@ -162,6 +162,9 @@ def main() -> None:
             "tflops_in_study": best_bf16_sampler.metrics["tflops"],
             "ratio_to_torch_matmul": round(best_bf16_sampler.metrics["tflops"] / torch_median, 3),
         },
+        "default_pick_after_interleaved_remeasure": None
+        if best_any is None
+        else {"trial": best_any.number, "params": best_any.params, "remeasured": best_any.remeasured},
         "best_overall": None
         if best_any is None
         else {
@@ -195,6 +198,7 @@ def main() -> None:
                 "metrics": t.metrics,
                 "worker": t.worker,
                 "duplicate_of": t.duplicate_of,
+                "remeasured": t.remeasured,
                 "seconds": round((t.finished_at - t.started_at).total_seconds(), 2) if t.finished_at else None,
             }
             for t in trials

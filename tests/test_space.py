@@ -154,3 +154,28 @@ def test_expressions_evaluate_without_eval() -> None:
     assert c.violation({"max_rel_error": 0.1}) == pytest.approx(0.05)
     assert c.violation({"max_rel_error": float("nan")}) == 1.0
     assert c.violation({}) == 1.0
+
+
+def test_the_default_pick_follows_the_remeasured_medians() -> None:
+    from dataclasses import dataclass, field
+
+    from tuner.pareto import best_trial
+
+    @dataclass
+    class T:
+        number: int
+        metrics: dict
+        remeasured: dict | None = None
+        status: str = "ok"
+        feasible: bool = True
+        duplicate_of: int | None = None
+        params: dict = field(default_factory=dict)
+
+    objectives = [("tflops", "maximize")]
+    # trial 1 led in the study by 1% (a lucky clock), trial 2 wins when both are timed interleaved
+    a = T(1, {"tflops": 700.0}, {"metric": "tflops", "median": 671.0})
+    b = T(2, {"tflops": 693.0}, {"metric": "tflops", "median": 684.0})
+    c = T(3, {"tflops": 500.0})
+    assert best_trial([a, b, c], objectives).number == 2
+    a.remeasured = b.remeasured = None
+    assert best_trial([a, b, c], objectives).number == 1

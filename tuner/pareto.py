@@ -46,6 +46,26 @@ def pareto_front(trials: Sequence[TrialLike], objectives: Sequence[tuple[str, st
 
 
 def best_trial(trials: Sequence[TrialLike], objectives: Sequence[tuple[str, str]]) -> TrialLike | None:
-    """The default pick: the Pareto point best on the first objective (ties: the next objectives)."""
+    """The default pick: the Pareto point best on the first objective (ties: the next objectives).
+
+    When the top candidates (by the first objective) were re-measured interleaved, the pick is the one
+    with the best median: a lead smaller than clock drift does not decide.
+    """
     front = pareto_front(trials, objectives)
-    return front[0] if front else None
+    if not front:
+        return None
+    metric, direction = objectives[0]
+    remeasured = [
+        t
+        for t in trials
+        if t.status == "ok"
+        and t.feasible
+        and getattr(t, "duplicate_of", None) is None
+        and (r := getattr(t, "remeasured", None))
+        and r.get("metric") == metric
+        and r.get("median") is not None
+    ]
+    if remeasured:
+        sign = -1.0 if direction == "maximize" else 1.0
+        return min(remeasured, key=lambda t: (sign * t.remeasured["median"], t.number))
+    return front[0]

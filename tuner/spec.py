@@ -54,6 +54,15 @@ class Budget(_Model):
         return value
 
 
+class Remeasure(_Model):
+    """Before a winner is called, the best ``top_k`` distinct configs (by the first objective) are timed
+    again, interleaved A B C A B C ... for ``rounds`` rounds on one GPU, so that clock drift cannot
+    pick the winner. ``top_k`` null: 5 when the trials' timings are comparable (a GPU), else 0."""
+
+    top_k: int | None = Field(default=None, ge=0, le=32)
+    rounds: int = Field(default=3, ge=1, le=20)
+
+
 class Resources(_Model):
     gpus_per_trial: int = Field(default=1, ge=1, le=1)  # multi-GPU trials come with the collectives work
     workers: int | None = Field(default=None, ge=1, le=1024)
@@ -73,6 +82,7 @@ class StudySpec(_Model):
     sampler: Literal["auto", "tpe", "nsga2", "gp", "random", "grid"] = "auto"
     seed: int | None = 0
     warm_start: bool = True
+    remeasure: Remeasure = Field(default_factory=Remeasure)
     resources: Resources = Field(default_factory=Resources)
 
     def identity(self) -> dict[str, Any]:

@@ -105,6 +105,8 @@ class TrialRow(Base):
     worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     duplicate_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # {"metric": name, "values": [...], "median": x, "rounds": n}: the interleaved re-measurement
+    remeasured: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
@@ -165,7 +167,7 @@ def clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float | None]:
 class TrialWrite:
     """One pending write of a trial row: an insert, or the update that finishes it."""
 
-    kind: str  # "insert" | "finish"
+    kind: str  # "insert", or "finish"/"update": an update of the row's columns
     study_id: int
     number: int
     values: dict[str, Any]
