@@ -7,9 +7,7 @@ from typing import Any
 from api.schemas import BestOut, ObjectiveOut, StudyDetail, StudyOut, TrialDetail, TrialOut
 from tuner.export import objectives_of
 from tuner.pareto import best_trial
-from tuner.storage import DUPLICATE, RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics
-
-NOT_MEASURED = ("infeasible_static", DUPLICATE, RUNNING)
+from tuner.storage import DUPLICATE, RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics, measured_count
 
 
 def trial_out(row: TrialRow, detail: bool = False) -> TrialOut:
@@ -44,7 +42,7 @@ def study_out(db: StudyDB, row: StudyRow, detail: bool = False) -> StudyOut:
     for t in trials:
         key = DUPLICATE if t.duplicate_of is not None else t.status
         counts[key] = counts.get(key, 0) + 1
-    measured = sum(n for s, n in counts.items() if s not in NOT_MEASURED)
+    measured = measured_count(counts)
     budget = int(row.spec.get("budget", {}).get("trials", 0) or 0)
     best = best_trial(trials, objectives)
     elapsed = float(row.elapsed_s or 0.0)

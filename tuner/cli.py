@@ -124,6 +124,7 @@ def _print_front(front: list[Any], objectives: list[tuple[str, str]], chosen: in
 def cmd_status(args: argparse.Namespace) -> int:
     from tuner.export import objectives_of
     from tuner.pareto import best_trial
+    from tuner.storage import measured_count
 
     db = _db(args)
     table = Table(title=f"studies in {db.url}")
@@ -131,7 +132,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         table.add_column(col)
     for row in db.list_studies():
         counts = db.status_counts(row.id)
-        measured = sum(n for s, n in counts.items() if s not in ("infeasible_static", "running", "duplicate"))
+        measured = measured_count(counts)
         failed = measured - counts.get("ok", 0)
         objectives = objectives_of(row)
         best = best_trial(db.trials(row.id), objectives)

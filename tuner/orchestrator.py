@@ -33,7 +33,16 @@ import optuna
 from tuner.pareto import best_trial, pareto_front
 from tuner.samplers import CONSTRAINTS_ATTR, EnumeratedGridSampler, make_sampler, resolve_sampler_name
 from tuner.spec import CompiledStudy
-from tuner.storage import DUPLICATE, RUNNING, StudyDB, StudyRow, TrialRow, TrialWrite, tune_sqlite_engine
+from tuner.storage import (
+    DUPLICATE,
+    RUNNING,
+    StudyDB,
+    StudyRow,
+    TrialRow,
+    TrialWrite,
+    measured_count,
+    tune_sqlite_engine,
+)
 from tuner.workload import DeviceInfo, TrialStatus
 
 log = logging.getLogger("tuner")
@@ -43,7 +52,6 @@ STATIC_REJECT_LIMIT = 2000  # consecutive statically infeasible proposals before
 DUPLICATE_LIMIT = 200  # consecutive proposals of measured configs: the space is exhausted or the search converged
 # A repeated config reuses the earlier result when that result does not depend on luck.
 REUSABLE = frozenset({"ok", "compile_error", "out_of_resources", "numerics_fail"})
-NOT_MEASURED = frozenset({TrialStatus.INFEASIBLE_STATIC.value, DUPLICATE})
 ELAPSED_SAVE_EVERY_S = 5.0
 
 
@@ -166,7 +174,7 @@ class Orchestrator:
         self._best: tuple[float, int] | None = None
         self._counts: dict[str, int] = {}
         self._start_failures = 0
-        self._durations: list[float] = []
+        self._finished_here = 0  # trials finished by this run (for the ETA)
         self._startup_s = self._loop_s = 0.0
         self._pending: list[TrialWrite] = []
         self._reusable: dict[str, Any] = {}  # config key -> finished trial whose result a repeat reuses
@@ -432,8 +440,7 @@ class Orchestrator:
     def _no_new_trials(self) -> bool:
         if self._stop:
             return True
-        measured = sum(n for s, n in self._counts.items() if s not in NOT_MEASURED)
-        if measured >= self.spec.budget.trials:
+        if measured_count(self._counts, include_running=True) >= self.spec.budget.trials:
             return True
         if self._exhausted is not None:
             return True
@@ -543,7 +550,7 @@ class Orchestrator:
         if work in worker.queue:
             worker.queue.remove(work)
         worker.last_done_at = time.monotonic()
-        self._durations.append(time.monotonic() - work.dispatched_at)
+        self._finished_here += 1
         self._finish(work, result, worker.label)
         if result.get("replace_worker"):
             self._requeue_all(worker)
@@ -737,13 +744,12 @@ class Orchestrator:
         counts = self._counts
         static = counts.get(TrialStatus.INFEASIBLE_STATIC.value, 0)
         running = counts.get(RUNNING, 0)
-        finished = sum(n for s, n in counts.items() if s != RUNNING and s not in NOT_MEASURED)
+        finished = measured_count(counts)
         failed = finished - counts.get(TrialStatus.OK.value, 0)
         remaining = max(0, self.spec.budget.trials - finished)
         eta = None
-        done_here = len(self._durations)
-        if done_here:
-            eta = remaining * (time.monotonic() - self._run_started) / done_here
+        if self._finished_here:
+            eta = remaining * (time.monotonic() - self._run_started) / self._finished_here
         self.progress(
             Progress(
                 study=self.spec.name,

@@ -41,6 +41,12 @@ DEFAULT_DB_URL = "sqlite:///tuner.db"
 STUDY_STATUSES = ("queued", "running", "completed", "stopped", "failed")
 RUNNING = "running"  # a trial dispatched and not yet finished
 DUPLICATE = "duplicate"  # in counts: trials that reused an earlier trial's result (duplicate_of set)
+NOT_MEASURED = frozenset({"infeasible_static", DUPLICATE})  # rows that cost no GPU time nor budget
+
+
+def measured_count(counts: Mapping[str, int], *, include_running: bool = False) -> int:
+    """Trials that count against the budget, from counts by status (``status_counts``'s form)."""
+    return sum(n for s, n in counts.items() if s not in NOT_MEASURED and (include_running or s != RUNNING))
 
 
 def _now() -> dt.datetime:
