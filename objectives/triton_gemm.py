@@ -12,11 +12,20 @@ torch and triton are imported inside the methods: listing workloads and
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.workload import DeviceInfo, MetricSpec, TrialContext, TrialResult, TrialStatus, Workload
+from tuner.workload import (
+    DeviceInfo,
+    MetricSpec,
+    TrialContext,
+    TrialResult,
+    TrialStatus,
+    Workload,
+    compile_failure_result,
+    compile_failure_status,
+    interpreter_active,
+)
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
@@ -38,14 +47,7 @@ MIN_BLOCK_K: dict[str, int] = {"fp32": 16, "tf32": 16, "bf16": 16, "fp16": 16, "
 #: Compute capability each precision needs on a GPU (tensor-core tf32/bf16: Ampere; fp8: Ada/Hopper).
 MIN_CAPABILITY: dict[str, tuple[int, int]] = {"tf32": (8, 0), "bf16": (8, 0), "fp8": (8, 9)}
 
-#: Timing on a CPU (Triton interpreter): one warm-up call and three timed calls, as the
-#: numbers only show that the path runs.
-CPU_TIMING: dict[str, Any] = {"warmup_ms": 0.0, "rep_ms": 0.0, "min_reps": 3, "max_reps": 3}
-GPU_TIMING: dict[str, Any] = {"warmup_ms": 25.0, "rep_ms": 100.0, "min_reps": 10, "max_reps": 1000}
 
-
-def _interpreter_active() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _is_pow2(value: int) -> bool:
@@ -122,15 +124,6 @@ def check_numerics(out: Any, ref: Any, operand_ref: Any | None, precision: str, 
     return NumericsCheck(error, operand_error, None)
 
 
-def _compile_failure_status(exc: BaseException) -> TrialStatus | None:
-    """OUT_OF_RESOURCES / COMPILE_ERROR for Triton's own exceptions, None for anything else."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    if "OutOfResources" in names:
-        return TrialStatus.OUT_OF_RESOURCES
-    if names & {"CompilationError", "PTXASError", "MLIRCompilationError", "CompileTimeAssertionFailure"}:
-        return TrialStatus.COMPILE_ERROR
-    return None
-
 
 class TritonGemm(Workload):
     """C = A @ B with the tutorial-style Triton GEMM, checked against an fp32 reference, then timed.
@@ -192,7 +185,7 @@ class TritonGemm(Workload):
             return f"{precision} needs BLOCK_K >= {MIN_BLOCK_K[precision]} for tl.dot, got {tile['BLOCK_K']}"
         if tile["GROUP_M"] < 1 or tile["num_stages"] < 1 or tile["num_warps"] > 32:
             return f"need GROUP_M >= 1, num_stages >= 1 and num_warps <= 32, got {tile}"
-        if precision == "bf16" and (not device.is_gpu or _interpreter_active()):
+        if precision == "bf16" and (not device.is_gpu or interpreter_active()):
             # Measured with Triton 3.9: max relative error ~3e9 on 48x80x64, whatever the tiles.
             return "bf16 is not checked under the Triton interpreter (it computes bf16 products wrongly)"
         if device.is_gpu and precision in MIN_CAPABILITY and device.compute_capability is not None:
@@ -213,7 +206,7 @@ class TritonGemm(Workload):
         returned as the status of ``run`` for the same config. Compiles for the
         calling thread's current CUDA device.
         """
-        if not device.is_gpu or _interpreter_active() or self.static_check(config, device) is not None:
+        if not device.is_gpu or interpreter_active() or self.static_check(config, device) is not None:
             return
         try:
             from kernels.gemm import compile_only
@@ -225,34 +218,23 @@ class TritonGemm(Workload):
     # ------------------------------------------------------------------ one trial
 
     def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
-        comparable = device.is_gpu and not _interpreter_active()
+        comparable = device.is_gpu and not interpreter_active()
         reason = self.static_check(config, device)
         if reason is not None:
             return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
         failure = self._prepare_failures.pop(self._key(config), None)
         if failure is not None:
-            return self._compile_failure(failure, comparable)
+            return compile_failure_result(failure, comparable)
 
         import torch
 
-        from kernels.gemm import matmul
-        from tuner.measure import time_fn
+        from tuner.measure import time_fn, timing_options
 
         precision = config["precision"]
-        tile = self._tile(config)
         case = self._case(precision, device)
-        inputs = case.inputs
 
-        def launch() -> Any:
-            return matmul(
-                inputs.a,
-                inputs.b,
-                precision=precision,
-                scale_a=inputs.scale_a,
-                scale_b=inputs.scale_b,
-                out=case.out,
-                **tile,
-            )
+        def launch() -> None:
+            self._launch(config, case)
 
         case.out.fill_(float("nan"))
         try:
@@ -260,9 +242,9 @@ class TritonGemm(Workload):
             if device.is_gpu:
                 torch.cuda.synchronize()
         except Exception as exc:
-            if _compile_failure_status(exc) is None:
+            if compile_failure_status(exc) is None:
                 raise
-            return self._compile_failure(exc, comparable)
+            return compile_failure_result(exc, comparable)
 
         check = check_numerics(case.out, case.ref, case.operand_ref, precision, self.k)
         extra: dict[str, Any] = {}
@@ -277,7 +259,7 @@ class TritonGemm(Workload):
                 extra=extra,
             )
 
-        timing = time_fn(launch, device, **(GPU_TIMING if comparable else CPU_TIMING))
+        timing = time_fn(launch, device, **timing_options(comparable))
         extra["timing"] = timing.to_dict()
         latency_s = timing.median_ms * 1e-3
         return TrialResult(
@@ -324,6 +306,21 @@ class TritonGemm(Workload):
 
     # ------------------------------------------------------------------ helpers
 
+    def _launch(self, config: dict[str, Any], case: _Case) -> None:
+        """One launch of the config's kernel, writing ``case.out``: the only way ``run`` calls the kernel."""
+        from kernels.gemm import matmul
+
+        inputs = case.inputs
+        matmul(
+            inputs.a,
+            inputs.b,
+            precision=config["precision"],
+            scale_a=inputs.scale_a,
+            scale_b=inputs.scale_b,
+            out=case.out,
+            **self._tile(config),
+        )
+
     @staticmethod
     def _tile(config: dict[str, Any]) -> dict[str, int]:
         return {p: int(config[p]) for p in TILE_PARAMS}
@@ -332,11 +329,6 @@ class TritonGemm(Workload):
     def _key(config: dict[str, Any]) -> tuple[Any, ...]:
         return (config.get("precision"), *(config.get(p) for p in TILE_PARAMS))
 
-    @staticmethod
-    def _compile_failure(exc: BaseException, comparable: bool) -> TrialResult:
-        status = _compile_failure_status(exc) or TrialStatus.COMPILE_ERROR
-        text = f"{type(exc).__name__}: {exc}"
-        return TrialResult(status, error=text[:4000], timing_comparable=comparable)
 
     def _case(self, precision: str, device: DeviceInfo) -> _Case:
         """Inputs, references and output buffer for ``precision``, built on first use."""

@@ -95,3 +95,14 @@ def chromium_or_skip() -> str:
             pytest.fail(f"TUNER_REQUIRE_BROWSER=1 but {reason}")
         pytest.skip(reason)
     return path
+
+
+@pytest.fixture
+def interpreter() -> None:
+    """Skip unless Triton kernels run under the interpreter (TRITON_INTERPRET=1 before triton was imported)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 before triton is imported)")
+    from kernels.gemm import matmul_kernel
+
+    if type(matmul_kernel).__name__ != "InterpretedFunction":
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: kernels compile, not interpret")

@@ -20,8 +20,8 @@ class ExportError(ValueError):
 
 def objectives_of(row: StudyRow) -> list[tuple[str, str]]:
     spec = StudySpec.model_validate(row.spec)
-    cls = workload_class(spec.workload)
-    directions = {m.name: m.direction for m in cls.metrics}
+    workload = workload_class(spec.workload)(**spec.args)
+    directions = {m.name: m.direction for m in workload.metric_specs()}
     return [(o.metric, o.direction or directions[o.metric]) for o in spec.objectives]
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import os
 import platform
 import shutil
 import socket
@@ -18,7 +17,7 @@ import subprocess
 import sys
 from typing import Any
 
-from tuner.workload import DeviceInfo
+from tuner.workload import DeviceInfo, interpreter_active
 
 #: Opt-in shared memory per block (bytes) by compute capability, for torch builds whose
 #: device properties lack ``shared_memory_per_block_optin``.
@@ -32,9 +31,6 @@ SMEM_PER_BLOCK_OPTIN_BYTES: dict[tuple[int, int], int] = {
     (7, 0): 98304,
 }
 
-
-def _interpreter_active() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _package_version(name: str) -> str | None:
@@ -117,7 +113,7 @@ def fingerprint() -> dict[str, Any]:
         "gpu_names": gpu_names,
         "gpu_count": len(gpu_names),
         "device_kind": "cuda" if cuda else "cpu",
-        "triton_interpret": _interpreter_active(),
+        "triton_interpret": interpreter_active(),
         "platform": sys.platform,
     }
 

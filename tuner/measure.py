@@ -70,6 +70,7 @@ class Timing:
             "ci95_ms": list(self.ci95_ms),
             "reps": self.reps,
             "warmup_calls": self.warmup_calls,
+            **self.extra,
         }
 
 
@@ -100,6 +101,33 @@ def _rep_count(estimate_ms: float, rep_ms: float, min_reps: int, max_reps: int) 
     return max(min_reps, min(max_reps, wanted))
 
 
+#: Timing under the Triton interpreter or on a CPU: one warm-up call and three timed calls, as the
+#: numbers only show that the path runs.
+CPU_TIMING: dict[str, Any] = {"warmup_ms": 0.0, "rep_ms": 0.0, "min_reps": 3, "max_reps": 3}
+#: Timing on a GPU: 25 ms of warm-up, then repetitions worth 100 ms (at least 10), repeated in
+#: growing rounds until the 95% interval of the median is within 1% of it (or 1000 repetitions,
+#: or 2 s of timed work).
+GPU_TIMING: dict[str, Any] = {
+    "warmup_ms": 25.0,
+    "rep_ms": 100.0,
+    "min_reps": 10,
+    "max_reps": 1000,
+    "target_rel_ci": 0.01,
+    "max_time_ms": 2000.0,
+}
+
+
+def timing_options(comparable: bool) -> dict[str, Any]:
+    """The :func:`time_fn` options workloads use: ``GPU_TIMING`` on a real GPU, ``CPU_TIMING`` otherwise."""
+    return dict(GPU_TIMING if comparable else CPU_TIMING)
+
+
+def rel_ci_half_width(timing: Timing) -> float:
+    """Half the width of the median's 95% interval, relative to the median (inf for a zero median)."""
+    lo, hi = timing.ci95_ms
+    return (hi - lo) / 2 / timing.median_ms if timing.median_ms > 0 else math.inf
+
+
 def time_fn(
     fn: Callable[[], Any],
     device: DeviceInfo,
@@ -109,40 +137,90 @@ def time_fn(
     min_reps: int = 5,
     max_reps: int = 1000,
     flush_l2: bool = True,
+    target_rel_ci: float | None = None,
+    max_time_ms: float = 2000.0,
+    cuda_graph: bool = False,
+    graph_calls: int | None = None,
 ) -> Timing:
     """Time ``fn()`` on ``device`` and return every sample in milliseconds.
 
     ``fn`` is called at least once untimed (compile, caches), then untimed
-    until ``warmup_ms`` milliseconds have been spent; the number of timed
+    until ``warmup_ms`` milliseconds have been spent; the first round of timed
     repetitions is ``rep_ms`` divided by the per-call estimate from warm-up,
     clamped to ``[min_reps, max_reps]`` (so ``min_reps == max_reps`` fixes it).
+
+    Adaptive repetition: with ``target_rel_ci`` set, further rounds (each as
+    large as all before it) are timed until the half-width of the median's
+    95% interval is at most ``target_rel_ci`` times the median, or
+    ``max_reps`` samples or ``max_time_ms`` of timed calls are reached;
+    ``extra`` records ``rel_ci`` and ``converged``.
+
     On CUDA, repetitions are timed with CUDA events on the current stream, and
     when ``flush_l2`` a 256 MiB buffer (allocated once per device) is zeroed
-    before each one, outside the timed interval. On CPU, ``time.perf_counter``
-    times each call and nothing is flushed.
+    before each one, outside the timed interval. With ``cuda_graph`` the call
+    is captured ``graph_calls`` times into one CUDA graph (by default enough
+    calls for ~1 ms) and each sample is one replay divided by that count: the
+    launch overhead that dominates microsecond kernels is gone, as in a
+    graph-captured decode loop, and only the first call of a replay starts
+    from a flushed L2. On CPU, ``time.perf_counter`` times each call and
+    nothing is flushed (``cuda_graph`` is ignored).
     """
     if min_reps < 1 or max_reps < min_reps:
         raise ValueError(f"need 1 <= min_reps <= max_reps, got min_reps={min_reps}, max_reps={max_reps}")
+    if target_rel_ci is not None and not target_rel_ci > 0:
+        raise ValueError(f"target_rel_ci must be > 0, got {target_rel_ci}")
     if device.is_gpu:
-        return _time_cuda(fn, warmup_ms, rep_ms, min_reps, max_reps, flush_l2)
-    return _time_cpu(fn, warmup_ms, rep_ms, min_reps, max_reps)
+        timer = _CudaTimer(fn, flush_l2, cuda_graph, graph_calls)
+    else:
+        timer = _CpuTimer(fn)
+    warmup_calls, estimate_ms = timer.warm_up(warmup_ms, max_reps)
+    reps = _rep_count(estimate_ms, rep_ms, min_reps, max_reps)
+    samples_ms = timer.sample(reps)
+    timing = Timing.from_samples(samples_ms, warmup_calls)
+    if target_rel_ci is not None:
+        spent_ms = sum(samples_ms)
+        while (
+            rel_ci_half_width(timing) > target_rel_ci
+            and len(samples_ms) < max_reps
+            and spent_ms < max_time_ms
+        ):
+            more = min(len(samples_ms), max_reps - len(samples_ms))
+            if estimate_ms > 0:
+                more = max(1, min(more, int((max_time_ms - spent_ms) / estimate_ms)))
+            new = timer.sample(more)
+            samples_ms.extend(new)
+            spent_ms += sum(new)
+            timing = Timing.from_samples(samples_ms, warmup_calls)
+        timing.extra["rel_ci"] = rel_ci_half_width(timing)
+        timing.extra["converged"] = timing.extra["rel_ci"] <= target_rel_ci
+    timing.extra.update(timer.describe())
+    return timing
 
 
-def _time_cpu(fn: Callable[[], Any], warmup_ms: float, rep_ms: float, min_reps: int, max_reps: int) -> Timing:
-    warmup_calls = 0
-    spent_ms = 0.0
-    while warmup_calls == 0 or spent_ms < warmup_ms:
-        start = time.perf_counter()
-        fn()
-        spent_ms += (time.perf_counter() - start) * 1e3
-        warmup_calls += 1
-    reps = _rep_count(spent_ms / warmup_calls, rep_ms, min_reps, max_reps)
-    samples_ms = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        samples_ms.append((time.perf_counter() - start) * 1e3)
-    return Timing.from_samples(samples_ms, warmup_calls)
+class _CpuTimer:
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+
+    def warm_up(self, warmup_ms: float, max_calls: int) -> tuple[int, float]:
+        calls = 0
+        spent_ms = 0.0
+        while calls == 0 or (spent_ms < warmup_ms and calls < max_calls):
+            start = time.perf_counter()
+            self.fn()
+            spent_ms += (time.perf_counter() - start) * 1e3
+            calls += 1
+        return calls, spent_ms / calls
+
+    def sample(self, reps: int) -> list[float]:
+        samples_ms = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            self.fn()
+            samples_ms.append((time.perf_counter() - start) * 1e3)
+        return samples_ms
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": "cpu"}
 
 
 def _flush_buffer(torch: Any) -> Any:
@@ -154,41 +232,83 @@ def _flush_buffer(torch: Any) -> Any:
     return buffer
 
 
-def _time_cuda(
-    fn: Callable[[], Any], warmup_ms: float, rep_ms: float, min_reps: int, max_reps: int, flush_l2: bool
-) -> Timing:
-    import torch
+class _CudaTimer:
+    """CUDA-event timing of ``fn`` (or of a CUDA graph of ``graph_calls`` calls of it)."""
 
-    flush = _flush_buffer(torch) if flush_l2 else None
-    # First call outside any timing: compiles and loads the kernel.
-    fn()
-    torch.cuda.synchronize()
+    def __init__(self, fn: Callable[[], Any], flush_l2: bool, cuda_graph: bool, graph_calls: int | None) -> None:
+        import torch
 
-    # Estimate the per-call time (flush included in neither) from a few calls.
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    estimate_ms = start.elapsed_time(end) / 5
-    warmup_calls = 6
-    extra_warmup = int(warmup_ms / estimate_ms) if estimate_ms > 0 else 0
-    for _ in range(min(extra_warmup, max_reps)):
-        if flush is not None:
-            flush.zero_()
-        fn()
-    warmup_calls += min(extra_warmup, max_reps)
+        self.torch = torch
+        self.fn = fn
+        self.flush = _flush_buffer(torch) if flush_l2 else None
+        self.cuda_graph = cuda_graph
+        self.graph_calls = graph_calls
+        self.graph: Any = None
 
-    reps = _rep_count(estimate_ms, rep_ms, min_reps, max_reps)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for i in range(reps):
-        if flush is not None:
-            flush.zero_()
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
-    samples_ms = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    return Timing.from_samples(samples_ms, warmup_calls)
+    def _estimate(self, call: Callable[[], Any], calls: int) -> float:
+        torch = self.torch
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            call()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / calls
+
+    def warm_up(self, warmup_ms: float, max_calls: int) -> tuple[int, float]:
+        torch = self.torch
+        # First call outside any timing: compiles and loads the kernel.
+        self.fn()
+        torch.cuda.synchronize()
+        estimate_ms = self._estimate(self.fn, 5)
+        calls = 6
+        if self.cuda_graph:
+            if self.graph_calls is None:
+                self.graph_calls = max(1, min(1000, int(1.0 / estimate_ms) if estimate_ms > 0 else 1000))
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                self.fn()  # a call on the side stream before capture, as torch.cuda.graphs asks
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                for _ in range(self.graph_calls):
+                    self.fn()
+            torch.cuda.synchronize()
+            calls += 1
+            estimate_ms = self._estimate(self.graph.replay, 3) / self.graph_calls
+        extra = int(warmup_ms / estimate_ms) if estimate_ms > 0 else 0
+        extra = min(extra, max_calls)
+        if self.graph is not None:
+            extra = min(extra // self.graph_calls, max_calls)
+        for _ in range(extra):
+            if self.flush is not None:
+                self.flush.zero_()
+            self._call()
+        return calls + extra * (self.graph_calls or 1), estimate_ms
+
+    def _call(self) -> None:
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self.fn()
+
+    def sample(self, reps: int) -> list[float]:
+        torch = self.torch
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            if self.flush is not None:
+                self.flush.zero_()
+            starts[i].record()
+            self._call()
+            ends[i].record()
+        torch.cuda.synchronize()
+        per = self.graph_calls if self.graph is not None else 1
+        return [s.elapsed_time(e) / per for s, e in zip(starts, ends, strict=True)]
+
+    def describe(self) -> dict[str, Any]:
+        if self.graph is not None:
+            return {"mode": "cuda_graph", "graph_calls": self.graph_calls}
+        return {"mode": "cuda_events"}

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 WORKLOADS: dict[str, str] = {
     "triton_gemm": "objectives.triton_gemm:TritonGemm",
     "noop": "objectives.noop:NoOp",
+    "replay": "objectives.replay:Replay",
 }
 
 

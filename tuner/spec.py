@@ -148,7 +148,12 @@ def compile_study(spec: StudySpec) -> CompiledStudy:
         cls = workload_class(spec.workload)
     except UnknownWorkload as exc:
         raise SpecError([("workload", str(exc))]) from None
-    metrics = {m.name: m for m in cls.metrics}
+    workload: Workload | None = None
+    try:
+        workload = cls(**spec.args)
+    except (TypeError, ValueError) as exc:
+        errors.append(("args", str(exc)))
+    metrics = {m.name: m for m in (workload.metric_specs() if workload is not None else cls.metrics)}
     objectives: list[tuple[str, str]] = []
     seen: set[str] = set()
     for i, objective in enumerate(spec.objectives):
@@ -171,17 +176,17 @@ def compile_study(spec: StudySpec) -> CompiledStudy:
         errors.append(("constraints", "duplicate constraints"))
     space: SearchSpace | None = None
     try:
-        space = compile_space(load_space_file(cls.space_file), spec.space)
-        if spec.sampler == "grid":
-            space.grid()
+        # Without a valid workload, fall back to its space file; a workload whose space comes
+        # from its args (replay) has none, and its args error is reported already.
+        if workload is not None or cls.space_file:
+            document = workload.space_document() if workload is not None else load_space_file(cls.space_file)
+            space = compile_space(document, spec.space)
+            if spec.sampler == "grid":
+                space.grid()
     except SpaceError as exc:
         errors.append((exc.field, exc.message))
     except ValueError as exc:
         errors.append(("space", str(exc)))
-    try:
-        cls(**spec.args)
-    except (TypeError, ValueError) as exc:
-        errors.append(("args", str(exc)))
     if errors:
         raise SpecError(errors)
     assert space is not None

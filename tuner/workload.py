@@ -10,6 +10,7 @@ the same under the orchestrator, in a test, or from a one-off script.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -138,6 +139,16 @@ class Workload:
         if args:
             raise ValueError(f"workload {self.name!r} takes no args, got {sorted(args)}")
 
+    def metric_specs(self) -> tuple[MetricSpec, ...]:
+        """What ``run`` reports: the class's ``metrics``, unless they depend on the args (``replay``)."""
+        return self.metrics
+
+    def space_document(self) -> dict[str, Any]:
+        """The default search space as a YAML document (a mapping): ``space_file`` unless the args define it."""
+        from tuner.space import load_space_file
+
+        return load_space_file(self.space_file)
+
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
         return None
 
@@ -180,3 +191,30 @@ def classify_exception(exc: BaseException) -> TrialStatus:
     ):
         return TrialStatus.COMPILE_ERROR
     return TrialStatus.RUNTIME_ERROR
+
+
+def interpreter_active() -> bool:
+    """Whether Triton runs kernels under its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def timing_comparable(device: DeviceInfo) -> bool:
+    """Whether a trial's timings on ``device`` may be compared with GPU timings (real GPU, no interpreter)."""
+    return device.is_gpu and not interpreter_active()
+
+
+def compile_failure_status(exc: BaseException) -> TrialStatus | None:
+    """OUT_OF_RESOURCES / COMPILE_ERROR for Triton's own exceptions, None for anything else."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "OutOfResources" in names:
+        return TrialStatus.OUT_OF_RESOURCES
+    if names & {"CompilationError", "PTXASError", "MLIRCompilationError", "CompileTimeAssertionFailure"}:
+        return TrialStatus.COMPILE_ERROR
+    return None
+
+
+def compile_failure_result(exc: BaseException, comparable: bool) -> TrialResult:
+    """The trial result of a kernel that failed to compile or did not fit the device."""
+    status = compile_failure_status(exc) or TrialStatus.COMPILE_ERROR
+    text = f"{type(exc).__name__}: {exc}"
+    return TrialResult(status, error=text[:4000], timing_comparable=comparable)

@@ -22,7 +22,8 @@ def list_workloads() -> list[WorkloadOut]:
     out = []
     for name in workload_names():
         cls = workload_class(name)
-        space = compile_space(load_space_file(cls.space_file))
+        # A workload without a space file (replay) takes its space and metrics from its args.
+        space = compile_space(load_space_file(cls.space_file)) if cls.space_file else None
         out.append(
             WorkloadOut(
                 name=name,
@@ -31,9 +32,9 @@ def list_workloads() -> list[WorkloadOut]:
                     MetricOut(name=m.name, direction=m.direction, unit=m.unit, description=m.description)
                     for m in cls.metrics
                 ],
-                params=list(space.params),
-                space=space.canonical,
-                space_points=space.size(),
+                params=list(space.params) if space else [],
+                space=space.canonical if space else {},
+                space_points=space.size() if space else None,
             )
         )
     return out

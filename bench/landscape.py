@@ -1,0 +1,159 @@
+"""Record an exhaustive landscape: every config of a fixed grid, failures included, with raw samples.
+
+Writes JSON Lines (the format :mod:`objectives.replay` reads): a header with the
+fingerprint, the workload, its args, the grid and the metrics, then one object per
+config with ``params``, ``status``, ``metrics``, ``samples`` (ms) and ``error``, plus the
+SM clock and temperature after it. Kernels are compiled ahead on a thread pool
+(``Workload.prepare``) while the GPU times earlier configs, as the engine's workers do.
+
+    python bench/landscape.py gemm --out bench/landscapes/gemm-bf16-fp16-4096.jsonl
+
+The ``replay`` workload then answers studies from the file on any machine:
+``{"workload": "replay", "args": {"file": "bench/landscapes/gemm-bf16-fp16-4096.jsonl"}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime as dt
+import itertools
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+#: The grid of each family: the workload, its args and the values of every knob (>= 300 configs).
+GRIDS: dict[str, dict[str, Any]] = {
+    "gemm": {
+        "workload": "triton_gemm",
+        "args": {"m": 4096, "n": 4096, "k": 4096},
+        "grid": {
+            "BLOCK_M": [64, 128, 256],
+            "BLOCK_N": [64, 128, 256],
+            "BLOCK_K": [32, 64, 128],
+            "GROUP_M": [8],
+            "num_warps": [4, 8],
+            "num_stages": [3, 4, 5],
+            "precision": ["bf16", "fp16"],
+        },
+    },
+}
+
+
+def grid_configs(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, in the grid's order (the last param varies fastest)."""
+    names = list(grid)
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(grid[n] for n in names))]
+
+
+def record_landscape(
+    workload_name: str,
+    args: dict[str, Any],
+    grid: dict[str, list[Any]],
+    out: Path,
+    *,
+    compile_threads: int = 8,
+    limit: int | None = None,
+) -> dict[str, int]:
+    """Run every config of ``grid`` on this process's device and write the landscape to ``out``.
+
+    Returns the count of each status. Each record is flushed as it is written, so an
+    interrupted run leaves a readable prefix.
+    """
+    from tuner.fingerprint import device_info, fingerprint
+    from tuner.registry import workload_class
+    from tuner.roofline import gpu_clock_and_temperature
+    from tuner.workload import TrialContext, TrialResult, TrialStatus, classify_exception
+
+    workload = workload_class(workload_name)(**args)
+    device = device_info()
+    configs = grid_configs(grid)[:limit]
+    header = {
+        "kind": "landscape",
+        "format": 1,
+        "workload": workload_name,
+        "args": args,
+        "grid": grid,
+        "configs": len(configs),
+        "metrics": [
+            {"name": m.name, "direction": m.direction, "unit": m.unit, "description": m.description}
+            for m in workload.metric_specs()
+        ],
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": _command(),
+        "fingerprint": fingerprint(),
+    }
+    counts: dict[str, int] = {}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=compile_threads)
+    feasible = [c for c in configs if workload.static_check(c, device) is None]
+    # Compile ahead: every feasible config is submitted at once; the pool works through them while
+    # the main thread times, in order, those already compiled.
+    prepared = {_key(c): pool.submit(workload.prepare, c, device) for c in feasible}
+    start = time.time()
+    with out.open("w") as fh:
+        fh.write(json.dumps(header) + "\n")
+        for i, config in enumerate(configs):
+            reason = workload.static_check(config, device)
+            if reason is not None:
+                result = TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason)
+            else:
+                prepared[_key(config)].result()
+                try:
+                    result = workload.run(config, device, TrialContext(trial_number=i))
+                except Exception as exc:
+                    result = TrialResult(classify_exception(exc), error=traceback.format_exc()[-2000:])
+            record = {
+                "params": config,
+                "status": result.status.value,
+                "metrics": {k: (v if v == v and abs(v) != float("inf") else None) for k, v in result.metrics.items()},
+                "samples": [round(s, 6) for s in result.samples_ms],
+                "error": (result.error or None) and result.error[-1000:],
+                "telemetry": gpu_clock_and_temperature() if device.is_gpu else {},
+            }
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+            counts[record["status"]] = counts.get(record["status"], 0) + 1
+            if (i + 1) % 25 == 0 or i + 1 == len(configs):
+                print(f"  {i + 1}/{len(configs)} configs, {time.time() - start:.0f} s, {counts}", flush=True)
+    pool.shutdown(wait=True)
+    return counts
+
+
+def _key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True)
+
+
+def _command() -> str:
+    command = " ".join(["python", *sys.argv])
+    out_dir = os.environ.get("OUT")
+    return command.replace(out_dir.rstrip("/") + "/", "") if out_dir else command
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("family", choices=sorted(GRIDS))
+    parser.add_argument("--out", required=True, help="the .jsonl file to write")
+    parser.add_argument("--args", help="JSON object overriding the family's workload args")
+    parser.add_argument("--limit", type=int, help="record only the first N configs (a smoke run)")
+    parser.add_argument("--compile-threads", type=int, default=8)
+    parser.add_argument("--rep-ms", type=float, help="timed milliseconds per config (default: the workload's)")
+    ns = parser.parse_args()
+    if ns.rep_ms is not None:
+        from tuner import measure
+
+        measure.GPU_TIMING["rep_ms"] = ns.rep_ms
+    family = GRIDS[ns.family]
+    args = {**family["args"], **(json.loads(ns.args) if ns.args else {})}
+    counts = record_landscape(
+        family["workload"], args, family["grid"], Path(ns.out), compile_threads=ns.compile_threads, limit=ns.limit
+    )
+    print(json.dumps({"family": ns.family, "out": ns.out, "counts": counts}))
+
+
+if __name__ == "__main__":
+    main()

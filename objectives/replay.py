@@ -1,0 +1,160 @@
+"""``replay``: answer trials from a recorded landscape, so search strategies can be compared on a CPU.
+
+A landscape (``bench/landscapes/*.jsonl``, written by ``bench/landscape.py``) is JSON Lines:
+a header object, then one object per config of a fixed grid::
+
+    {"kind": "landscape", "format": 1, "workload": "triton_gemm", "args": {...},
+     "fingerprint": {...}, "grid": {"BLOCK_M": [64, 128], ...},
+     "metrics": [{"name": "tflops", "direction": "maximize", "unit": "TFLOP/s"}, ...]}
+    {"params": {"BLOCK_M": 64, ...}, "status": "ok", "metrics": {"tflops": 512.3, ...}, "samples": [...]}
+    {"params": {...}, "status": "out_of_resources", "metrics": {}, "samples": [], "error": "..."}
+
+The ``replay`` workload's space is the grid (every param categorical over its recorded
+values) and its metrics are the header's. A trial of recorded params gets the recorded
+status, metrics and samples; params that were not recorded are ``infeasible_static``
+(answered by ``static_check``, so they cost no worker time). Public landscapes converted
+to this format replay the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tuner.workload import DeviceInfo, MetricSpec, TrialContext, TrialResult, TrialStatus, Workload
+
+FORMAT = 1
+#: Where a relative ``file`` is also looked for: the repository root (Ray workers may run elsewhere).
+_REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def params_key(params: dict[str, Any]) -> str:
+    """The canonical text of a config, the landscape's lookup key."""
+    return json.dumps(params, sort_keys=True, separators=(",", ":"))
+
+
+def resolve_file(file: str) -> Path:
+    """``file`` as given, or relative to the repository root; ValueError naming ``file`` when neither exists."""
+    path = Path(file).expanduser()
+    for candidate in (path, _REPO_ROOT / path):
+        if candidate.is_file():
+            return candidate.resolve()
+    raise ValueError(f"file: no landscape at {file!r} (looked in the working directory and {_REPO_ROOT})")
+
+
+class Landscape:
+    """A parsed landscape file: header, grid, metrics and the records by params."""
+
+    def __init__(self, path: Path) -> None:
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        if not lines:
+            raise ValueError(f"file: {path} is empty")
+        try:
+            header = json.loads(lines[0])
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"file: {path}:1 is not JSON ({exc.msg})") from None
+        if not isinstance(header, dict) or header.get("kind") != "landscape":
+            raise ValueError(f'file: {path}:1 must be the header, an object with "kind": "landscape"')
+        if header.get("format") != FORMAT:
+            raise ValueError(f"file: {path} has format {header.get('format')!r}, this reader knows {FORMAT}")
+        grid = header.get("grid")
+        if not isinstance(grid, dict) or not grid or not all(isinstance(v, list) and v for v in grid.values()):
+            raise ValueError(f"file: {path} header needs a non-empty grid of param -> list of values")
+        metrics = header.get("metrics")
+        if not isinstance(metrics, list) or not metrics:
+            raise ValueError(f"file: {path} header needs a non-empty list of metrics")
+        self.header = header
+        self.grid: dict[str, list[Any]] = grid
+        self.metric_specs = tuple(
+            MetricSpec(m["name"], m.get("direction", "maximize"), m.get("unit", ""), m.get("description", ""))
+            for m in metrics
+        )
+        self.records: dict[str, dict[str, Any]] = {}
+        for lineno, line in enumerate(lines[1:], start=2):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"file: {path}:{lineno} is not JSON ({exc.msg})") from None
+            params = record.get("params") if isinstance(record, dict) else None
+            if not isinstance(params, dict) or "status" not in record:
+                raise ValueError(f"file: {path}:{lineno} needs params (an object) and status")
+            TrialStatus(record["status"])  # refuses an unknown status
+            self.records[params_key(params)] = record
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the landscape was recorded on a GPU (its timings compare with GPU timings)."""
+        fingerprint = self.header.get("fingerprint") or {}
+        return fingerprint.get("device_kind") == "cuda" and not fingerprint.get("triton_interpret")
+
+
+class Replay(Workload):
+    """Trials answered from a recorded landscape. Args: ``file`` (path of a ``.jsonl`` landscape) and
+    ``delay_ms`` (default 0: how long each trial pretends to take, to exercise the engine's timing paths)."""
+
+    name: ClassVar[str] = "replay"
+    space_file: ClassVar[str] = ""
+    metrics: ClassVar[tuple[MetricSpec, ...]] = ()
+    description: ClassVar[str] = (
+        "Answers trials from a recorded landscape (bench/landscapes/*.jsonl); space and metrics from the file"
+    )
+
+    _cache: ClassVar[dict[tuple[str, float], Landscape]] = {}
+
+    def __init__(self, file: str, delay_ms: float = 0.0) -> None:
+        if not isinstance(file, str) or not file:
+            raise ValueError(f"file must be the path of a landscape (.jsonl), got {file!r}")
+        if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float) or not 0 <= delay_ms <= 60_000:
+            raise ValueError(f"delay_ms must be a number of milliseconds in [0, 60000], got {delay_ms!r}")
+        path = resolve_file(file)
+        key = (str(path), path.stat().st_mtime)
+        landscape = self._cache.get(key)
+        if landscape is None:
+            landscape = Landscape(path)
+            self._cache[key] = landscape
+        self.landscape = landscape
+        self.delay_ms = float(delay_ms)
+
+    def metric_specs(self) -> tuple[MetricSpec, ...]:
+        return self.landscape.metric_specs
+
+    def space_document(self) -> dict[str, Any]:
+        """Every grid param as a categorical over its recorded values, in the grid's order."""
+        return {
+            "version": 1,
+            "workloads": [self.name],
+            "params": {
+                name: {"type": "categorical", "choices": list(values)} for name, values in self.landscape.grid.items()
+            },
+        }
+
+    def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
+        record = self.landscape.records.get(params_key(self._grid_params(config)))
+        if record is None:
+            return "config not in the recorded landscape"
+        if record["status"] == TrialStatus.INFEASIBLE_STATIC.value:
+            return record.get("error") or "statically infeasible when recorded"
+        return None
+
+    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
+        comparable = self.landscape.on_gpu
+        reason = self.static_check(config, device)
+        if reason is not None:
+            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
+        record = self.landscape.records[params_key(self._grid_params(config))]
+        if self.delay_ms:
+            time.sleep(self.delay_ms / 1e3)
+        metrics = {k: float(v) if v is not None else float("nan") for k, v in (record.get("metrics") or {}).items()}
+        return TrialResult(
+            TrialStatus(record["status"]),
+            metrics=metrics,
+            samples_ms=[float(s) for s in record.get("samples") or []],
+            error=record.get("error"),
+            timing_comparable=comparable,
+            extra={"replayed_from": self.landscape.header.get("workload")},
+        )
+
+    def _grid_params(self, config: dict[str, Any]) -> dict[str, Any]:
+        return {name: config.get(name) for name in self.landscape.grid}

@@ -1,0 +1,122 @@
+"""Landscapes: recording an exhaustive grid, and the ``replay`` workload answering studies from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.landscape import grid_configs, record_landscape
+from objectives.replay import Replay
+from tuner.spec import SpecError, load_spec
+from tuner.storage import StudyDB
+from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+
+CPU = DeviceInfo()
+NOOP_GRID = {"x": [0.1, 0.4, 0.7], "tile": [16, 64, 256], "stages": [1, 3, 6], "mode": ["fast", "balanced"]}
+LANDSCAPES = sorted((Path(__file__).resolve().parents[1] / "bench" / "landscapes").glob("*.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def noop_landscape(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """54 noop configs: trial 5 raises, the tile budget rule (tile * stages <= 1024) is not applied here,
+    so configs past it are recorded as measured like any other."""
+    out = tmp_path_factory.mktemp("landscape") / "noop.jsonl"
+    counts = record_landscape("noop", {"faults": {"5": "raise"}}, NOOP_GRID, out, compile_threads=2)
+    assert counts == {"ok": 53, "runtime_error": 1}
+    return out
+
+
+def test_recorded_file_has_header_and_one_record_per_config(noop_landscape: Path) -> None:
+    lines = [json.loads(line) for line in noop_landscape.read_text().splitlines()]
+    header, records = lines[0], lines[1:]
+    assert header["kind"] == "landscape" and header["workload"] == "noop" and header["grid"] == NOOP_GRID
+    assert header["configs"] == 54 and {m["name"] for m in header["metrics"]} == {"score", "cost", "latency_ms"}
+    assert "python" in header["fingerprint"]
+    assert [r["params"] for r in records] == grid_configs(NOOP_GRID)
+    failed = [r for r in records if r["status"] != "ok"]
+    assert len(failed) == 1 and failed[0]["params"] == grid_configs(NOOP_GRID)[5]
+    assert "injected failure in trial 5" in failed[0]["error"]
+    ok = records[0]
+    assert ok["samples"] and ok["metrics"]["score"] == pytest.approx(
+        1.0 - (0.1 - 0.7) ** 2 - (4 - 6) ** 2 / 8 - (1 - 3) ** 2 / 9 - 0.15
+    )
+
+
+def test_replay_answers_recorded_params_and_refuses_unknown(noop_landscape: Path) -> None:
+    replay = Replay(file=str(noop_landscape))
+    assert [m.name for m in replay.metric_specs()] == ["score", "cost", "latency_ms"]
+    config = {"x": 0.7, "tile": 64, "stages": 3, "mode": "balanced"}
+    result = replay.run(config, CPU, TrialContext())
+    assert result.status == TrialStatus.OK and result.metrics["score"] == pytest.approx(1.0)
+    assert result.samples_ms and result.timing_comparable is False  # recorded on a CPU
+    failed = replay.run(grid_configs(NOOP_GRID)[5], CPU, TrialContext())
+    assert failed.status == TrialStatus.RUNTIME_ERROR and "injected failure" in (failed.error or "")
+    unknown = {"x": 0.5, "tile": 64, "stages": 3, "mode": "balanced"}
+    assert replay.static_check(unknown, CPU) == "config not in the recorded landscape"
+    assert replay.run(unknown, CPU, TrialContext()).status == TrialStatus.INFEASIBLE_STATIC
+
+
+def test_replay_args_and_bad_files_are_refused_naming_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="file"):
+        Replay(file=str(tmp_path / "missing.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"kind": "something else"}\n')
+    with pytest.raises(ValueError, match="header"):
+        Replay(file=str(bad))
+    bad.write_text(
+        json.dumps({"kind": "landscape", "format": 1, "grid": {"a": [1]}, "metrics": [{"name": "m"}]})
+        + '\n{"params": {"a": 1}, "status": "exploded"}\n'
+    )
+    with pytest.raises(ValueError, match="exploded"):
+        Replay(file=str(bad))
+    with pytest.raises(SpecError) as info:
+        load_spec({"name": "r", "workload": "replay", "args": {"file": "nope.jsonl"}, "objectives": [{"metric": "x"}]})
+    assert ("args" in [field for field, _ in info.value.errors]) and "nope.jsonl" in str(info.value)
+
+
+def test_a_replay_study_runs_on_the_engine_and_finds_the_recorded_best(
+    noop_landscape: Path, tmp_path: Path, ray_session: None
+) -> None:
+    from tuner.orchestrator import Orchestrator
+
+    spec = {
+        "name": "replay-noop",
+        "workload": "replay",
+        "args": {"file": str(noop_landscape)},
+        "objectives": [{"metric": "score"}],
+        "budget": {"trials": 54},
+        "sampler": "grid",
+        "resources": {"workers": 2},
+    }
+    compiled = load_spec(spec)
+    assert compiled.space.size() == 54 and compiled.directions == ["maximize"]
+    db = StudyDB(str(tmp_path / "replay.db"))
+    summary = Orchestrator(compiled, db).run()
+    trials = db.trials(summary.study_id)
+    assert summary.counts.get("ok") == 53 and summary.counts.get("runtime_error") == 1
+    assert summary.best is not None and summary.best.metrics["score"] == pytest.approx(1.0)
+    assert summary.best.params == {"x": 0.7, "tile": 64, "stages": 3, "mode": "balanced"}
+    assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == 54
+
+
+@pytest.mark.parametrize("path", LANDSCAPES, ids=[p.name for p in LANDSCAPES])
+def test_committed_landscapes_are_complete_and_replayable(path: Path) -> None:
+    """Every committed landscape: a GPU fingerprint, >= 300 configs, each grid config once, replayable."""
+    replay = Replay(file=str(path))
+    header = replay.landscape.header
+    assert replay.landscape.on_gpu, "landscapes are recorded on a GPU"
+    configs = grid_configs(header["grid"])
+    assert len(configs) >= 300 and len(replay.landscape.records) == len(configs)
+    assert {json.dumps(c, sort_keys=True) for c in configs} == set(replay.landscape.records)
+    statuses = {r["status"] for r in replay.landscape.records.values()}
+    assert "ok" in statuses
+    load_spec(
+        {
+            "name": "r",
+            "workload": "replay",
+            "args": {"file": str(path)},
+            "objectives": [{"metric": header["metrics"][0]["name"]}],
+        }
+    )

@@ -1,0 +1,181 @@
+"""The contract every kernel workload keeps (tuner/workload.py), checked the same way for each of them.
+
+On the CPU under the Triton interpreter, with small shapes: args validated naming the
+arg; the default space compiles and its seeds pass static_check on an H200; statically
+infeasible configs never launch; every precision the interpreter computes correctly runs
+OK with all declared metrics; a kernel that writes nothing is ``numerics_fail``; Triton's
+compile failures become statuses; ``static_check`` needs neither torch nor triton; the
+exports are usable; ``work`` gives a roofline position.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tuner.registry import workload_class, workload_names
+from tuner.space import compile_space
+from tuner.workload import DeviceInfo, TrialContext, TrialStatus, Workload
+
+CPU = DeviceInfo()
+H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
+ROOFLINE_PRECISIONS = {"fp32", "tf32", "bf16", "fp16", "fp8"}
+
+
+@dataclass
+class Case:
+    """One kernel workload in the contract suite: small CPU args and the configs to try."""
+
+    workload: str
+    args: dict[str, Any]
+    bad_args: dict[str, Any]  # arg -> a value that must be refused, naming the arg
+    ok_configs: list[dict[str, Any]]  # one per precision the interpreter computes correctly
+    infeasible: dict[str, Any]  # statically infeasible
+    extra_args: dict[str, Any] = field(default_factory=dict)
+
+
+GEMM_TILE = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4, "num_stages": 2}
+CASES = [
+    Case(
+        "triton_gemm",
+        {"m": 48, "n": 40, "k": 64},
+        {"m": 0, "k": -3, "seed": "x"},
+        [{**GEMM_TILE, "precision": p} for p in ("fp32", "tf32", "fp16", "fp8")],
+        {**GEMM_TILE, "BLOCK_M": 24, "precision": "fp16"},
+    ),
+]
+KERNEL_WORKLOADS = {case.workload for case in CASES}
+
+
+def _ids(cases: list[Case]) -> list[str]:
+    return [case.workload for case in cases]
+
+
+def _make(case: Case) -> Workload:
+    return workload_class(case.workload)(**case.args)
+
+
+def test_every_registered_kernel_workload_is_in_the_suite() -> None:
+    """A new workload in the registry must join the suite (noop and replay have suites of their own)."""
+    assert set(workload_names()) - {"noop", "replay"} == KERNEL_WORKLOADS
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_args_are_validated_naming_the_arg(case: Case) -> None:
+    cls = workload_class(case.workload)
+    for arg, value in case.bad_args.items():
+        with pytest.raises(ValueError, match=arg):
+            cls(**{**case.args, arg: value})
+    with pytest.raises(TypeError):
+        cls(**{**case.args, "no_such_arg": 1})
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_default_space_compiles_and_its_seeds_pass_static_check_on_an_h200(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on the H200, where kernels compile
+    workload = _make(case)
+    space = compile_space(workload.space_document())
+    assert space.params and space.seeds, "a kernel workload ships known-good seeds"
+    for seed in space.seeds:
+        assert space.static_violation(seed, H200.to_dict()) is None, seed
+        assert workload.static_check(seed, H200) is None, seed
+    assert {m.name for m in workload.metric_specs()} and all(
+        m.direction in ("maximize", "minimize") for m in workload.metric_specs()
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_static_check_needs_neither_torch_nor_triton(case: Case) -> None:
+    code = (
+        "import json, sys\n"
+        "from tuner.registry import workload_class\n"
+        "from tuner.workload import DeviceInfo\n"
+        f"w = workload_class({case.workload!r})(**json.loads({json.dumps(case.args)!r}))\n"
+        f"config = json.loads({json.dumps(case.ok_configs[0])!r})\n"
+        "w.static_check(config, DeviceInfo(kind='cuda', name='NVIDIA H200', compute_capability=(9, 0),"
+        " smem_per_block_bytes=232448, sm_count=132))\n"
+        "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_statically_infeasible_configs_are_never_launched(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    workload = _make(case)
+    assert isinstance(workload.static_check(case.infeasible, CPU), str)
+
+    def must_not_launch(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("launched a statically infeasible config")
+
+    monkeypatch.setattr(workload, "_launch", must_not_launch)
+    result = workload.run(case.infeasible, CPU, TrialContext())
+    assert result.status == TrialStatus.INFEASIBLE_STATIC and result.error
+
+
+@pytest.mark.parametrize(
+    ("case", "config"),
+    [(case, config) for case in CASES for config in case.ok_configs],
+    ids=[f"{case.workload}-{config.get('precision', i)}" for case in CASES for i, config in enumerate(case.ok_configs)],
+)
+def test_runs_ok_on_the_interpreter_with_every_metric(case: Case, config: dict[str, Any], interpreter: None) -> None:
+    workload = _make(case)
+    assert workload.static_check(config, CPU) is None
+    result = workload.run(config, CPU, TrialContext())
+    assert result.status == TrialStatus.OK, result.error
+    for metric in workload.metric_specs():
+        assert metric.name in result.metrics and math.isfinite(result.metrics[metric.name]), metric.name
+    assert result.samples_ms and all(s > 0 for s in result.samples_ms)
+    assert result.timing_comparable is False
+    flops, moved, precision = workload.work(config)
+    assert flops > 0 and moved > 0 and precision in ROOFLINE_PRECISIONS
+    json.dumps(workload.export_config(config))
+    compile(workload.export_python(config), "<export>", "exec")
+    assert all(isinstance(v, str) for v in workload.export_env(config).values())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_a_kernel_that_writes_nothing_is_numerics_fail(
+    case: Case, interpreter: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workload = _make(case)
+    monkeypatch.setattr(workload, "_launch", lambda config, case: None)
+    result = workload.run(case.ok_configs[0], CPU, TrialContext())
+    assert result.status == TrialStatus.NUMERICS_FAIL and result.error
+
+
+class OutOfResources(Exception):
+    """Named like Triton's: the status comes from the exception's name."""
+
+
+class CompilationError(Exception):
+    pass
+
+
+@pytest.mark.parametrize("case", CASES, ids=_ids(CASES))
+def test_triton_compile_failures_become_statuses(
+    case: Case, interpreter: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for exc, status in (
+        (
+            OutOfResources("out of resource: shared memory, Required: 262144, Hardware limit: 232448"),
+            TrialStatus.OUT_OF_RESOURCES,
+        ),
+        (CompilationError("at 12:4: invalid block shape"), TrialStatus.COMPILE_ERROR),
+    ):
+        workload = _make(case)
+
+        def fail(config: dict[str, Any], case: Any, exc: Exception = exc) -> None:
+            raise exc
+
+        monkeypatch.setattr(workload, "_launch", fail)
+        result = workload.run(case.ok_configs[0], CPU, TrialContext())
+        assert result.status == status and type(exc).__name__ in (result.error or "")
