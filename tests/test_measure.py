@@ -1,0 +1,94 @@
+"""The stopwatch (tuner/measure.py): adaptive repetition, its statistics, and the CUDA-graph mode on a GPU."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import pytest
+
+from tuner.measure import Timing, median_ci95, rel_ci_half_width, time_fn
+from tuner.workload import DeviceInfo
+
+CPU = DeviceInfo()
+
+
+def _sleeper(durations_ms: list[float]):
+    cycle = itertools.cycle(durations_ms)
+
+    def fn() -> None:
+        time.sleep(next(cycle) / 1e3)
+
+    return fn
+
+
+def test_fixed_repetitions_take_no_extra_rounds() -> None:
+    timing = time_fn(_sleeper([1.0]), CPU, warmup_ms=0, rep_ms=0, min_reps=4, max_reps=4)
+    assert timing.reps == 4 and "converged" not in timing.extra and timing.extra["mode"] == "cpu"
+
+
+def test_a_steady_function_converges_in_the_first_round() -> None:
+    timing = time_fn(_sleeper([2.0]), CPU, warmup_ms=0, rep_ms=0, min_reps=10, max_reps=200, target_rel_ci=0.2)
+    assert timing.reps == 10 and timing.extra["converged"] is True
+    assert timing.extra["rel_ci"] <= 0.2 and timing.median_ms == pytest.approx(2.0, rel=0.5)
+
+
+def test_a_noisy_function_gets_more_rounds_until_the_cap() -> None:
+    # Half the calls take 1 ms, half 6 ms: the median's interval straddles both and never narrows.
+    timing = time_fn(
+        _sleeper([1.0, 6.0]), CPU, warmup_ms=0, rep_ms=0, min_reps=6, max_reps=40, target_rel_ci=0.01, max_time_ms=1e9
+    )
+    assert timing.reps == 40 and timing.extra["converged"] is False and timing.extra["rel_ci"] > 0.01
+    assert timing.to_dict()["converged"] is False and timing.to_dict()["reps"] == 40
+
+
+def test_the_time_cap_stops_adaptive_rounds() -> None:
+    timing = time_fn(
+        _sleeper([1.0, 6.0]),
+        CPU,
+        warmup_ms=0,
+        rep_ms=0,
+        min_reps=6,
+        max_reps=10_000,
+        target_rel_ci=0.01,
+        max_time_ms=60,
+    )
+    assert 6 < timing.reps < 40 and sum(timing.samples_ms) < 60 + 2 * 6 * 6
+
+
+def test_bad_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="min_reps"):
+        time_fn(lambda: None, CPU, min_reps=5, max_reps=2)
+    with pytest.raises(ValueError, match="target_rel_ci"):
+        time_fn(lambda: None, CPU, target_rel_ci=0)
+
+
+def test_statistics_of_known_samples() -> None:
+    samples = [float(v) for v in range(1, 101)]
+    timing = Timing.from_samples(samples)
+    assert timing.median_ms == 50.5 and timing.iqr_ms == pytest.approx(49.5)
+    lo, hi = median_ci95(sorted(samples))
+    assert lo == 40 and hi == 61  # ranks 50 -/+ 9.8, rounded outward
+    assert rel_ci_half_width(timing) == pytest.approx((61 - 40) / 2 / 50.5)
+
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiled kernels, not the interpreter")
+def test_cuda_graph_mode_removes_launch_overhead_of_a_tiny_kernel() -> None:
+    from tuner.fingerprint import device_info
+
+    device = device_info()
+    x = torch.zeros(1024, device="cuda")
+    events = time_fn(lambda: x.add_(1), device, min_reps=50, max_reps=50, flush_l2=False)
+    graph = time_fn(lambda: x.add_(1), device, min_reps=50, max_reps=50, flush_l2=False, cuda_graph=True)
+    assert graph.extra["mode"] == "cuda_graph" and graph.extra["graph_calls"] >= 10
+    assert events.extra["mode"] == "cuda_events"
+    # A 4 KB add is a few microseconds of launch; replayed from a graph it is well under that.
+    assert graph.median_ms < events.median_ms
+    adaptive = time_fn(lambda: x.add_(1), device, target_rel_ci=0.02, flush_l2=False)
+    assert "converged" in adaptive.extra and adaptive.reps >= 5
