@@ -42,12 +42,15 @@ TOLERANCE_VS_FP32: dict[str, float] = {"fp32": 1e-4, "tf32": 2e-2, "fp16": 2e-2,
 #: default max_num_imprecise_acc), an error that grows like sqrt(K): measured 9e-5 * sqrt(K),
 #: see :func:`operand_tolerance`.
 TOLERANCE_VS_OPERANDS: dict[str, float] = {"fp16": 5e-3, "bf16": 1e-2, "fp8": 2e-2}
+#: With ``pad_k``, K is rounded up to a multiple of this (the largest BLOCK_K of the space), the
+#: operands are copied into zero-padded buffers inside the timed call, and the kernel runs on
+#: aligned rows with no K tail. Unaligned K (e.g. 8191: rows of 16382 bytes) defeats vectorized
+#: and TMA loads; cuBLAS bf16 at 8192x8192 falls from 678 TFLOP/s at K=8192 to 147 at K=8191.
+PAD_K_MULTIPLE = 128
 #: Smallest BLOCK_K ``tl.dot`` accepts on NVIDIA GPUs (8-bit operands need K >= 32).
 MIN_BLOCK_K: dict[str, int] = {"fp32": 16, "tf32": 16, "bf16": 16, "fp16": 16, "fp8": 32}
 #: Compute capability each precision needs on a GPU (tensor-core tf32/bf16: Ampere; fp8: Ada/Hopper).
 MIN_CAPABILITY: dict[str, tuple[int, int]] = {"tf32": (8, 0), "bf16": (8, 0), "fp8": (8, 9)}
-
-
 
 
 def _is_pow2(value: int) -> bool:
@@ -62,6 +65,7 @@ class _Case:
     ref: Any  # fp32 product of the masters
     operand_ref: Any | None  # fp32 product of the dequantized operands (None for fp32/tf32)
     out: Any
+    padded: tuple[Any, Any] | None = None  # zero-padded A and B for pad_k, built on first use
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,6 @@ def check_numerics(out: Any, ref: Any, operand_ref: Any | None, precision: str, 
     return NumericsCheck(error, operand_error, None)
 
 
-
 class TritonGemm(Workload):
     """C = A @ B with the tutorial-style Triton GEMM, checked against an fp32 reference, then timed.
 
@@ -185,6 +188,11 @@ class TritonGemm(Workload):
             return f"{precision} needs BLOCK_K >= {MIN_BLOCK_K[precision]} for tl.dot, got {tile['BLOCK_K']}"
         if tile["GROUP_M"] < 1 or tile["num_stages"] < 1 or tile["num_warps"] > 32:
             return f"need GROUP_M >= 1, num_stages >= 1 and num_warps <= 32, got {tile}"
+        pad_k = config.get("pad_k", False)
+        if not isinstance(pad_k, bool):
+            return f"pad_k must be true or false, got {pad_k!r}"
+        if pad_k and self.k % PAD_K_MULTIPLE == 0:
+            return f"K={self.k} is a multiple of {PAD_K_MULTIPLE} already: pad_k would change nothing"
         if precision == "bf16" and (not device.is_gpu or interpreter_active()):
             # Measured with Triton 3.9: max relative error ~3e9 on 48x80x64, whatever the tiles.
             return "bf16 is not checked under the Triton interpreter (it computes bf16 products wrongly)"
@@ -211,7 +219,7 @@ class TritonGemm(Workload):
         try:
             from kernels.gemm import compile_only
 
-            compile_only(self.m, self.n, self.k, precision=config["precision"], **self._tile(config))
+            compile_only(self.m, self.n, self._k_run(config), precision=config["precision"], **self._tile(config))
         except Exception as exc:  # failures are values, reported by run()
             self._prepare_failures[self._key(config)] = exc
 
@@ -282,6 +290,7 @@ class TritonGemm(Workload):
             "num_warps": tile["num_warps"],
             "num_stages": tile["num_stages"],
             "precision": config["precision"],
+            "pad_k": bool(config.get("pad_k", False)),
         }
 
     def work(self, config: dict[str, Any]) -> tuple[float, float, str | None]:
@@ -297,7 +306,9 @@ class TritonGemm(Workload):
         exported = self.export_config(config)
         return (
             "import triton\n\n"
-            f"# {self.m}x{self.n}x{self.k}, operands in {exported['precision']}\n"
+            f"# {self.m}x{self.n}x{self.k}, operands in {exported['precision']}"
+            + (f", K zero-padded to a multiple of {PAD_K_MULTIPLE}" if exported["pad_k"] else "")
+            + "\n"
             "configs = [\n"
             f"    triton.Config({exported['kwargs']!r}, num_warps={exported['num_warps']}, "
             f"num_stages={exported['num_stages']}),\n"
@@ -311,9 +322,15 @@ class TritonGemm(Workload):
         from kernels.gemm import matmul
 
         inputs = case.inputs
+        a, b = inputs.a, inputs.b
+        if config.get("pad_k", False):
+            a_pad, b_pad = self._padded(case)
+            a_pad[:, : self.k].copy_(a)
+            b_pad[: self.k].copy_(b)
+            a, b = a_pad, b_pad
         matmul(
-            inputs.a,
-            inputs.b,
+            a,
+            b,
             precision=config["precision"],
             scale_a=inputs.scale_a,
             scale_b=inputs.scale_b,
@@ -321,14 +338,34 @@ class TritonGemm(Workload):
             **self._tile(config),
         )
 
+    def _k_run(self, config: dict[str, Any]) -> int:
+        """The K the kernel runs with: K, or K rounded up to :data:`PAD_K_MULTIPLE` with ``pad_k``."""
+        if config.get("pad_k", False):
+            return -(-self.k // PAD_K_MULTIPLE) * PAD_K_MULTIPLE
+        return self.k
+
+    def _padded(self, case: _Case) -> tuple[Any, Any]:
+        """Zero-filled operand buffers with K rounded up, laid out as the unpadded ones (built once per case)."""
+        if case.padded is None:
+            import torch
+
+            a, b = case.inputs.a, case.inputs.b
+            k_pad = self._k_run({"pad_k": True})
+            a_pad = torch.zeros((self.m, k_pad), dtype=a.dtype, device=a.device)
+            if b.stride(0) == 1 and b.shape[1] > 1:  # K-major B: an (N, K) buffer viewed as (K, N)
+                b_pad = torch.zeros((self.n, k_pad), dtype=b.dtype, device=b.device).t()
+            else:
+                b_pad = torch.zeros((k_pad, self.n), dtype=b.dtype, device=b.device)
+            case.padded = (a_pad, b_pad)
+        return case.padded
+
     @staticmethod
     def _tile(config: dict[str, Any]) -> dict[str, int]:
         return {p: int(config[p]) for p in TILE_PARAMS}
 
     @staticmethod
     def _key(config: dict[str, Any]) -> tuple[Any, ...]:
-        return (config.get("precision"), *(config.get(p) for p in TILE_PARAMS))
-
+        return (config.get("precision"), config.get("pad_k", False), *(config.get(p) for p in TILE_PARAMS))
 
     def _case(self, precision: str, device: DeviceInfo) -> _Case:
         """Inputs, references and output buffer for ``precision``, built on first use."""

@@ -167,6 +167,7 @@ def test_export_config_is_ready_for_triton_config() -> None:
         "num_warps": 8,
         "num_stages": 3,
         "precision": "bf16",
+        "pad_k": False,
     }
 
 
@@ -178,10 +179,10 @@ def test_default_space_seeds_pass_static_check() -> None:
     space_file = Path(__file__).resolve().parents[1] / "search_spaces" / TritonGemm.space_file
     space = yaml.safe_load(space_file.read_text())
     assert space["workloads"] == [TritonGemm.name]
-    assert set(space["params"]) == {*TILE_PARAMS, "precision"}
+    assert set(space["params"]) == {*TILE_PARAMS, "precision", "pad_k"}
     workload = TritonGemm(m=4096, n=4096, k=4096)
     for seed in space["seeds"]:
-        assert set(seed) == {*TILE_PARAMS, "precision"}
+        assert set(seed) == {*TILE_PARAMS, "precision", "pad_k"}
         reason = workload.static_check(seed, H100)
         # bf16 is refused only because this process runs the interpreter.
         assert reason is None or (seed["precision"] == "bf16" and "interpreter" in reason), seed
@@ -371,3 +372,35 @@ def test_fingerprint_and_device_info_on_cpu() -> None:
     info = device_info()
     assert info.kind == "cpu" and not info.is_gpu and info.name
     assert info.compute_capability is None and info.smem_per_block_bytes is None
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp8", "tf32"])
+def test_pad_k_copies_into_aligned_zero_padded_operands(interpreter: None, precision: str) -> None:
+    """K=50 padded to 128: same numerics as unpadded (zeros add nothing), both layouts of B."""
+    from objectives import triton_gemm
+
+    workload = triton_gemm.TritonGemm(m=40, n=24, k=50)
+    config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4, "num_stages": 2}
+    plain = workload.run({**config, "precision": precision, "pad_k": False}, CPU, TrialContext())
+    padded = workload.run({**config, "precision": precision, "pad_k": True}, CPU, TrialContext())
+    assert plain.status == padded.status == TrialStatus.OK, (plain.error, padded.error)
+    assert padded.metrics["max_rel_error"] == pytest.approx(plain.metrics["max_rel_error"], rel=0.05, abs=1e-6)
+    case = workload._cases[(precision, "cpu")]
+    a_pad, b_pad = case.padded
+    assert a_pad.shape == (40, 128) and b_pad.shape == (128, 24)
+    assert b_pad.stride() == ((1, 128) if precision in ("fp8", "tf32") else (24, 1))
+    assert a_pad[:, 50:].float().abs().sum() == 0 and b_pad[50:].float().abs().sum() == 0
+    export = workload.export_config({**config, "precision": precision, "pad_k": True})
+    assert export["pad_k"] is True and "zero-padded" in workload.export_python(
+        {**config, "precision": precision, "pad_k": True}
+    )
+
+
+def test_pad_k_is_refused_where_k_is_aligned_already() -> None:
+    from objectives import triton_gemm
+
+    config = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4, "num_stages": 2}
+    aligned = triton_gemm.TritonGemm(m=40, n=24, k=256)
+    assert "multiple of 128" in aligned.static_check({**config, "precision": "fp16", "pad_k": True}, CPU)
+    assert aligned.static_check({**config, "precision": "fp16", "pad_k": False}, CPU) is None
+    assert "true or false" in aligned.static_check({**config, "precision": "fp16", "pad_k": 1}, CPU)
