@@ -109,6 +109,10 @@ class _Work:
 
 
 @dataclass
+#: Trials in flight per GPU worker by default (``resources.trials_per_worker`` overrides it).
+GPU_SLOTS = 4
+
+
 class _Worker:
     index: int
     generation: int
@@ -281,7 +285,9 @@ class Orchestrator:
         else:
             n = self.requested_workers or 2
         self._gpu = gpus > 0
-        self._slots = self.requested_slots or (2 if self._gpu else 1)
+        # On a GPU, GPU_SLOTS trials in flight per worker: while one is timed, the others compile
+        # on the worker's threads (Triton's compiler and ptxas run in parallel across threads).
+        self._slots = self.requested_slots or (GPU_SLOTS if self._gpu else 1)
         self._workers = [self._spawn(i, 0) for i in range(n)]
         deadline = time.monotonic() + 300
         for worker in self._workers:
