@@ -108,11 +108,11 @@ class _Work:
     ref: Any = None
 
 
-@dataclass
 #: Trials in flight per GPU worker by default (``resources.trials_per_worker`` overrides it).
 GPU_SLOTS = 4
 
 
+@dataclass
 class _Worker:
     index: int
     generation: int
