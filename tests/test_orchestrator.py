@@ -202,7 +202,8 @@ def test_gemm_study_on_cpu_workers_under_the_interpreter(sqlite_url: str) -> Non
     assert summary.status == "completed" and len(measured) == 6
     assert all(t.status == "ok" for t in measured), [(t.status, t.error) for t in measured]
     assert all(t.params["precision"] != "bf16" for t in measured)  # refused on the interpreter
-    assert all("interpreter" in t.error for t in trials if t.status == "infeasible_static")
+    pruned = [t.error or "" for t in trials if t.status == "infeasible_static"]
+    assert all("interpreter" in e or e.startswith("rule ") for e in pruned), pruned
     for t in measured:
         assert t.timing_comparable is False
         assert t.metrics["tflops"] > 0 and t.metrics["max_rel_error"] < 0.1

@@ -272,7 +272,9 @@ class _CudaTimer:
             torch.cuda.current_stream().wait_stream(stream)
             torch.cuda.synchronize()
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            # thread_local: other threads of the worker compile (prepare) while this one captures,
+            # and their CUDA calls must not invalidate the capture.
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 for _ in range(self.graph_calls):
                     self.fn()
             torch.cuda.synchronize()
