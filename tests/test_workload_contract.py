@@ -37,10 +37,12 @@ class Case:
     bad_args: dict[str, Any]  # arg -> a value that must be refused, naming the arg
     ok_configs: list[dict[str, Any]]  # one per precision the interpreter computes correctly
     infeasible: dict[str, Any]  # statically infeasible
-    extra_args: dict[str, Any] = field(default_factory=dict)
+    seed_args: dict[str, Any] = field(default_factory=dict)  # a real shape for the seeds (default: args)
 
 
 GEMM_TILE = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4, "num_stages": 2}
+QUANT_TILE = {"precision": "fp16", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
+NORM_TILE = {"BLOCK": 512, "ROWS_PER_PROGRAM": 4, "num_warps": 4, "num_stages": 1}
 CASES = [
     Case(
         "triton_gemm",
@@ -48,6 +50,35 @@ CASES = [
         {"m": 0, "k": -3, "seed": "x"},
         [{**GEMM_TILE, "precision": p} for p in ("fp32", "tf32", "fp16", "fp8")],
         {**GEMM_TILE, "BLOCK_M": 24, "precision": "fp16"},
+    ),
+    Case(
+        "flash_attention",
+        {"batch": 1, "heads": 2, "seq_len": 80, "head_dim": 64, "causal": True},
+        {"batch": 0, "head_dim": 96, "seq_len": -1},
+        [{"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "precision": "fp16", "use_tma": False}],
+        {"BLOCK_M": 48, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "precision": "fp16", "use_tma": False},
+    ),
+    Case(
+        "quant_gemm",
+        {"m": 20, "n": 48, "k": 256},
+        {"m": 0, "k": 100},
+        [
+            {**QUANT_TILE, "bits": 4, "group_size": 128, "SPLIT_K": 1},
+            {**QUANT_TILE, "bits": 8, "group_size": 32, "SPLIT_K": 2},
+        ],
+        {**QUANT_TILE, "bits": 4, "group_size": 128, "SPLIT_K": 1, "BLOCK_K": 16},
+        seed_args={"m": 16, "n": 8192, "k": 8192},
+    ),
+    *(
+        Case(
+            name,
+            {"rows": 37, "cols": 300, "seed": 3},
+            {"rows": 0, "cols": -5},
+            [{**NORM_TILE, "precision": p} for p in ("fp32", "fp16", "bf16")],
+            {**NORM_TILE, "BLOCK": 384, "precision": "bf16"},
+            seed_args={"rows": 8192, "cols": 8192},
+        )
+        for name in ("rmsnorm", "softmax")
     ),
 ]
 KERNEL_WORKLOADS = {case.workload for case in CASES}
@@ -81,7 +112,7 @@ def test_default_space_compiles_and_its_seeds_pass_static_check_on_an_h200(
     case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on the H200, where kernels compile
-    workload = _make(case)
+    workload = workload_class(case.workload)(**(case.seed_args or case.args))
     space = compile_space(workload.space_document())
     assert space.params and space.seeds, "a kernel workload ships known-good seeds"
     for seed in space.seeds:
@@ -124,7 +155,9 @@ def test_statically_infeasible_configs_are_never_launched(case: Case, monkeypatc
 @pytest.mark.parametrize(
     ("case", "config"),
     [(case, config) for case in CASES for config in case.ok_configs],
-    ids=[f"{case.workload}-{config.get('precision', i)}" for case in CASES for i, config in enumerate(case.ok_configs)],
+    ids=[
+        f"{case.workload}-{i}-{config.get('precision')}" for case in CASES for i, config in enumerate(case.ok_configs)
+    ],
 )
 def test_runs_ok_on_the_interpreter_with_every_metric(case: Case, config: dict[str, Any], interpreter: None) -> None:
     workload = _make(case)

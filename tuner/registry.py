@@ -15,8 +15,12 @@ if TYPE_CHECKING:
 
 WORKLOADS: dict[str, str] = {
     "triton_gemm": "objectives.triton_gemm:TritonGemm",
+    "flash_attention": "objectives.flash_attention:FlashAttention",
     "noop": "objectives.noop:NoOp",
+    "quant_gemm": "objectives.quant_gemm:QuantGemm",
     "replay": "objectives.replay:Replay",
+    "rmsnorm": "objectives.rmsnorm:RMSNorm",
+    "softmax": "objectives.softmax:Softmax",
 }
 
 

@@ -1,0 +1,83 @@
+"""Run the GPU benchmark suite in priority order within a time budget, one subprocess per step.
+
+Each step writes its JSON (or JSON Lines) under ``--out-dir``; a step that would not fit in
+what is left of ``--budget-s`` is skipped and listed as such, and a step that overruns is
+stopped at the deadline, so a short GPU session still brings back the most important
+results. ``suite.json`` records what ran, for how long, and how it ended.
+
+    PYTHONPATH=. python bench/run_suite.py --budget-s 420 --out-dir bench/results/h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+#: (name, seconds it needs at least, command); ``{out}`` is the step's output path.
+STEPS: list[tuple[str, float, list[str]]] = [
+    ("gpu-tests", 60, ["-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]),
+    (
+        "gemm-targets",
+        90,
+        [
+            "bench/gemm_targets.py",
+            "--targets",
+            "bf16-8192",
+            "fp8-8192",
+            "bf16-8192x8192x8191",
+            "fp16-4096",
+            "--trials",
+            "20",
+            "--minutes",
+            "0.75",
+            "--rounds",
+            "3",
+            "--out",
+            "{out}.json",
+        ],
+    ),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=420)
+    parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--only", nargs="*", help="run only these steps")
+    args = parser.parse_args()
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.budget_s
+    record = []
+    for name, needs_s, command in STEPS:
+        if args.only and name not in args.only:
+            continue
+        left = deadline - time.monotonic()
+        if left < needs_s:
+            record.append({"step": name, "status": "skipped", "reason": f"{left:.0f} s left, needs {needs_s:.0f}"})
+            print(f"== {name}: skipped ({left:.0f} s left)", flush=True)
+            continue
+        argv = [sys.executable, *(part.replace("{out}", str(out_dir / name)) for part in command)]
+        print(f"== {name} ({left:.0f} s left): {' '.join(argv[1:])}", flush=True)
+        start = time.monotonic()
+        log = (out_dir / f"{name}.log").open("w")
+        try:
+            proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=left, env=os.environ.copy())
+            status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+        except subprocess.TimeoutExpired:
+            status = "stopped at the deadline"
+        log.close()
+        elapsed = time.monotonic() - start
+        tail = (out_dir / f"{name}.log").read_text()[-1500:]
+        print(f"   {status} after {elapsed:.0f} s\n{tail}", flush=True)
+        record.append({"step": name, "status": status, "seconds": round(elapsed, 1), "command": argv[1:]})
+    (out_dir / "suite.json").write_text(json.dumps(record, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

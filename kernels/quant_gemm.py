@@ -1,0 +1,451 @@
+"""Weight-only quantized GEMM ``Y = X @ dequant(W)`` in Triton, with the quantizer and a torch reference.
+
+X (M, K) is bf16 or fp16 (the activations); W (K, N) is quantized once,
+symmetric per group of ``group_size`` consecutive K rows and per output
+column, to int8 or int4, with one scale per (group, column) in fp16 or bf16.
+Y (M, N) is in X's dtype; products accumulate in fp32.
+
+Storage layout (what :func:`quantize_weights` produces and :func:`quant_matmul` reads):
+
+| bits | ``qweight``                  | element ``[r, n]``                                                |
+| ---- | ---------------------------- | ----------------------------------------------------------------- |
+| 8    | int8 (K, N), row-major       | ``q[r, n]`` in [-127, 127], two's complement                      |
+| 4    | int8 (K // 2, N), row-major  | low nibble ``q[2r, n] + 8``, high nibble ``q[2r + 1, n] + 8``      |
+
+``scales`` is (K // group_size, N), row-major; ``W[k, n] ~= q[k, n] * scales[k // group_size, n]``.
+int4 values lie in [-7, 7] and are stored offset-binary (``q + 8``, 1..15) two per byte along K:
+row ``r`` of the packed tensor holds K rows ``2r`` (low nibble) and ``2r + 1`` (high nibble), so
+one byte never straddles a group (group sizes are even) and a column stays contiguous in N.
+
+The kernel decodes int4 with the exponent trick instead of an int-to-float conversion:
+``bits(MAGIC | u)`` read as bf16 is ``128 + u`` (fp16: ``1024 + u``), exact for a nibble ``u``,
+so ``q = that - (128 + 8)`` takes two integer ops and one subtraction per weight. int8 is
+converted with a plain cast (exact: |q| <= 127 fits both 16-bit formats).
+
+Scaling: when ``BLOCK_K <= group_size`` one K tile lies inside one group (both are powers of
+two and tiles start at multiples of BLOCK_K), so the kernel multiplies the exact integer weights
+by X in fp32 and scales the tile's partial product once per column (``acc += (X @ q) * s``):
+no per-weight multiply and no rounding of dequantized weights. With ``BLOCK_K > group_size``
+it dequantizes the tile (``q * s``, rounded to X's dtype) before ``tl.dot``.
+
+Split-K (``SPLIT_K > 1``): program ``(tile, s)`` covers K rows ``[s * K / SPLIT_K, (s + 1) * K /
+SPLIT_K)`` and adds its fp32 partial into an fp32 workspace with ``tl.atomic_add``; the wrapper
+zeroes the workspace before the launch and casts it into Y after it (three kernels, all on the
+current stream, all capturable in a CUDA graph). Programs are ordered with the M tiles fastest,
+so the programs that read the same weight tile run together and the weights (the large operand
+at decode shapes) come from HBM once.
+
+Rows and columns past the edge wrap around (``% M``, ``% N``) so loads stay in bounds, and
+stores are masked; K must be a multiple of ``SPLIT_K * BLOCK_K`` (checked).
+
+Under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors; bf16 ``tl.dot`` is wrong there
+(Triton 3.9), so bf16 numerics are checked on a GPU only; fp16 is exact enough to test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from tuner.workload import interpreter_active
+
+#: Activation precisions and their torch dtypes (X, Y and, by default, the scales).
+ACT_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: Supported weight bit widths.
+BITS: tuple[int, ...] = (4, 8)
+#: Largest |q| per bit width (symmetric: int4 leaves -8 unused, int8 leaves -128 unused).
+QMAX: dict[int, int] = {4: 7, 8: 127}
+#: Smallest BLOCK_K per bit width: ``tl.dot`` needs K >= 16 per dot, and int4 splits a tile in two halves.
+MIN_BLOCK_K: dict[int, int] = {4: 32, 8: 16}
+#: Offset of the stored int4 nibble: ``u = q + INT4_OFFSET``.
+INT4_OFFSET = 8
+
+
+@triton.jit
+def quant_matmul_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    ws_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wk,
+    stride_wn,
+    stride_sg,
+    stride_sn,
+    stride_ym,
+    stride_yn,
+    BITS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    MAGIC: tl.constexpr,
+    MAGIC_OFFSET: tl.constexpr,
+):
+    """One (BLOCK_M, BLOCK_N) tile of Y over one K split (see the module docstring for layouts)."""
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    pid_m = pid % num_pid_m  # M tiles fastest: programs sharing a weight tile run together
+    pid_n = pid // num_pid_m
+    PACK: tl.constexpr = 8 // BITS  # K rows per stored byte
+    ROWS: tl.constexpr = BLOCK_K // PACK  # stored rows per K tile
+
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_r = tl.arange(0, ROWS)
+    k_per_split = K // SPLIT_K
+    k_begin = pid_k * k_per_split
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_begin + offs_k)[None, :] * stride_xk
+    w_ptrs = w_ptr + (k_begin // PACK + offs_r)[:, None] * stride_wk + offs_n[None, :] * stride_wn
+    dtype = x_ptr.dtype.element_ty
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for i in range(0, k_per_split // BLOCK_K):
+        k0 = k_begin + i * BLOCK_K
+        stored = tl.load(w_ptrs)
+        x = tl.load(x_ptrs)
+        if BITS == 8:
+            x0 = x
+            q0 = stored.to(dtype)
+        else:
+            # Even and odd K columns of X meet the low and high nibbles (loaded contiguous, split in registers).
+            x0, x1 = tl.split(tl.reshape(x, (BLOCK_M, ROWS, 2)))
+            u = stored.to(tl.uint8, bitcast=True).to(tl.int16)
+            lo = ((u & 15) | MAGIC).to(tl.int16)
+            hi = ((u >> 4) | MAGIC).to(tl.int16)
+            q0 = (lo.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype)
+            q1 = (hi.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype)
+        if BLOCK_K <= GROUP_SIZE:
+            # The whole K tile is one group: exact integer weights, one scale per column after the dot.
+            scale = tl.load(s_ptr + (k0 // GROUP_SIZE) * stride_sg + offs_n * stride_sn).to(tl.float32)
+            part = tl.dot(x0, q0)
+            if BITS == 4:
+                part = tl.dot(x1, q1, part)
+            acc += part * scale[None, :]
+        else:
+            # Several groups per tile: dequantize each weight (both nibbles of a byte share a group).
+            groups = (k0 + offs_r * PACK) // GROUP_SIZE
+            scale = tl.load(s_ptr + groups[:, None] * stride_sg + offs_n[None, :] * stride_sn).to(tl.float32)
+            acc = tl.dot(x0, (q0.to(tl.float32) * scale).to(dtype), acc)
+            if BITS == 4:
+                acc = tl.dot(x1, (q1.to(tl.float32) * scale).to(dtype), acc)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += ROWS * stride_wk
+
+    offs_ym = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_yn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_ym[:, None] < M) & (offs_yn[None, :] < N)
+    if SPLIT_K == 1:
+        y_ptrs = y_ptr + offs_ym[:, None] * stride_ym + offs_yn[None, :] * stride_yn
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        # The workspace is a contiguous (M, N) fp32 buffer the wrapper zeroed.
+        ws_ptrs = ws_ptr + offs_ym[:, None] * N + offs_yn[None, :]
+        tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def _magic(dtype: torch.dtype) -> tuple[int, float]:
+    """``(MAGIC, MAGIC_OFFSET)``: bits of 128.0 (bf16) or 1024.0 (fp16), and that value plus the nibble offset."""
+    if dtype == torch.bfloat16:
+        return 0x4300, 128.0 + INT4_OFFSET
+    return 0x6400, 1024.0 + INT4_OFFSET
+
+
+def check_layout(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_K: int, SPLIT_K: int) -> None:
+    """Raise ValueError (naming the argument) for a shape / quantization / tiling the kernel cannot run."""
+    if bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+    if not _is_pow2(group_size) or group_size < 16 or k % group_size:
+        raise ValueError(f"group_size must be a power of two >= 16 dividing K={k}, got {group_size!r}")
+    if not _is_pow2(BLOCK_K) or BLOCK_K < MIN_BLOCK_K[bits]:
+        raise ValueError(f"BLOCK_K must be a power of two >= {MIN_BLOCK_K[bits]} for int{bits}, got {BLOCK_K!r}")
+    if SPLIT_K < 1 or k % (SPLIT_K * BLOCK_K):
+        raise ValueError(f"SPLIT_K * BLOCK_K = {SPLIT_K} * {BLOCK_K} must divide K={k}")
+    if m < 1 or n < 1:
+        raise ValueError(f"M and N must be positive, got {m} and {n}")
+
+
+def _grid(m: int, n: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int) -> tuple[int, int]:
+    return (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N), SPLIT_K)
+
+
+def _meta_args(
+    dtype: torch.dtype,
+    bits: int,
+    group_size: int,
+    BLOCK_M: int,
+    BLOCK_N: int,
+    BLOCK_K: int,
+    SPLIT_K: int,
+    num_warps: int,
+    num_stages: int,
+) -> dict[str, Any]:
+    """The kernel's constexpr and launch arguments for one config (shared by launch and warm-up)."""
+    magic, magic_offset = _magic(dtype)
+    return {
+        "BITS": bits,
+        "GROUP_SIZE": group_size,
+        "BLOCK_M": BLOCK_M,
+        "BLOCK_N": BLOCK_N,
+        "BLOCK_K": BLOCK_K,
+        "SPLIT_K": SPLIT_K,
+        "MAGIC": magic,
+        "MAGIC_OFFSET": magic_offset,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+    }
+
+
+def quant_matmul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    bits: int,
+    group_size: int,
+    BLOCK_M: int,
+    BLOCK_N: int,
+    BLOCK_K: int,
+    SPLIT_K: int,
+    num_warps: int,
+    num_stages: int,
+    out: torch.Tensor | None = None,
+    workspace: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``Y = X @ dequant(qweight, scales)`` with one tile config; returns Y (written into ``out`` if given).
+
+    ``x`` (M, K) bf16/fp16; ``qweight`` int8 (K, N) for 8 bits or (K // 2, N) for 4 bits and
+    ``scales`` (K // group_size, N) fp16/bf16, as :func:`quantize_weights` lays them out; ``out``
+    (M, N) in x's dtype. With ``SPLIT_K > 1`` the partial products go through ``workspace``, a
+    contiguous (M, N) float32 tensor (allocated when None) that this function zeroes first and
+    casts into ``out`` last. Launches asynchronously on the current stream.
+    """
+    if x.dtype not in ACT_DTYPES.values():
+        raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
+    if x.ndim != 2 or qweight.ndim != 2 or scales.ndim != 2:
+        raise ValueError("x, qweight and scales must be 2-D")
+    m, k = x.shape
+    n = qweight.shape[1]
+    check_layout(m, n, k, bits, group_size, BLOCK_K, SPLIT_K)
+    if qweight.dtype != torch.int8 or qweight.shape[0] * (8 // bits) != k:
+        raise ValueError(
+            f"qweight must be int8 ({k * bits // 8}, {n}) for int{bits}, got {qweight.dtype} {tuple(qweight.shape)}"
+        )
+    if scales.dtype not in ACT_DTYPES.values() or tuple(scales.shape) != (k // group_size, n):
+        raise ValueError(f"scales must be bf16/fp16 ({k // group_size}, {n}), got {scales.dtype} {tuple(scales.shape)}")
+    if out is None:
+        out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    elif tuple(out.shape) != (m, n) or out.dtype != x.dtype:
+        raise ValueError(f"out must be ({m}, {n}) {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if SPLIT_K > 1:
+        if workspace is None:
+            workspace = torch.empty((m, n), device=x.device, dtype=torch.float32)
+        elif tuple(workspace.shape) != (m, n) or workspace.dtype != torch.float32 or not workspace.is_contiguous():
+            raise ValueError(f"workspace must be a contiguous ({m}, {n}) float32 tensor")
+        workspace.zero_()
+    quant_matmul_kernel[_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)](
+        x,
+        qweight,
+        scales,
+        out,
+        workspace if SPLIT_K > 1 else out,  # never read when SPLIT_K == 1
+        m,
+        n,
+        k,
+        x.stride(0),
+        x.stride(1),
+        qweight.stride(0),
+        qweight.stride(1),
+        scales.stride(0),
+        scales.stride(1),
+        out.stride(0),
+        out.stride(1),
+        **_meta_args(x.dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages),
+    )
+    if SPLIT_K > 1:
+        out.copy_(workspace)
+    return out
+
+
+def compile_only(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    precision: str,
+    bits: int,
+    group_size: int,
+    BLOCK_M: int,
+    BLOCK_N: int,
+    BLOCK_K: int,
+    SPLIT_K: int,
+    num_warps: int,
+    num_stages: int,
+    scale_dtype: torch.dtype | None = None,
+) -> Any | None:
+    """Compile the kernel :func:`quant_matmul` launches for contiguous operands, without launching it.
+
+    Placeholder tensors carry dtype, shape and the row-major strides of
+    :func:`quantize_weights` and contiguous X / Y, so the later launch finds
+    the binary in Triton's in-process cache. Raises ``OutOfResources`` when
+    the binary needs more shared memory than the current device has, and
+    Triton's compile errors as they are. Returns None under the interpreter
+    (nothing to compile) or on a Triton without ``JITFunction.warmup``.
+    """
+    if precision not in ACT_DTYPES:
+        raise ValueError(f"precision must be one of {tuple(ACT_DTYPES)}, got {precision!r}")
+    check_layout(m, n, k, bits, group_size, BLOCK_K, SPLIT_K)
+    if interpreter_active():
+        return None
+    warmup = getattr(quant_matmul_kernel, "warmup", None)
+    if warmup is None:
+        return None
+    from triton.runtime.jit import MockTensor
+
+    from kernels.gemm import _raise_if_over_shared_memory
+
+    class _StridedMock(MockTensor):
+        def __init__(self, dtype: torch.dtype, shape: list[int]) -> None:
+            super().__init__(dtype, shape)
+            self._strides = (shape[1], 1)
+
+        def stride(self) -> tuple[int, ...]:
+            return self._strides
+
+    dtype = ACT_DTYPES[precision]
+    x = _StridedMock(dtype, [m, k])
+    w = _StridedMock(torch.int8, [k * bits // 8, n])
+    s = _StridedMock(scale_dtype or dtype, [k // group_size, n])
+    y = _StridedMock(dtype, [m, n])
+    ws = _StridedMock(torch.float32, [m, n]) if SPLIT_K > 1 else y
+    kernel = warmup(
+        x,
+        w,
+        s,
+        y,
+        ws,
+        m,
+        n,
+        k,
+        *x.stride(),
+        *w.stride(),
+        *s.stride(),
+        *y.stride(),
+        **_meta_args(dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages),
+        grid=_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K),
+    )
+    _raise_if_over_shared_memory(kernel)
+    return kernel
+
+
+# --------------------------------------------------------------------------- quantization and reference
+
+
+@dataclass
+class QuantizedWeights:
+    """Packed weights and per-group scales in the layout of the module docstring.
+
+    ``dequantize()`` returns the fp32 (K, N) matrix the kernel multiplies by.
+    """
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    bits: int
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(K, N) of the unpacked weight matrix."""
+        return self.qweight.shape[0] * (8 // self.bits), self.qweight.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of packed weights plus scales (what one product reads of W)."""
+        return self.qweight.numel() * self.qweight.element_size() + self.scales.numel() * self.scales.element_size()
+
+    def values(self) -> torch.Tensor:
+        """The integer weights q (K, N) as int8, unpacked."""
+        return self.qweight if self.bits == 8 else unpack_int4(self.qweight)
+
+    def dequantize(self) -> torch.Tensor:
+        """``q * scale`` in fp32, (K, N)."""
+        q = self.values().to(torch.float32)
+        k, n = q.shape
+        scales = self.scales.to(torch.float32)
+        return (q.reshape(k // self.group_size, self.group_size, n) * scales[:, None, :]).reshape(k, n)
+
+    def clone(self) -> QuantizedWeights:
+        """A copy in new memory (same values): launches may rotate over copies to defeat L2 reuse."""
+        return QuantizedWeights(self.qweight.clone(), self.scales.clone(), self.bits, self.group_size)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """int8 values in [-8, 7], shape (K, N) with K even -> (K // 2, N) int8 bytes, offset-binary nibbles.
+
+    Byte ``[r, n]`` holds ``q[2r, n] + 8`` in its low nibble and ``q[2r + 1, n] + 8`` in its high one.
+    """
+    if q.ndim != 2 or q.shape[0] % 2:
+        raise ValueError(f"q must be (K, N) with K even, got {tuple(q.shape)}")
+    u = (q.to(torch.int16) + INT4_OFFSET).clamp(0, 15)
+    return (u[0::2] | (u[1::2] << 4)).to(torch.uint8).view(torch.int8)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_int4`: (K // 2, N) bytes -> (K, N) int8 values in [-8, 7]."""
+    u = packed.view(torch.uint8).to(torch.int16)
+    lo = (u & 15) - INT4_OFFSET
+    hi = (u >> 4) - INT4_OFFSET
+    return torch.stack((lo, hi), dim=1).reshape(-1, packed.shape[1]).to(torch.int8)
+
+
+def quantize_weights(
+    w: torch.Tensor, bits: int, group_size: int, scale_dtype: torch.dtype = torch.bfloat16
+) -> QuantizedWeights:
+    """Symmetric per-group quantization of an fp32 (K, N) matrix along K, one scale per group and column.
+
+    ``scale = max|w| over the group / QMAX[bits]``, rounded to ``scale_dtype`` (bf16 or fp16), then
+    ``q = clamp(round(w / scale), -QMAX, QMAX)`` with the rounded scale, so ``q * scale`` is the
+    representable value nearest to ``w``. All-zero groups get the smallest normal scale (q = 0).
+    """
+    if bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (K, N), got {tuple(w.shape)}")
+    k, n = w.shape
+    if not _is_pow2(group_size) or group_size < 2 or k % group_size:
+        raise ValueError(f"group_size must be an even power of two dividing K={k}, got {group_size!r}")
+    if scale_dtype not in ACT_DTYPES.values():
+        raise ValueError(f"scale_dtype must be bfloat16 or float16, got {scale_dtype}")
+    qmax = QMAX[bits]
+    groups = w.to(torch.float32).reshape(k // group_size, group_size, n)
+    tiny = torch.finfo(scale_dtype).tiny
+    scales = (groups.abs().amax(dim=1) / qmax).clamp(min=tiny).to(scale_dtype)
+    q = torch.round(groups / scales.to(torch.float32)[:, None, :]).clamp(-qmax, qmax).to(torch.int8).reshape(k, n)
+    qweight = q.contiguous() if bits == 8 else pack_int4(q).contiguous()
+    return QuantizedWeights(qweight, scales.contiguous(), bits, group_size)
+
+
+def reference_quant_matmul(x: torch.Tensor, weights: QuantizedWeights) -> torch.Tensor:
+    """``x @ dequant(W)`` in fp32 with TF32 off: the exact product of the operands the kernel reads."""
+    from kernels.gemm import reference_matmul
+
+    return reference_matmul(x.to(torch.float32), weights.dequantize())

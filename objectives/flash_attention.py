@@ -1,0 +1,382 @@
+"""The ``flash_attention`` workload: one fused attention forward with the Triton kernel of ``kernels/attention.py``.
+
+Args (the shape, fixed for a study): ``batch``, ``heads``, ``seq_len``,
+``head_dim`` (64 or 128), ``causal`` and ``seed``. Knobs: BLOCK_M, BLOCK_N,
+num_warps, num_stages, precision (bf16, fp16) and use_tma (Q/K/V tiles
+through tensor descriptors, Hopper and newer). Metrics: TFLOP/s, latency and
+the maximum relative error against ``scaled_dot_product_attention`` in fp32
+on the fp32 master inputs, so the error includes input rounding.
+
+torch and triton are imported inside the methods: listing workloads and
+``static_check`` stay fast and never touch a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.workload import (
+    DeviceInfo,
+    MetricSpec,
+    TrialContext,
+    TrialResult,
+    TrialStatus,
+    Workload,
+    compile_failure_result,
+    compile_failure_status,
+    interpreter_active,
+)
+
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
+TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+HEAD_DIMS: tuple[int, ...] = (64, 128)
+
+#: Largest ``max|out - ref| / max|ref|`` accepted, ref = fp32 SDPA of the fp32 masters (standard
+#: normal Q, K, V). An emulation of the kernel's rounding points in torch (Q, K, V and P rounded
+#: to the precision, fp32 scores, row sums and accumulator, output rounded) gave, on the
+#: benchmark's shapes (S 1024/4096/8192, D 64/128, causal or not, two heads each):
+#: bf16 <= 8.1e-3 and fp16 <= 9.1e-4; the kernel under the Triton interpreter gave fp16
+#: <= 6.8e-4 (S 33..80, D 64/128). The tolerances leave ~4x headroom for the maximum over more
+#: heads and accumulation order, while a wrong mask, scale or rescaling errs by 0.1 or more.
+TOLERANCE_VS_FP32: dict[str, float] = {"bf16": 3e-2, "fp16": 5e-3}
+#: Compute capability each feature needs on a GPU (bf16 tensor cores: Ampere; TMA: Hopper).
+MIN_CAPABILITY: dict[str, tuple[int, int]] = {"bf16": (8, 0), "use_tma": (9, 0)}
+#: Registers per thread the fp32 score tile (BLOCK_M x BLOCK_N) and the fp32 output accumulator
+#: (BLOCK_M x head_dim) may take together. The hardware allows 255; the rest holds P in 16 bits
+#: (a quarter of the score tile's count), the row statistics and addresses. The tutorial's
+#: configs sit at or below it (128x64 tiles at D=128 on 4 warps: 192; 128x128 on 8 warps: 128),
+#: the ones it drops above it (128x128 at D=128 on 4 warps: 256).
+ACCUMULATOR_REGISTERS_PER_THREAD = 192
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def _next_pow2(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+def smem_estimate_bytes(block_m: int, block_n: int, num_stages: int, head_dim: int, element_bytes: int = 2) -> int:
+    """Shared memory of one program, in bytes: the Q tile once, K and V tiles per pipeline stage."""
+    return (block_m * head_dim + num_stages * 2 * block_n * head_dim) * element_bytes
+
+
+@dataclass
+class _Case:
+    """Inputs, reference and output buffer of one precision on one device, reused across trials."""
+
+    q: Any
+    k: Any
+    v: Any
+    ref: Any  # fp32 SDPA of the fp32 masters
+    out: Any
+
+
+@dataclass(frozen=True)
+class NumericsCheck:
+    """Outcome of comparing one output with the reference (the error is relative to ``max|ref|``)."""
+
+    max_rel_error: float
+    failure: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def check_numerics(out: Any, ref: Any, precision: str) -> NumericsCheck:
+    """Compare the kernel's ``out`` with the fp32 reference; NaN/inf anywhere is a failure.
+
+    ``out`` was filled with NaN before the launch, so an element the kernel
+    never wrote shows up here as NaN.
+    """
+    import torch
+
+    from kernels.attention import max_rel_error
+
+    non_finite = int((~torch.isfinite(out)).sum())
+    if non_finite:
+        return NumericsCheck(
+            math.inf, f"{non_finite} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)"
+        )
+    error = max_rel_error(out, ref)
+    tolerance = TOLERANCE_VS_FP32[precision]
+    if not error <= tolerance:
+        return NumericsCheck(
+            error, f"max_rel_error {error:.3g} vs the fp32 SDPA reference exceeds {precision} tolerance {tolerance:g}"
+        )
+    return NumericsCheck(error, None)
+
+
+class FlashAttention(Workload):
+    """Fused attention forward (online softmax), checked against fp32 SDPA, then timed.
+
+    Args: ``batch``, ``heads``, ``seq_len`` (positive ints), ``head_dim`` (64
+    or 128), ``causal`` (bool, default False) and ``seed`` (int, default 0) for
+    the fp32 master Q, K, V (standard normal, ``[batch, heads, seq_len, head_dim]``).
+    """
+
+    name = "flash_attention"
+    space_file = "attention.yaml"
+    metrics = (
+        MetricSpec("tflops", "maximize", "TFLOP/s", "4*B*H*S*S*D (half when causal) / median latency"),
+        MetricSpec(
+            "max_rel_error",
+            "minimize",
+            "",
+            "max|O - O_ref| / max|O_ref|, O_ref = fp32 SDPA of the fp32 master inputs",
+        ),
+        MetricSpec("latency_ms", "minimize", "ms", "median of the timed repetitions, L2 flushed"),
+    )
+    description = "Triton flash attention forward (kernels/attention.py): tiles, warps, stages, TMA, bf16/fp16"
+
+    def __init__(
+        self, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = False, seed: int = 0
+    ) -> None:
+        for arg, value in (("batch", batch), ("heads", heads), ("seq_len", seq_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        if isinstance(head_dim, bool) or head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim!r}")
+        if not isinstance(causal, bool):
+            raise ValueError(f"causal must be a bool, got {causal!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        if batch * heads * seq_len * head_dim >= 2**31:
+            # TMA coordinates and per-head offsets are 32-bit in the kernel.
+            raise ValueError(
+                f"batch * heads * seq_len * head_dim must be < 2**31, got {batch}*{heads}*{seq_len}*{head_dim}"
+            )
+        self.batch, self.heads, self.seq_len, self.head_dim = batch, heads, seq_len, head_dim
+        self.causal, self.seed = causal, seed
+        self._masters: dict[str, tuple[Any, Any, Any, Any]] = {}
+        self._cases: dict[tuple[str, str], _Case] = {}
+        # Failures seen by prepare(), reported by run() of the same config without compiling again.
+        self._prepare_failures: dict[tuple[Any, ...], BaseException] = {}
+
+    @property
+    def flops(self) -> float:
+        """Floating-point operations of one forward: ``4*B*H*S*S*D``, half of it when causal."""
+        flops = 4.0 * self.batch * self.heads * self.seq_len * self.seq_len * self.head_dim
+        return flops / 2 if self.causal else flops
+
+    # ------------------------------------------------------------------ static feasibility
+
+    def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
+        missing = [p for p in (*TILE_PARAMS, "precision") if p not in config]
+        if missing:
+            return f"config lacks {', '.join(missing)}"
+        precision = config["precision"]
+        if precision not in PRECISIONS:
+            return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+        try:
+            tile = self._tile(config)
+        except (TypeError, ValueError):
+            return f"tile parameters must be ints, got {[config[p] for p in TILE_PARAMS]}"
+        use_tma = config.get("use_tma", False)
+        if not isinstance(use_tma, bool):
+            return f"use_tma must be true or false, got {use_tma!r}"
+        for p in ("BLOCK_M", "BLOCK_N"):
+            if not _is_pow2(tile[p]) or tile[p] < 16:
+                return f"{p}={tile[p]} must be a power of two >= 16 (tl.arange and tl.dot need one)"
+        if not _is_pow2(tile["num_warps"]) or tile["num_warps"] > 16:
+            return f"num_warps={tile['num_warps']} must be a power of two <= 16"
+        if tile["num_stages"] < 1:
+            return f"num_stages={tile['num_stages']} must be >= 1"
+        padded = max(16, _next_pow2(self.seq_len))
+        for p in ("BLOCK_M", "BLOCK_N"):
+            if tile[p] > padded:
+                return f"{p}={tile[p]} exceeds seq_len={self.seq_len} rounded up to a power of two ({padded})"
+        accumulators = tile["BLOCK_M"] * (tile["BLOCK_N"] + self.head_dim)
+        if accumulators > ACCUMULATOR_REGISTERS_PER_THREAD * 32 * tile["num_warps"]:
+            return (
+                f"fp32 score and output tiles BLOCK_M*(BLOCK_N+head_dim)={accumulators} exceed "
+                f"{ACCUMULATOR_REGISTERS_PER_THREAD} registers per thread on {tile['num_warps']} warps (spills)"
+            )
+        if device.smem_per_block_bytes is not None:
+            smem = smem_estimate_bytes(tile["BLOCK_M"], tile["BLOCK_N"], tile["num_stages"], self.head_dim)
+            if smem > device.smem_per_block_bytes:
+                return (
+                    f"Q tile + {tile['num_stages']} stages of K and V tiles need {smem} bytes of shared memory, "
+                    f"{device.name} has {device.smem_per_block_bytes} per block"
+                )
+        if precision == "bf16" and (not device.is_gpu or interpreter_active()):
+            # Triton 3.9's interpreter computes bf16 tl.dot wrongly (see kernels/attention.py).
+            return "bf16 is not checked under the Triton interpreter (it computes bf16 products wrongly)"
+        if device.is_gpu and device.compute_capability is not None:
+            for feature, enabled in ((precision, True), ("use_tma", use_tma)):
+                needed = MIN_CAPABILITY.get(feature)
+                if enabled and needed is not None and tuple(device.compute_capability) < needed:
+                    return (
+                        f"{feature} needs compute capability >= {needed[0]}.{needed[1]}, "
+                        f"{device.name} has {device.compute_capability[0]}.{device.compute_capability[1]}"
+                    )
+        return None
+
+    # ------------------------------------------------------------------ compile ahead
+
+    def prepare(self, config: dict[str, Any], device: DeviceInfo) -> None:
+        """Compile the config's kernel on a GPU without launching it (no-op on CPU / interpreter).
+
+        Never raises: a compile error or an out-of-resources finding is kept and
+        returned as the status of ``run`` for the same config. Compiles for the
+        calling thread's current CUDA device.
+        """
+        if not device.is_gpu or interpreter_active() or self.static_check(config, device) is not None:
+            return
+        try:
+            from kernels.attention import compile_only
+
+            compile_only(
+                self.batch,
+                self.heads,
+                self.seq_len,
+                self.head_dim,
+                causal=self.causal,
+                precision=config["precision"],
+                use_tma=bool(config.get("use_tma", False)),
+                **self._tile(config),
+            )
+        except Exception as exc:  # Triton's failures are values, reported by run()
+            # Anything else (say, the placeholder tensors of an unfamiliar Triton) is left to the
+            # real launch in run(), which compiles and reports for itself.
+            if compile_failure_status(exc) is not None:
+                self._prepare_failures[self._key(config)] = exc
+
+    # ------------------------------------------------------------------ one trial
+
+    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
+        comparable = device.is_gpu and not interpreter_active()
+        reason = self.static_check(config, device)
+        if reason is not None:
+            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
+        failure = self._prepare_failures.pop(self._key(config), None)
+        if failure is not None:
+            return compile_failure_result(failure, comparable)
+
+        import torch
+
+        from tuner.measure import time_fn, timing_options
+
+        precision = config["precision"]
+        case = self._case(precision, device)
+
+        def launch() -> None:
+            self._launch(config, case)
+
+        case.out.fill_(float("nan"))
+        try:
+            launch()
+            if device.is_gpu:
+                torch.cuda.synchronize()
+        except Exception as exc:
+            if compile_failure_status(exc) is None:
+                raise
+            return compile_failure_result(exc, comparable)
+
+        check = check_numerics(case.out, case.ref, precision)
+        if not check.ok:
+            return TrialResult(
+                TrialStatus.NUMERICS_FAIL,
+                metrics={"max_rel_error": check.max_rel_error},
+                error=check.failure,
+                timing_comparable=comparable,
+            )
+
+        timing = time_fn(launch, device, **timing_options(comparable))
+        latency_s = timing.median_ms * 1e-3
+        return TrialResult(
+            TrialStatus.OK,
+            metrics={
+                "tflops": self.flops / latency_s / 1e12 if latency_s > 0 else math.inf,
+                "max_rel_error": check.max_rel_error,
+                "latency_ms": timing.median_ms,
+            },
+            samples_ms=timing.samples_ms,
+            timing_comparable=comparable,
+            extra={"timing": timing.to_dict()},
+        )
+
+    def work(self, config: dict[str, Any]) -> tuple[float, float, str | None]:
+        """FLOPs as :attr:`flops`; Q, K, V read once and O written once, 2 bytes per element."""
+        moved = 4 * self.batch * self.heads * self.seq_len * self.head_dim * 2
+        return self.flops, float(moved), config["precision"]
+
+    def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The config as ``triton.Config(kwargs, num_warps=..., num_stages=...)`` takes it, plus precision and TMA."""
+        tile = self._tile(config)
+        return {
+            "kwargs": {"BLOCK_M": tile["BLOCK_M"], "BLOCK_N": tile["BLOCK_N"]},
+            "num_warps": tile["num_warps"],
+            "num_stages": tile["num_stages"],
+            "precision": config["precision"],
+            "use_tma": bool(config.get("use_tma", False)),
+        }
+
+    def export_python(self, config: dict[str, Any]) -> str:
+        """A call of ``kernels.attention.attention`` with the config, ready to paste."""
+        exported = self.export_config(config)
+        kwargs = exported["kwargs"]
+        causal = "causal" if self.causal else "non-causal"
+        return (
+            "from kernels.attention import attention\n\n"
+            f"# B={self.batch} H={self.heads} S={self.seq_len} D={self.head_dim} {causal}, "
+            f"Q/K/V in {exported['precision']}\n"
+            "ATTENTION_CONFIG = dict(\n"
+            f"    BLOCK_M={kwargs['BLOCK_M']},\n"
+            f"    BLOCK_N={kwargs['BLOCK_N']},\n"
+            f"    num_warps={exported['num_warps']},\n"
+            f"    num_stages={exported['num_stages']},\n"
+            f"    use_tma={exported['use_tma']!r},\n"
+            ")\n"
+            f"# out = attention(q, k, v, causal={self.causal!r}, **ATTENTION_CONFIG)\n"
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _launch(self, config: dict[str, Any], case: _Case) -> None:
+        """One launch of the config's kernel, writing ``case.out``: the only way ``run`` calls the kernel."""
+        from kernels.attention import attention
+
+        attention(
+            case.q,
+            case.k,
+            case.v,
+            causal=self.causal,
+            use_tma=bool(config.get("use_tma", False)),
+            out=case.out,
+            **self._tile(config),
+        )
+
+    @staticmethod
+    def _tile(config: dict[str, Any]) -> dict[str, int]:
+        return {p: int(config[p]) for p in TILE_PARAMS}
+
+    @staticmethod
+    def _key(config: dict[str, Any]) -> tuple[Any, ...]:
+        return (config.get("precision"), bool(config.get("use_tma", False)), *(config.get(p) for p in TILE_PARAMS))
+
+    def _case(self, precision: str, device: DeviceInfo) -> _Case:
+        """Inputs, reference and output buffer for ``precision``, built on first use."""
+        torch_device = "cuda" if device.is_gpu else "cpu"
+        key = (precision, torch_device)
+        case = self._cases.get(key)
+        if case is not None:
+            return case
+        import torch
+
+        from kernels.attention import make_masters, quantize, reference_attention
+
+        masters = self._masters.get(torch_device)
+        if masters is None:
+            q, k, v = make_masters(self.batch, self.heads, self.seq_len, self.head_dim, torch_device, self.seed)
+            masters = (q, k, v, reference_attention(q, k, v, self.causal))
+            self._masters[torch_device] = masters
+        q, k, v, ref = masters
+        q16, k16, v16 = quantize((q, k, v), precision)
+        case = _Case(q16, k16, v16, ref, torch.empty_like(q16))
+        self._cases[key] = case
+        return case

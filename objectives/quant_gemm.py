@@ -1,0 +1,419 @@
+"""The ``quant_gemm`` workload: weight-only quantized ``Y = X @ dequant(W)`` with ``kernels/quant_gemm.py``.
+
+Knobs: weight ``bits`` (int4 / int8), ``group_size`` (K rows per scale), the
+activation ``precision`` (bf16 / fp16), BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
+num_warps and num_stages. Metrics: effective TFLOP/s (``2*M*N*K`` over the
+latency), latency, the bytes of packed weights plus scales, and the maximum
+relative error against the 16-bit product of the unquantized weights, so
+quantization error trades against speed and memory.
+
+Every output is checked twice: against the unquantized product (a loose,
+per-bit-width tolerance that holds the quantization error) and against the
+exact product of the dequantized weights (a tight, per-precision tolerance),
+so a kernel bug cannot hide inside the quantization error.
+
+Timing: on a GPU each trial is timed as a CUDA graph of many launches
+(``time_fn(cuda_graph=True)``), since decode-sized products take microseconds
+and launch overhead would otherwise be all that is measured, and the launches
+rotate over identical copies of the weights (at least ``ROTATION_BYTES`` in
+all) so that every launch reads its weights from HBM, as a decode step that
+goes through a model's layers does, never from a warm L2.
+
+torch and triton are imported inside the methods: listing workloads and
+``static_check`` stay fast and never touch a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.measure import L2_FLUSH_BYTES
+from tuner.workload import (
+    DeviceInfo,
+    MetricSpec,
+    TrialContext,
+    TrialResult,
+    TrialStatus,
+    Workload,
+    compile_failure_result,
+    compile_failure_status,
+    interpreter_active,
+    timing_comparable,
+)
+
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
+BITS: tuple[int, ...] = (4, 8)
+TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
+QUANT_PARAMS: tuple[str, ...] = ("bits", "group_size", "precision")
+PARAMS: tuple[str, ...] = (*QUANT_PARAMS, *TILE_PARAMS)
+
+#: Largest ``max|Y - Y_ref| / max|Y_ref|`` accepted, Y_ref = fp32 product of the 16-bit activations and the
+#: 16-bit unquantized weights (standard-normal masters). It is the quantization error: measured with torch on
+#: CPU over 60 seeds and group sizes 32/64/128, median / max: int8 0.007 / 0.018, int4 0.12 / 0.24 with
+#: >= 48 outputs (0.36 with 16 outputs, M=1 N=16 K=128); with thousands of outputs (M=1..64, N >= 512,
+#: K=8192) int8 <= 0.0075 and int4 <= 0.13. The kernel itself adds < 0.5% (next table).
+TOLERANCE_VS_UNQUANTIZED: dict[int, float] = {8: 0.04, 4: 0.4}
+#: Largest error against the fp32 product of the dequantized weights the kernel reads (no quantization error
+#: left): output rounding (unit roundoff 2^-8 for bf16, 2^-11 for fp16) and, when BLOCK_K > group_size, the
+#: dequantized weights rounded to 16 bits. Emulated worst case over shapes from 1x16x128 to 64x512x8192:
+#: bf16 4.2e-3, fp16 6.1e-4; the interpreter gives <= 4e-4 for fp16.
+TOLERANCE_VS_DEQUANTIZED: dict[str, float] = {"bf16": 1e-2, "fp16": 2e-3}
+#: Smallest BLOCK_K per bit width (``tl.dot`` needs K >= 16; int4 splits a tile into even and odd K rows).
+MIN_BLOCK_K: dict[int, int] = {4: 32, 8: 16}
+#: Launches rotate over copies of the weights worth at least this many bytes (the stopwatch's L2 flush
+#: size), so none is still in L2 (50 MiB on an H200) when it is read again; at most ``MAX_WEIGHT_COPIES``.
+ROTATION_BYTES = L2_FLUSH_BYTES
+MAX_WEIGHT_COPIES = 16
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+def shared_memory_bytes(config: dict[str, Any]) -> int:
+    """Estimated shared memory of a config, in bytes (the space's ``shared_memory`` rule computes the same).
+
+    In the K loop each pipeline stage holds an X tile (2 bytes per element), a packed weight tile (bits / 8
+    bytes) and the scales it needs (one row, or one row per stored weight row when BLOCK_K > group_size);
+    the decoded 16-bit weight tile is staged once more for ``tl.dot`` (wgmma reads it from shared memory).
+    After the loop the accumulator's layout conversion for the store reuses the space (<= 4 bytes per
+    element). An upper bound: of 114 configs of the default space compiled for sm_90 with Triton 3.9 (which
+    needs no GPU), none needed more; not yet checked against Triton 3.6 on the H200.
+    """
+    bm, bn, bk = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
+    bits, group = int(config["bits"]), int(config["group_size"])
+    scale_rows = bk * bits // 8 if bk > group else 1
+    per_stage = bm * bk * 2 + bk * bn * bits // 8 + bn * 2 * scale_rows
+    return max(int(config["num_stages"]) * per_stage + bk * bn * 2, bm * bn * 4)
+
+
+@dataclass(frozen=True)
+class NumericsCheck:
+    """Outcome of comparing one output with the references (errors relative to ``max|ref|``)."""
+
+    max_rel_error: float
+    dequant_rel_error: float | None
+    failure: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def check_numerics(out: Any, ref: Any, dequant_ref: Any, bits: int, precision: str) -> NumericsCheck:
+    """Compare the kernel's ``out`` with the unquantized and the dequantized references; NaN/inf fails.
+
+    ``out`` was filled with NaN before the launch, so an element the kernel never wrote shows up as NaN.
+    """
+    import torch
+
+    from kernels.gemm import max_rel_error
+
+    non_finite = int((~torch.isfinite(out)).sum())
+    if non_finite:
+        return NumericsCheck(
+            math.inf, None, f"{non_finite} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)"
+        )
+    error = max_rel_error(out, ref)
+    tolerance = TOLERANCE_VS_UNQUANTIZED[bits]
+    if not error <= tolerance:
+        return NumericsCheck(
+            error,
+            None,
+            f"max_rel_error {error:.3g} vs the unquantized {precision} product exceeds the int{bits} "
+            f"tolerance {tolerance:g}",
+        )
+    dequant_error = max_rel_error(out, dequant_ref)
+    tolerance = TOLERANCE_VS_DEQUANTIZED[precision]
+    if not dequant_error <= tolerance:
+        return NumericsCheck(
+            error,
+            dequant_error,
+            f"error {dequant_error:.3g} vs the fp32 product of the dequantized weights exceeds {tolerance:g}: "
+            "the kernel, not the quantization, is wrong",
+        )
+    return NumericsCheck(error, dequant_error, None)
+
+
+@dataclass
+class _Case:
+    """Operands, references and output buffers of one (bits, group_size, precision) on one device."""
+
+    x: Any  # (M, K) activations
+    weights: list[Any]  # identical kernels.quant_gemm.QuantizedWeights copies; launches rotate over them
+    ref: Any  # fp32 product with the unquantized 16-bit weights
+    dequant_ref: Any  # fp32 product with the dequantized weights
+    out: Any  # (M, N) in the activation dtype
+    workspace: Any  # (M, N) float32, for SPLIT_K > 1
+    weight_bytes: int
+    next_copy: int = field(default=0)
+
+
+class QuantGemm(Workload):
+    """Y = X @ dequant(W), int4/int8 weights with per-group scales, checked twice, then timed.
+
+    Args: ``m``, ``n``, ``k`` (positive ints; ``k`` a multiple of 128 so that every group size of the space
+    and every BLOCK_K up to 128 divide it; any ``m`` and ``n``: edges are masked) and ``seed`` (int, default
+    0) for the fp32 master inputs X (M, K) and W (K, N), standard normal.
+    """
+
+    name = "quant_gemm"
+    space_file = "quant_gemm.yaml"
+    metrics = (
+        MetricSpec("tflops", "maximize", "TFLOP/s", "effective: 2*M*N*K / median latency"),
+        MetricSpec("latency_ms", "minimize", "ms", "median of the timed repetitions (CUDA graph on a GPU)"),
+        MetricSpec("weight_bytes", "minimize", "B", "packed weights plus scales (one copy)"),
+        MetricSpec(
+            "max_rel_error",
+            "minimize",
+            "",
+            "max|Y - Y_ref| / max|Y_ref|, Y_ref = fp32 product of the 16-bit activations and unquantized weights",
+        ),
+    )
+    description = "Weight-only int4/int8 GEMM (kernels/quant_gemm.py): group size, tiles, split-K, warps, stages"
+
+    def __init__(self, m: int, n: int, k: int, seed: int = 0) -> None:
+        for arg, value in (("m", m), ("n", n), ("k", k)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        if k % 128:
+            raise ValueError(f"k must be a multiple of 128 (every group size and BLOCK_K <= 128 divide it), got {k}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.m, self.n, self.k, self.seed = m, n, k, seed
+        self._masters: dict[str, tuple[Any, Any]] = {}
+        self._refs: dict[tuple[str, str], tuple[Any, Any]] = {}
+        self._cases: dict[tuple[int, int, str, str], _Case] = {}
+        # Failures seen by prepare(), reported by run() of the same config without compiling again.
+        self._prepare_failures: dict[tuple[Any, ...], BaseException] = {}
+
+    @property
+    def flops(self) -> int:
+        """Floating-point operations of one product: 2*M*N*K."""
+        return 2 * self.m * self.n * self.k
+
+    # ------------------------------------------------------------------ static feasibility
+
+    def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
+        missing = [p for p in PARAMS if p not in config]
+        if missing:
+            return f"config lacks {', '.join(missing)}"
+        precision = config["precision"]
+        if precision not in PRECISIONS:
+            return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+        try:
+            values = {p: int(config[p]) for p in (*TILE_PARAMS, "bits", "group_size")}
+        except (TypeError, ValueError):
+            return f"bits, group_size and tile parameters must be ints, got {[config[p] for p in PARAMS]}"
+        bits, group = values["bits"], values["group_size"]
+        if bits not in BITS:
+            return f"bits must be 4 or 8, got {bits}"
+        if not _is_pow2(group) or group < 16 or self.k % group:
+            return f"group_size={group} must be a power of two >= 16 dividing k={self.k}"
+        for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"):
+            if not _is_pow2(values[p]):
+                return f"{p}={values[p]} is not a power of two (tl.arange and the warp layout need one)"
+        if values["BLOCK_M"] < 16 or values["BLOCK_N"] < 16:
+            return f"BLOCK_M and BLOCK_N must be >= 16 for tl.dot, got {values['BLOCK_M']} and {values['BLOCK_N']}"
+        if values["BLOCK_K"] < MIN_BLOCK_K[bits]:
+            return f"int{bits} needs BLOCK_K >= {MIN_BLOCK_K[bits]}, got {values['BLOCK_K']}"
+        if values["SPLIT_K"] < 1 or values["num_stages"] < 1 or values["num_warps"] > 32:
+            return f"need SPLIT_K >= 1, num_stages >= 1 and num_warps <= 32, got {values}"
+        if self.k % (values["SPLIT_K"] * values["BLOCK_K"]):
+            return f"SPLIT_K * BLOCK_K = {values['SPLIT_K']} * {values['BLOCK_K']} does not divide k={self.k}"
+        if precision == "bf16" and (not device.is_gpu or interpreter_active()):
+            return "bf16 is not checked under the Triton interpreter (it computes bf16 products wrongly)"
+        if device.is_gpu and precision == "bf16" and device.compute_capability is not None:
+            if tuple(device.compute_capability) < (8, 0):
+                return f"bf16 needs compute capability >= 8.0, {device.name} has {device.compute_capability}"
+        smem = shared_memory_bytes({**config, **values})
+        if device.smem_per_block_bytes is not None and smem > device.smem_per_block_bytes:
+            return f"needs ~{smem} bytes of shared memory, {device.name} allows {device.smem_per_block_bytes}"
+        return None
+
+    # ------------------------------------------------------------------ compile ahead
+
+    def prepare(self, config: dict[str, Any], device: DeviceInfo) -> None:
+        """Compile the config's kernel on a GPU without launching it (no-op on CPU / interpreter).
+
+        Never raises: a compile error or an out-of-resources finding is kept and returned as the status of
+        ``run`` for the same config. Compiles for the calling thread's current CUDA device.
+        """
+        if not device.is_gpu or interpreter_active() or self.static_check(config, device) is not None:
+            return
+        try:
+            from kernels.quant_gemm import compile_only
+
+            compile_only(
+                self.m,
+                self.n,
+                self.k,
+                precision=config["precision"],
+                bits=int(config["bits"]),
+                group_size=int(config["group_size"]),
+                **self._tile(config),
+            )
+        except Exception as exc:  # failures are values, reported by run()
+            self._prepare_failures[self._key(config)] = exc
+
+    # ------------------------------------------------------------------ one trial
+
+    def _launch(self, config: dict[str, Any], case: _Case) -> None:
+        """One product into ``case.out``, reading the next copy of the weights (the only launch path)."""
+        from kernels.quant_gemm import quant_matmul
+
+        weights = case.weights[case.next_copy]
+        case.next_copy = (case.next_copy + 1) % len(case.weights)
+        quant_matmul(
+            case.x,
+            weights.qweight,
+            weights.scales,
+            bits=weights.bits,
+            group_size=weights.group_size,
+            out=case.out,
+            workspace=case.workspace,
+            **self._tile(config),
+        )
+
+    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
+        comparable = timing_comparable(device)
+        reason = self.static_check(config, device)
+        if reason is not None:
+            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
+        failure = self._prepare_failures.pop(self._key(config), None)
+        if failure is not None:
+            return compile_failure_result(failure, comparable)
+
+        import torch
+
+        from tuner.measure import time_fn, timing_options
+
+        bits, group, precision = int(config["bits"]), int(config["group_size"]), config["precision"]
+        case = self._case(bits, group, precision, device)
+        case.out.fill_(float("nan"))
+        try:
+            self._launch(config, case)
+            if device.is_gpu:
+                torch.cuda.synchronize()
+        except Exception as exc:
+            if compile_failure_status(exc) is None:
+                raise
+            return compile_failure_result(exc, comparable)
+
+        check = check_numerics(case.out, case.ref, case.dequant_ref, bits, precision)
+        extra: dict[str, Any] = {"weight_copies": len(case.weights)}
+        if check.dequant_rel_error is not None:
+            extra["dequant_rel_error"] = check.dequant_rel_error
+        if not check.ok:
+            return TrialResult(
+                TrialStatus.NUMERICS_FAIL,
+                metrics={"max_rel_error": check.max_rel_error, "weight_bytes": float(case.weight_bytes)},
+                error=check.failure,
+                timing_comparable=comparable,
+                extra=extra,
+            )
+
+        timing = time_fn(
+            lambda: self._launch(config, case), device, **{**timing_options(comparable), "cuda_graph": comparable}
+        )
+        extra["timing"] = timing.to_dict()
+        latency_s = timing.median_ms * 1e-3
+        return TrialResult(
+            TrialStatus.OK,
+            metrics={
+                "tflops": self.flops / latency_s / 1e12 if latency_s > 0 else math.inf,
+                "latency_ms": timing.median_ms,
+                "weight_bytes": float(case.weight_bytes),
+                "max_rel_error": check.max_rel_error,
+            },
+            samples_ms=timing.samples_ms,
+            timing_comparable=comparable,
+            extra=extra,
+        )
+
+    def work(self, config: dict[str, Any]) -> tuple[float, float, str | None]:
+        """2mnk FLOPs; X and Y in 16 bits, the packed weights and the 16-bit scales, each moved once."""
+        bits, group = int(config["bits"]), int(config["group_size"])
+        moved = 2 * self.m * self.k + self.k * self.n * bits // 8 + (self.k // group) * self.n * 2 + 2 * self.m * self.n
+        return float(self.flops), float(moved), config["precision"]
+
+    def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Tile kwargs and launch options as ``triton.Config`` takes them, plus the quantization it assumes."""
+        tile = self._tile(config)
+        return {
+            "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K")},
+            "num_warps": tile["num_warps"],
+            "num_stages": tile["num_stages"],
+            "bits": int(config["bits"]),
+            "group_size": int(config["group_size"]),
+            "precision": config["precision"],
+        }
+
+    def export_python(self, config: dict[str, Any]) -> str:
+        """The quantization settings and a ``triton.Config`` list for ``kernels.quant_gemm.quant_matmul``."""
+        exported = self.export_config(config)
+        quant = {key: exported[key] for key in ("bits", "group_size", "precision")}
+        return (
+            "import triton\n\n"
+            f"# {self.m}x{self.n}x{self.k}: int{exported['bits']} weights, group {exported['group_size']}, "
+            f"{exported['precision']} activations (kernels/quant_gemm.py quant_matmul)\n"
+            f"quantization = {quant!r}\n"
+            "configs = [\n"
+            f"    triton.Config({exported['kwargs']!r}, num_warps={exported['num_warps']}, "
+            f"num_stages={exported['num_stages']}),\n"
+            "]\n"
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _tile(config: dict[str, Any]) -> dict[str, int]:
+        return {p: int(config[p]) for p in TILE_PARAMS}
+
+    @staticmethod
+    def _key(config: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(config.get(p) for p in PARAMS)
+
+    def _case(self, bits: int, group: int, precision: str, device: DeviceInfo) -> _Case:
+        """Operands, references and buffers for one quantization and precision, built on first use."""
+        torch_device = "cuda" if device.is_gpu else "cpu"
+        key = (bits, group, precision, torch_device)
+        case = self._cases.get(key)
+        if case is not None:
+            return case
+        import torch
+
+        from kernels.gemm import reference_matmul
+        from kernels.quant_gemm import ACT_DTYPES, quantize_weights, reference_quant_matmul
+
+        dtype = ACT_DTYPES[precision]
+        masters = self._masters.get(torch_device)
+        if masters is None:
+            generator = torch.Generator(device=torch_device).manual_seed(self.seed)
+            x_master = torch.randn((self.m, self.k), device=torch_device, generator=generator)
+            w_master = torch.randn((self.k, self.n), device=torch_device, generator=generator)
+            masters = self._masters[torch_device] = (x_master, w_master)
+        x_master, w_master = masters
+        x = x_master.to(dtype)
+        refs = self._refs.get((precision, torch_device))
+        if refs is None:
+            ref = reference_matmul(x.to(torch.float32), w_master.to(dtype).to(torch.float32))
+            refs = self._refs[(precision, torch_device)] = (x, ref)
+        x, ref = refs
+        weights = quantize_weights(w_master, bits, group, scale_dtype=dtype)
+        copies = 1
+        if timing_comparable(device):
+            copies = max(1, min(MAX_WEIGHT_COPIES, math.ceil(ROTATION_BYTES / weights.nbytes)))
+        case = _Case(
+            x=x,
+            weights=[weights, *(weights.clone() for _ in range(copies - 1))],
+            ref=ref,
+            dequant_ref=reference_quant_matmul(x, weights),
+            out=torch.empty((self.m, self.n), device=torch_device, dtype=dtype),
+            workspace=torch.zeros((self.m, self.n), device=torch_device, dtype=torch.float32),
+            weight_bytes=weights.nbytes,
+        )
+        self._cases[key] = case
+        return case

@@ -1,0 +1,387 @@
+"""The ``rmsnorm`` workload: RMSNorm over the last dim of a rows x cols tensor (``kernels/rmsnorm.py``).
+
+Also home of :class:`RowWiseWorkload`, the base shared with ``softmax`` (``objectives/softmax.py``):
+both are memory-bound row-wise kernels with the same knobs (BLOCK columns per step, num_warps,
+ROWS_PER_PROGRAM, num_stages, precision of input/output fp32/fp16/bf16 with fp32 math inside),
+the same metrics (GB/s moved, latency, max relative error) and the same numerics check.
+
+Metrics: ``gbps`` = the fewest bytes the op must move (x read once, y written once, plus the
+weight for RMSNorm) / median latency; ``latency_ms``; ``max_rel_error`` = max over rows of
+``max|y - y_ref| / max|y_ref|`` (per row), y_ref = the fp32 op on the fp32 masters, so the error
+includes input quantization and precision trades against speed.
+
+torch and triton are imported inside the methods: listing workloads and ``static_check`` stay
+fast and never touch a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from tuner.workload import (
+    DeviceInfo,
+    MetricSpec,
+    TrialContext,
+    TrialResult,
+    TrialStatus,
+    Workload,
+    compile_failure_result,
+    compile_failure_status,
+    interpreter_active,
+    timing_comparable,
+)
+
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
+TILE_PARAMS: tuple[str, ...] = ("BLOCK", "ROWS_PER_PROGRAM", "num_warps", "num_stages")
+BYTES_PER_ELEMENT: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
+#: Largest number of elements of one Triton tensor (``TRITON_MAX_TENSOR_NUMEL``); a bigger tile never compiles.
+MAX_TILE_ELEMENTS = 1 << 20
+
+#: Largest per-row error ``max|y - y_ref| / max|y_ref|`` against the fp32 op on the fp32 masters; above
+#: it a config is a NUMERICS_FAIL. It includes input quantization: x rounded to bf16 moves exp(x) by up
+#: to |x| * 2^-9, and the output rounding adds up to 2^-8 (bf16) / 2^-11 (fp16). Measured on torch
+#: emulations (fp32 math on rounded inputs, rounded output; 8192x8192, 64x65536, 4096x128, 2048x1000,
+#: standard-normal x): rmsnorm bf16 <= 8.9e-3, fp16 <= 1.2e-3; softmax bf16 <= 1.9e-2 (2.2e-2 with the
+#: interpreter's truncating bf16 store), fp16 <= 2.4e-3; fp32 <= 3.2e-7 in the interpreter, while the
+#: GPU's approximate exp2/rsqrt add ~1e-6. Each tolerance is 2-30x the worst seen.
+TOLERANCE_VS_FP32: dict[str, float] = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2}
+#: Largest per-row error against the fp32 op on the very inputs the kernel reads (rounded to the
+#: precision): only the output rounding is left, at most half an ulp, 2^-11 = 4.9e-4 (fp16) and
+#: 2^-8 = 3.9e-3 (bf16; a whole ulp, 7.8e-3, under the interpreter, whose bf16 store truncates).
+#: It catches a kernel that is wrong by less than the tolerance above. fp32 reads the masters,
+#: so the first check covers it.
+TOLERANCE_VS_OPERANDS: dict[str, float] = {"fp16": 2e-3, "bf16": 1e-2}
+#: HBM peak of the fastest GPU in view (H200, 4.8 TB/s): latency estimates for the timing mode.
+PEAK_BYTES_PER_S = 4.8e12
+#: Below this estimated latency (microseconds) launch overhead dominates: time with a CUDA graph.
+GRAPH_BELOW_US = 20.0
+
+
+def _is_pow2(value: int) -> bool:
+    return value > 0 and value & (value - 1) == 0
+
+
+@dataclass
+class _Case:
+    """Inputs, references and output buffer of one precision on one device, reused across trials.
+
+    ``inputs`` are the tensors the kernel reads (in the precision's dtype); ``ref`` is the fp32 op
+    on the fp32 masters; ``operand_ref`` the fp32 op on ``inputs`` (None for fp32).
+    """
+
+    inputs: tuple[Any, ...]
+    ref: Any
+    operand_ref: Any | None
+    out: Any
+
+
+@dataclass(frozen=True)
+class NumericsCheck:
+    """Outcome of comparing one output with the references (per-row errors, see :func:`check_numerics`)."""
+
+    max_rel_error: float
+    operand_rel_error: float | None
+    failure: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def check_numerics(out: Any, ref: Any, operand_ref: Any | None, precision: str) -> NumericsCheck:
+    """Compare the kernel's ``out`` with the fp32 reference(s); NaN/inf anywhere is a failure.
+
+    ``out`` was filled with NaN before the launch, so an element the kernel never wrote shows up
+    here as NaN. Errors are ``max over rows of max|out - ref| / max|ref|`` within the row.
+    """
+    import torch
+
+    from kernels.rmsnorm import row_rel_error
+
+    non_finite = int((~torch.isfinite(out)).sum())
+    if non_finite:
+        return NumericsCheck(
+            math.inf, None, f"{non_finite} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)"
+        )
+    error = row_rel_error(out, ref)
+    tolerance = TOLERANCE_VS_FP32[precision]
+    if not error <= tolerance:
+        return NumericsCheck(
+            error, None, f"max_rel_error {error:.3g} vs fp32 reference exceeds {precision} tolerance {tolerance:g}"
+        )
+    operand_error = None
+    if operand_ref is not None:
+        operand_error = row_rel_error(out, operand_ref)
+        tolerance = TOLERANCE_VS_OPERANDS[precision]
+        if not operand_error <= tolerance:
+            return NumericsCheck(
+                error,
+                operand_error,
+                f"error {operand_error:.3g} vs the fp32 op on the {precision} inputs exceeds {tolerance:g}: "
+                "the kernel, not the input rounding, is wrong",
+            )
+    return NumericsCheck(error, operand_error, None)
+
+
+def _positive_int(arg: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{arg} must be a positive int, got {value!r}")
+    return value
+
+
+class RowWiseWorkload(Workload):
+    """A memory-bound op applied to each row of a (rows, cols) tensor; subclasses give the kernel.
+
+    Args: ``rows``, ``cols`` (positive ints) and ``seed`` (int, default 0) for the fp32 masters.
+    Subclasses implement ``_build_case``, ``_launch``, ``_compile`` and set ``kernel_name``,
+    ``flops_per_element`` and ``extra_bytes``.
+    """
+
+    metrics = (
+        MetricSpec("gbps", "maximize", "GB/s", "bytes the op must move (x read, y written, + weight) / median latency"),
+        MetricSpec(
+            "latency_ms", "minimize", "ms", "median of the timed repetitions (L2 flushed; CUDA graph if < 20 us)"
+        ),
+        MetricSpec(
+            "max_rel_error",
+            "minimize",
+            "",
+            "max over rows of max|y - y_ref| / max|y_ref|, y_ref = the op in fp32 on the fp32 master inputs",
+        ),
+    )
+    #: The op's name in exported code, e.g. "rmsnorm".
+    kernel_name: ClassVar[str] = ""
+    #: Nominal FLOPs per element of x (for the roofline position).
+    flops_per_element: ClassVar[int] = 1
+
+    def __init__(self, rows: int, cols: int, seed: int = 0) -> None:
+        self.rows = _positive_int("rows", rows)
+        self.cols = _positive_int("cols", cols)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        self.seed = seed
+        self._cases: dict[tuple[str, str], _Case] = {}
+        # Failures seen by prepare(), reported by run() of the same config without compiling again.
+        self._prepare_failures: dict[tuple[Any, ...], BaseException] = {}
+
+    # ------------------------------------------------------------------ sizes
+
+    def extra_bytes(self, precision: str) -> int:
+        """Bytes read besides x (e.g. RMSNorm's weight)."""
+        return 0
+
+    def bytes_moved(self, precision: str) -> int:
+        """The fewest bytes one call moves through device memory: x read once, y written once, + extras."""
+        return 2 * self.rows * self.cols * BYTES_PER_ELEMENT[precision] + self.extra_bytes(precision)
+
+    def work(self, config: dict[str, Any]) -> tuple[float, float, str | None]:
+        """A few FLOPs per element (``flops_per_element``) and :meth:`bytes_moved`, at the config's precision."""
+        precision = config["precision"]
+        return float(self.flops_per_element * self.rows * self.cols), float(self.bytes_moved(precision)), precision
+
+    def uses_cuda_graph(self, precision: str) -> bool:
+        """Whether a GPU trial is timed as a CUDA graph: when even at HBM peak it would take < 20 us."""
+        return self.bytes_moved(precision) / PEAK_BYTES_PER_S * 1e6 < GRAPH_BELOW_US
+
+    # ------------------------------------------------------------------ static feasibility
+
+    def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
+        missing = [p for p in (*TILE_PARAMS, "precision") if p not in config]
+        if missing:
+            return f"config lacks {', '.join(missing)}"
+        precision = config["precision"]
+        if precision not in PRECISIONS:
+            return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+        values = [config[p] for p in TILE_PARAMS]
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+            return f"{', '.join(TILE_PARAMS)} must be ints, got {values}"
+        tile = self._tile(config)
+        for p in ("BLOCK", "ROWS_PER_PROGRAM", "num_warps"):
+            if not _is_pow2(tile[p]):
+                return f"{p}={tile[p]} is not a power of two (tl.arange and the warp layout need one)"
+        if tile["num_warps"] > 32:
+            return f"num_warps={tile['num_warps']} exceeds 32 (1024 threads per block)"
+        if tile["num_stages"] < 1:
+            return f"num_stages must be >= 1, got {tile['num_stages']}"
+        elements = tile["BLOCK"] * tile["ROWS_PER_PROGRAM"]
+        if elements > MAX_TILE_ELEMENTS:
+            return f"BLOCK * ROWS_PER_PROGRAM = {elements} exceeds Triton's {MAX_TILE_ELEMENTS} elements per tensor"
+        return None
+
+    # ------------------------------------------------------------------ compile ahead
+
+    def prepare(self, config: dict[str, Any], device: DeviceInfo) -> None:
+        """Compile the config's kernel on a GPU without launching it (no-op on CPU / interpreter).
+
+        Never raises: a compile error or an out-of-resources finding is kept and returned as the
+        status of ``run`` for the same config. Compiles for the calling thread's current CUDA device.
+        """
+        if not device.is_gpu or interpreter_active() or self.static_check(config, device) is not None:
+            return
+        try:
+            self._compile(config)
+        except Exception as exc:  # failures are values, reported by run()
+            self._prepare_failures[self._key(config)] = exc
+
+    # ------------------------------------------------------------------ one trial
+
+    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
+        comparable = timing_comparable(device)
+        reason = self.static_check(config, device)
+        if reason is not None:
+            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
+        failure = self._prepare_failures.pop(self._key(config), None)
+        if failure is not None:
+            return compile_failure_result(failure, comparable)
+
+        import torch
+
+        from tuner.measure import time_fn, timing_options
+
+        precision = config["precision"]
+        case = self._case(precision, device)
+        case.out.fill_(float("nan"))
+        try:
+            self._launch(config, case)
+            if device.is_gpu:
+                torch.cuda.synchronize()
+        except Exception as exc:
+            if compile_failure_status(exc) is None:
+                raise
+            return compile_failure_result(exc, comparable)
+
+        check = check_numerics(case.out, case.ref, case.operand_ref, precision)
+        extra: dict[str, Any] = {}
+        if check.operand_rel_error is not None:
+            extra["operand_rel_error"] = check.operand_rel_error
+        if not check.ok:
+            return TrialResult(
+                TrialStatus.NUMERICS_FAIL,
+                metrics={"max_rel_error": check.max_rel_error},
+                error=check.failure,
+                timing_comparable=comparable,
+                extra=extra,
+            )
+
+        options = timing_options(comparable)
+        options["cuda_graph"] = comparable and self.uses_cuda_graph(precision)
+        timing = time_fn(lambda: self._launch(config, case), device, **options)
+        extra["timing"] = timing.to_dict()
+        latency_s = timing.median_ms * 1e-3
+        return TrialResult(
+            TrialStatus.OK,
+            metrics={
+                "gbps": self.bytes_moved(precision) / latency_s / 1e9 if latency_s > 0 else math.inf,
+                "latency_ms": timing.median_ms,
+                "max_rel_error": check.max_rel_error,
+            },
+            samples_ms=timing.samples_ms,
+            timing_comparable=comparable,
+            extra=extra,
+        )
+
+    # ------------------------------------------------------------------ export
+
+    def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The config as ``triton.Config(kwargs, num_warps=..., num_stages=...)`` takes it, plus precision."""
+        tile = self._tile(config)
+        return {
+            "kwargs": {"BLOCK": tile["BLOCK"], "ROWS_PER_PROGRAM": tile["ROWS_PER_PROGRAM"]},
+            "num_warps": tile["num_warps"],
+            "num_stages": tile["num_stages"],
+            "precision": config["precision"],
+        }
+
+    def export_python(self, config: dict[str, Any]) -> str:
+        """A ``triton.Config`` list ready to paste into ``@triton.autotune(configs=...)``."""
+        exported = self.export_config(config)
+        return (
+            "import triton\n\n"
+            f"# {self.kernel_name} over {self.rows}x{self.cols}, input/output in {exported['precision']}\n"
+            "configs = [\n"
+            f"    triton.Config({exported['kwargs']!r}, num_warps={exported['num_warps']}, "
+            f"num_stages={exported['num_stages']}),\n"
+            "]\n"
+        )
+
+    # ------------------------------------------------------------------ subclass hooks
+
+    def _build_case(self, precision: str, torch_device: str) -> _Case:
+        raise NotImplementedError
+
+    def _launch(self, config: dict[str, Any], case: _Case) -> None:
+        """Launch the kernel once with ``config`` on ``case.inputs``, writing ``case.out``."""
+        raise NotImplementedError
+
+    def _compile(self, config: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _tile(config: dict[str, Any]) -> dict[str, int]:
+        return {p: int(config[p]) for p in TILE_PARAMS}
+
+    @staticmethod
+    def _key(config: dict[str, Any]) -> tuple[Any, ...]:
+        return (config.get("precision"), *(config.get(p) for p in TILE_PARAMS))
+
+    def _case(self, precision: str, device: DeviceInfo) -> _Case:
+        """Inputs, references and output buffer for ``precision``, built on first use."""
+        torch_device = "cuda" if device.is_gpu else "cpu"
+        key = (precision, torch_device)
+        case = self._cases.get(key)
+        if case is None:
+            case = self._build_case(precision, torch_device)
+            self._cases[key] = case
+        return case
+
+
+class RMSNorm(RowWiseWorkload):
+    """``y = x / sqrt(mean(x^2, -1) + eps) * w`` with the Triton kernel of ``kernels/rmsnorm.py``.
+
+    Args: ``rows``, ``cols`` (positive ints), ``eps`` (finite float >= 0, default 1e-6) and
+    ``seed`` (int, default 0) for the fp32 masters: x standard normal, w = 1 + 0.5 * N(0, 1).
+    """
+
+    name = "rmsnorm"
+    space_file = "rmsnorm.yaml"
+    description = "Triton RMSNorm over the last dim (kernels/rmsnorm.py): BLOCK, rows per program, warps, precision"
+    kernel_name = "rmsnorm"
+    #: x*x, the sum's add, the scale by rstd and by the weight.
+    flops_per_element = 4
+
+    def __init__(self, rows: int, cols: int, eps: float = 1e-6, seed: int = 0) -> None:
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+            raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+        super().__init__(rows=rows, cols=cols, seed=seed)
+        self.eps = float(eps)
+
+    def extra_bytes(self, precision: str) -> int:
+        """The weight vector, read once."""
+        return self.cols * BYTES_PER_ELEMENT[precision]
+
+    def _build_case(self, precision: str, torch_device: str) -> _Case:
+        import torch
+
+        from kernels.rmsnorm import DTYPES, make_masters, reference_rmsnorm
+
+        x_master, w_master = make_masters(self.rows, self.cols, torch_device, self.seed)
+        ref = reference_rmsnorm(x_master, w_master, self.eps)
+        x, w = x_master.to(DTYPES[precision]), w_master.to(DTYPES[precision])
+        operand_ref = reference_rmsnorm(x, w, self.eps) if precision in TOLERANCE_VS_OPERANDS else None
+        out = torch.empty_like(x)
+        return _Case((x, w), ref, operand_ref, out)
+
+    def _launch(self, config: dict[str, Any], case: _Case) -> None:
+        from kernels.rmsnorm import rmsnorm
+
+        x, w = case.inputs
+        rmsnorm(x, w, precision=config["precision"], eps=self.eps, out=case.out, **self._tile(config))
+
+    def _compile(self, config: dict[str, Any]) -> None:
+        from kernels.rmsnorm import compile_only
+
+        compile_only(self.rows, self.cols, precision=config["precision"], eps=self.eps, **self._tile(config))
