@@ -20,27 +20,31 @@ from pathlib import Path
 
 #: (name, seconds it needs at least, command); ``{out}`` is the step's output path.
 STEPS: list[tuple[str, float, list[str]]] = [
-    ("gpu-tests", 60, ["-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests"]),
     (
         "gemm-targets",
-        90,
-        [
-            "bench/gemm_targets.py",
-            "--targets",
-            "bf16-8192",
-            "fp8-8192",
-            "bf16-8192x8192x8191",
-            "fp16-4096",
-            "--trials",
-            "20",
-            "--minutes",
-            "0.75",
-            "--rounds",
-            "3",
-            "--out",
-            "{out}.json",
-        ],
+        60,
+        "bench/gemm_targets.py --targets bf16-8192 fp8-8192 bf16-8192x8192x8191 "
+        "--trials 16 --minutes 0.5 --rounds 3 --out {out}.json".split(),
     ),
+    (
+        "attention",
+        45,
+        "bench/attention_study.py --shapes s4096-d128-full s4096-d128-causal "
+        "--trials 12 --minutes 0.4 --total-minutes 1.3 --rounds 3 --out {out}.json".split(),
+    ),
+    (
+        "quant-gemm",
+        45,
+        "bench/quant_gemm_study.py --targets int4-m1 int4-m16 --trials 12 --minutes 0.4 --rounds 3 "
+        "--out {out}.json".split(),
+    ),
+    (
+        "memory-bound",
+        45,
+        "bench/memory_bound_study.py --trials 12 --minutes 0.4 --rounds 3 --out {out}.json".split(),
+    ),
+    ("landscape-gemm", 60, "bench/landscape.py gemm --rep-ms 20 --out {out}.jsonl".split()),
+    ("gpu-tests", 30, "-m pytest -m gpu -q -p no:cacheprovider --timeout 120 tests".split()),
 ]
 
 
