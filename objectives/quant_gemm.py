@@ -29,19 +29,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.kernel_workload import Checked, KernelWorkload
 from tuner.measure import L2_FLUSH_BYTES
-from tuner.workload import (
-    DeviceInfo,
-    MetricSpec,
-    TrialContext,
-    TrialResult,
-    TrialStatus,
-    Workload,
-    compile_failure_result,
-    compile_failure_status,
-    interpreter_active,
-    timing_comparable,
-)
+from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, timing_comparable
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 BITS: tuple[int, ...] = (4, 8)
@@ -151,7 +141,7 @@ class _Case:
     next_copy: int = field(default=0)
 
 
-class QuantGemm(Workload):
+class QuantGemm(KernelWorkload):
     """Y = X @ dequant(W), int4/int8 weights with per-group scales, checked twice, then timed.
 
     Args: ``m``, ``n``, ``k`` (positive ints; ``k`` a multiple of 128 so that every group size of the space
@@ -182,12 +172,11 @@ class QuantGemm(Workload):
             raise ValueError(f"k must be a multiple of 128 (every group size and BLOCK_K <= 128 divide it), got {k}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
+        super().__init__()
         self.m, self.n, self.k, self.seed = m, n, k, seed
         self._masters: dict[str, tuple[Any, Any]] = {}
         self._refs: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._cases: dict[tuple[int, int, str, str], _Case] = {}
-        # Failures seen by prepare(), reported by run() of the same config without compiling again.
-        self._prepare_failures: dict[tuple[Any, ...], BaseException] = {}
 
     @property
     def flops(self) -> int:
@@ -235,28 +224,19 @@ class QuantGemm(Workload):
 
     # ------------------------------------------------------------------ compile ahead
 
-    def prepare(self, config: dict[str, Any], device: DeviceInfo) -> None:
-        """Compile the config's kernel on a GPU without launching it (no-op on CPU / interpreter).
+    def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
+        """Compile for the calling thread's current CUDA device without launching (``compile_only``)."""
+        from kernels.quant_gemm import compile_only
 
-        Never raises: a compile error or an out-of-resources finding is kept and returned as the status of
-        ``run`` for the same config. Compiles for the calling thread's current CUDA device.
-        """
-        if not device.is_gpu or interpreter_active() or self.static_check(config, device) is not None:
-            return
-        try:
-            from kernels.quant_gemm import compile_only
-
-            compile_only(
-                self.m,
-                self.n,
-                self.k,
-                precision=config["precision"],
-                bits=int(config["bits"]),
-                group_size=int(config["group_size"]),
-                **self._tile(config),
-            )
-        except Exception as exc:  # failures are values, reported by run()
-            self._prepare_failures[self._key(config)] = exc
+        compile_only(
+            self.m,
+            self.n,
+            self.k,
+            precision=config["precision"],
+            bits=int(config["bits"]),
+            group_size=int(config["group_size"]),
+            **self._tile(config),
+        )
 
     # ------------------------------------------------------------------ one trial
 
@@ -277,61 +257,26 @@ class QuantGemm(Workload):
             **self._tile(config),
         )
 
-    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
-        comparable = timing_comparable(device)
-        reason = self.static_check(config, device)
-        if reason is not None:
-            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
-        failure = self._prepare_failures.pop(self._key(config), None)
-        if failure is not None:
-            return compile_failure_result(failure, comparable)
+    def _outputs(self, case: _Case) -> list[Any]:
+        return [case.out]
 
-        import torch
-
-        from tuner.measure import time_fn, timing_options
-
-        bits, group, precision = int(config["bits"]), int(config["group_size"]), config["precision"]
-        case = self._case(bits, group, precision, device)
-        case.out.fill_(float("nan"))
-        try:
-            self._launch(config, case)
-            if device.is_gpu:
-                torch.cuda.synchronize()
-        except Exception as exc:
-            if compile_failure_status(exc) is None:
-                raise
-            return compile_failure_result(exc, comparable)
-
-        check = check_numerics(case.out, case.ref, case.dequant_ref, bits, precision)
+    def _check(self, config: dict[str, Any], case: _Case) -> Checked:
+        check = check_numerics(case.out, case.ref, case.dequant_ref, int(config["bits"]), config["precision"])
         extra: dict[str, Any] = {"weight_copies": len(case.weights)}
         if check.dequant_rel_error is not None:
             extra["dequant_rel_error"] = check.dequant_rel_error
-        if not check.ok:
-            return TrialResult(
-                TrialStatus.NUMERICS_FAIL,
-                metrics={"max_rel_error": check.max_rel_error, "weight_bytes": float(case.weight_bytes)},
-                error=check.failure,
-                timing_comparable=comparable,
-                extra=extra,
-            )
+        metrics = {"max_rel_error": check.max_rel_error, "weight_bytes": float(case.weight_bytes)}
+        return Checked(metrics, check.failure, extra)
 
-        timing = time_fn(
-            lambda: self._launch(config, case), device, **{**timing_options(comparable), "cuda_graph": comparable}
-        )
-        extra["timing"] = timing.to_dict()
-        latency_s = timing.median_ms * 1e-3
-        return TrialResult(
-            TrialStatus.OK,
-            metrics={
-                "tflops": self.flops / latency_s / 1e12 if latency_s > 0 else math.inf,
-                "latency_ms": timing.median_ms,
-                "weight_bytes": float(case.weight_bytes),
-                "max_rel_error": check.max_rel_error,
-            },
-            samples_ms=timing.samples_ms,
-            timing_comparable=comparable,
-            extra=extra,
-        )
+    def _timing(self, config: dict[str, Any], case: _Case, comparable: bool) -> dict[str, Any]:
+        """Decode-sized products take microseconds: on a GPU they are timed as CUDA graphs."""
+        from tuner.measure import timing_options
+
+        return {**timing_options(comparable), "cuda_graph": comparable}
+
+    def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
+        latency_s = median_ms * 1e-3
+        return {"tflops": self.flops / latency_s / 1e12 if latency_s > 0 else math.inf, "latency_ms": median_ms}
 
     def work(self, config: dict[str, Any]) -> tuple[float, float, str | None]:
         """2mnk FLOPs; X and Y in 16 bits, the packed weights and the 16-bit scales, each moved once."""
@@ -372,12 +317,9 @@ class QuantGemm(Workload):
     def _tile(config: dict[str, Any]) -> dict[str, int]:
         return {p: int(config[p]) for p in TILE_PARAMS}
 
-    @staticmethod
-    def _key(config: dict[str, Any]) -> tuple[Any, ...]:
-        return tuple(config.get(p) for p in PARAMS)
-
-    def _case(self, bits: int, group: int, precision: str, device: DeviceInfo) -> _Case:
-        """Operands, references and buffers for one quantization and precision, built on first use."""
+    def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
+        """Operands, references and buffers for the config's quantization and precision, built on first use."""
+        bits, group, precision = int(config["bits"]), int(config["group_size"]), config["precision"]
         torch_device = "cuda" if device.is_gpu else "cpu"
         key = (bits, group, precision, torch_device)
         case = self._cases.get(key)

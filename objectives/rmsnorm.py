@@ -20,18 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tuner.workload import (
-    DeviceInfo,
-    MetricSpec,
-    TrialContext,
-    TrialResult,
-    TrialStatus,
-    Workload,
-    compile_failure_result,
-    compile_failure_status,
-    interpreter_active,
-    timing_comparable,
-)
+from tuner.kernel_workload import Checked, KernelWorkload
+from tuner.workload import DeviceInfo, MetricSpec
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK", "ROWS_PER_PROGRAM", "num_warps", "num_stages")
@@ -131,7 +121,7 @@ def _positive_int(arg: str, value: Any) -> int:
     return value
 
 
-class RowWiseWorkload(Workload):
+class RowWiseWorkload(KernelWorkload):
     """A memory-bound op applied to each row of a (rows, cols) tensor; subclasses give the kernel.
 
     Args: ``rows``, ``cols`` (positive ints) and ``seed`` (int, default 0) for the fp32 masters.
@@ -161,10 +151,9 @@ class RowWiseWorkload(Workload):
         self.cols = _positive_int("cols", cols)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
+        super().__init__()
         self.seed = seed
         self._cases: dict[tuple[str, str], _Case] = {}
-        # Failures seen by prepare(), reported by run() of the same config without compiling again.
-        self._prepare_failures: dict[tuple[Any, ...], BaseException] = {}
 
     # ------------------------------------------------------------------ sizes
 
@@ -210,77 +199,25 @@ class RowWiseWorkload(Workload):
             return f"BLOCK * ROWS_PER_PROGRAM = {elements} exceeds Triton's {MAX_TILE_ELEMENTS} elements per tensor"
         return None
 
-    # ------------------------------------------------------------------ compile ahead
+    # ------------------------------------------------------------------ the trial's parts (KernelWorkload.run)
 
-    def prepare(self, config: dict[str, Any], device: DeviceInfo) -> None:
-        """Compile the config's kernel on a GPU without launching it (no-op on CPU / interpreter).
+    def _outputs(self, case: _Case) -> list[Any]:
+        return [case.out]
 
-        Never raises: a compile error or an out-of-resources finding is kept and returned as the
-        status of ``run`` for the same config. Compiles for the calling thread's current CUDA device.
-        """
-        if not device.is_gpu or interpreter_active() or self.static_check(config, device) is not None:
-            return
-        try:
-            self._compile(config)
-        except Exception as exc:  # failures are values, reported by run()
-            self._prepare_failures[self._key(config)] = exc
+    def _check(self, config: dict[str, Any], case: _Case) -> Checked:
+        check = check_numerics(case.out, case.ref, case.operand_ref, config["precision"])
+        extra = {} if check.operand_rel_error is None else {"operand_rel_error": check.operand_rel_error}
+        return Checked({"max_rel_error": check.max_rel_error}, check.failure, extra)
 
-    # ------------------------------------------------------------------ one trial
+    def _timing(self, config: dict[str, Any], case: _Case, comparable: bool) -> dict[str, Any]:
+        from tuner.measure import timing_options
 
-    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
-        comparable = timing_comparable(device)
-        reason = self.static_check(config, device)
-        if reason is not None:
-            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
-        failure = self._prepare_failures.pop(self._key(config), None)
-        if failure is not None:
-            return compile_failure_result(failure, comparable)
+        return {**timing_options(comparable), "cuda_graph": comparable and self.uses_cuda_graph(config["precision"])}
 
-        import torch
-
-        from tuner.measure import time_fn, timing_options
-
-        precision = config["precision"]
-        case = self._case(precision, device)
-        case.out.fill_(float("nan"))
-        try:
-            self._launch(config, case)
-            if device.is_gpu:
-                torch.cuda.synchronize()
-        except Exception as exc:
-            if compile_failure_status(exc) is None:
-                raise
-            return compile_failure_result(exc, comparable)
-
-        check = check_numerics(case.out, case.ref, case.operand_ref, precision)
-        extra: dict[str, Any] = {}
-        if check.operand_rel_error is not None:
-            extra["operand_rel_error"] = check.operand_rel_error
-        if not check.ok:
-            return TrialResult(
-                TrialStatus.NUMERICS_FAIL,
-                metrics={"max_rel_error": check.max_rel_error},
-                error=check.failure,
-                timing_comparable=comparable,
-                extra=extra,
-            )
-
-        options = timing_options(comparable)
-        options["cuda_graph"] = comparable and self.uses_cuda_graph(precision)
-        timing = time_fn(lambda: self._launch(config, case), device, **options)
-        extra["timing"] = timing.to_dict()
-        latency_s = timing.median_ms * 1e-3
-        return TrialResult(
-            TrialStatus.OK,
-            metrics={
-                "gbps": self.bytes_moved(precision) / latency_s / 1e9 if latency_s > 0 else math.inf,
-                "latency_ms": timing.median_ms,
-                "max_rel_error": check.max_rel_error,
-            },
-            samples_ms=timing.samples_ms,
-            timing_comparable=comparable,
-            extra=extra,
-        )
+    def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
+        latency_s = median_ms * 1e-3
+        moved = self.bytes_moved(config["precision"])
+        return {"gbps": moved / latency_s / 1e9 if latency_s > 0 else math.inf, "latency_ms": median_ms}
 
     # ------------------------------------------------------------------ export
 
@@ -315,21 +252,15 @@ class RowWiseWorkload(Workload):
         """Launch the kernel once with ``config`` on ``case.inputs``, writing ``case.out``."""
         raise NotImplementedError
 
-    def _compile(self, config: dict[str, Any]) -> None:
-        raise NotImplementedError
-
     # ------------------------------------------------------------------ helpers
 
     @staticmethod
     def _tile(config: dict[str, Any]) -> dict[str, int]:
         return {p: int(config[p]) for p in TILE_PARAMS}
 
-    @staticmethod
-    def _key(config: dict[str, Any]) -> tuple[Any, ...]:
-        return (config.get("precision"), *(config.get(p) for p in TILE_PARAMS))
-
-    def _case(self, precision: str, device: DeviceInfo) -> _Case:
-        """Inputs, references and output buffer for ``precision``, built on first use."""
+    def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
+        """Inputs, references and output buffer for the config's precision, built on first use."""
+        precision = config["precision"]
         torch_device = "cuda" if device.is_gpu else "cpu"
         key = (precision, torch_device)
         case = self._cases.get(key)
@@ -381,7 +312,7 @@ class RMSNorm(RowWiseWorkload):
         x, w = case.inputs
         rmsnorm(x, w, precision=config["precision"], eps=self.eps, out=case.out, **self._tile(config))
 
-    def _compile(self, config: dict[str, Any]) -> None:
+    def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
         from kernels.rmsnorm import compile_only
 
         compile_only(self.rows, self.cols, precision=config["precision"], eps=self.eps, **self._tile(config))

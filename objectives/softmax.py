@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from objectives.rmsnorm import TOLERANCE_VS_OPERANDS, RowWiseWorkload, _Case
+from tuner.workload import DeviceInfo
 
 
 class Softmax(RowWiseWorkload):
@@ -43,7 +44,7 @@ class Softmax(RowWiseWorkload):
         (x,) = case.inputs
         softmax(x, precision=config["precision"], out=case.out, **self._tile(config))
 
-    def _compile(self, config: dict[str, Any]) -> None:
+    def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
         from kernels.softmax import compile_only
 
         compile_only(self.rows, self.cols, precision=config["precision"], **self._tile(config))

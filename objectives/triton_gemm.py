@@ -15,17 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.workload import (
-    DeviceInfo,
-    MetricSpec,
-    TrialContext,
-    TrialResult,
-    TrialStatus,
-    Workload,
-    compile_failure_result,
-    compile_failure_status,
-    interpreter_active,
-)
+from tuner.kernel_workload import Checked, KernelWorkload
+from tuner.workload import DeviceInfo, MetricSpec, interpreter_active
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
@@ -128,7 +119,7 @@ def check_numerics(out: Any, ref: Any, operand_ref: Any | None, precision: str, 
     return NumericsCheck(error, operand_error, None)
 
 
-class TritonGemm(Workload):
+class TritonGemm(KernelWorkload):
     """C = A @ B with the tutorial-style Triton GEMM, checked against an fp32 reference, then timed.
 
     Args: ``m``, ``n``, ``k`` (positive ints, the product's shape) and ``seed``
@@ -155,11 +146,10 @@ class TritonGemm(Workload):
                 raise ValueError(f"{arg} must be a positive int, got {value!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
+        super().__init__()
         self.m, self.n, self.k, self.seed = m, n, k, seed
         self._masters: dict[str, tuple[Any, Any, Any]] = {}
         self._cases: dict[tuple[str, str], _Case] = {}
-        # Failures seen by prepare(), reported by run() of the same config without compiling again.
-        self._prepare_failures: dict[tuple[Any, ...], BaseException] = {}
 
     @property
     def flops(self) -> int:
@@ -205,82 +195,25 @@ class TritonGemm(Workload):
                 )
         return None
 
-    # ------------------------------------------------------------------ compile ahead
+    # ------------------------------------------------------------------ the trial's parts (KernelWorkload.run)
 
-    def prepare(self, config: dict[str, Any], device: DeviceInfo) -> None:
-        """Compile the config's kernel on a GPU without launching it (no-op on CPU / interpreter).
+    def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
+        """Compile for the calling thread's current CUDA device without launching (``kernels.gemm.compile_only``)."""
+        from kernels.gemm import compile_only
 
-        Never raises: a compile error or an out-of-resources finding is kept and
-        returned as the status of ``run`` for the same config. Compiles for the
-        calling thread's current CUDA device.
-        """
-        if not device.is_gpu or interpreter_active() or self.static_check(config, device) is not None:
-            return
-        try:
-            from kernels.gemm import compile_only
+        compile_only(self.m, self.n, self._k_run(config), precision=config["precision"], **self._tile(config))
 
-            compile_only(self.m, self.n, self._k_run(config), precision=config["precision"], **self._tile(config))
-        except Exception as exc:  # failures are values, reported by run()
-            self._prepare_failures[self._key(config)] = exc
+    def _outputs(self, case: _Case) -> list[Any]:
+        return [case.out]
 
-    # ------------------------------------------------------------------ one trial
+    def _check(self, config: dict[str, Any], case: _Case) -> Checked:
+        check = check_numerics(case.out, case.ref, case.operand_ref, config["precision"], self.k)
+        extra = {} if check.operand_rel_error is None else {"operand_rel_error": check.operand_rel_error}
+        return Checked({"max_rel_error": check.max_rel_error}, check.failure, extra)
 
-    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
-        comparable = device.is_gpu and not interpreter_active()
-        reason = self.static_check(config, device)
-        if reason is not None:
-            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
-        failure = self._prepare_failures.pop(self._key(config), None)
-        if failure is not None:
-            return compile_failure_result(failure, comparable)
-
-        import torch
-
-        from tuner.measure import time_fn, timing_options
-
-        precision = config["precision"]
-        case = self._case(precision, device)
-
-        def launch() -> None:
-            self._launch(config, case)
-
-        case.out.fill_(float("nan"))
-        try:
-            launch()
-            if device.is_gpu:
-                torch.cuda.synchronize()
-        except Exception as exc:
-            if compile_failure_status(exc) is None:
-                raise
-            return compile_failure_result(exc, comparable)
-
-        check = check_numerics(case.out, case.ref, case.operand_ref, precision, self.k)
-        extra: dict[str, Any] = {}
-        if check.operand_rel_error is not None:
-            extra["operand_rel_error"] = check.operand_rel_error
-        if not check.ok:
-            return TrialResult(
-                TrialStatus.NUMERICS_FAIL,
-                metrics={"max_rel_error": check.max_rel_error},
-                error=check.failure,
-                timing_comparable=comparable,
-                extra=extra,
-            )
-
-        timing = time_fn(launch, device, **timing_options(comparable))
-        extra["timing"] = timing.to_dict()
-        latency_s = timing.median_ms * 1e-3
-        return TrialResult(
-            TrialStatus.OK,
-            metrics={
-                "tflops": self.flops / latency_s / 1e12 if latency_s > 0 else math.inf,
-                "max_rel_error": check.max_rel_error,
-                "latency_ms": timing.median_ms,
-            },
-            samples_ms=timing.samples_ms,
-            timing_comparable=comparable,
-            extra=extra,
-        )
+    def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
+        latency_s = median_ms * 1e-3
+        return {"tflops": self.flops / latency_s / 1e12 if latency_s > 0 else math.inf, "latency_ms": median_ms}
 
     def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config as ``triton.Config(kwargs, num_warps=..., num_stages=...)`` takes it, plus precision."""
@@ -363,12 +296,9 @@ class TritonGemm(Workload):
     def _tile(config: dict[str, Any]) -> dict[str, int]:
         return {p: int(config[p]) for p in TILE_PARAMS}
 
-    @staticmethod
-    def _key(config: dict[str, Any]) -> tuple[Any, ...]:
-        return (config.get("precision"), config.get("pad_k", False), *(config.get(p) for p in TILE_PARAMS))
-
-    def _case(self, precision: str, device: DeviceInfo) -> _Case:
-        """Inputs, references and output buffer for ``precision``, built on first use."""
+    def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
+        """Inputs, references and output buffer for the config's precision, built on first use."""
+        precision = config["precision"]
         torch_device = "cuda" if device.is_gpu else "cpu"
         key = (precision, torch_device)
         case = self._cases.get(key)

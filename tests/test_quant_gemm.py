@@ -370,7 +370,7 @@ def test_launches_rotate_over_weight_copies(interpreter: None, monkeypatch: pyte
 
     monkeypatch.setattr(quant_gemm, "timing_comparable", lambda device: True)  # as on a GPU
     workload = quant_gemm.QuantGemm(**ARGS)
-    case = workload._case(4, 64, "fp16", CPU)
+    case = workload._case({"bits": 4, "group_size": 64, "precision": "fp16"}, CPU)
     assert len(case.weights) == quant_gemm.MAX_WEIGHT_COPIES  # tiny weights: the cap
     first = case.weights[0]
     for copy in case.weights[1:]:
@@ -408,7 +408,7 @@ def test_compile_failures_become_statuses(monkeypatch: pytest.MonkeyPatch) -> No
         assert result.status == status and result.error
 
     # prepare() on a GPU keeps the failure; run() reports it without launching.
-    monkeypatch.setattr(quant_gemm, "interpreter_active", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on a GPU (the kernels stay interpreted)
     monkeypatch.setattr(kernels.quant_gemm, "compile_only", raise_oor)
     workload = quant_gemm.QuantGemm(**ARGS)
     workload.prepare(config, H200)
