@@ -32,7 +32,6 @@ SMEM_PER_BLOCK_OPTIN_BYTES: dict[tuple[int, int], int] = {
 }
 
 
-
 def _package_version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)

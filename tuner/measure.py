@@ -179,11 +179,7 @@ def time_fn(
     timing = Timing.from_samples(samples_ms, warmup_calls)
     if target_rel_ci is not None:
         spent_ms = sum(samples_ms)
-        while (
-            rel_ci_half_width(timing) > target_rel_ci
-            and len(samples_ms) < max_reps
-            and spent_ms < max_time_ms
-        ):
+        while rel_ci_half_width(timing) > target_rel_ci and len(samples_ms) < max_reps and spent_ms < max_time_ms:
             more = min(len(samples_ms), max_reps - len(samples_ms))
             if estimate_ms > 0:
                 more = max(1, min(more, int((max_time_ms - spent_ms) / estimate_ms)))
