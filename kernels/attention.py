@@ -399,6 +399,66 @@ def compile_only(
     return kernel
 
 
+def compile_for_target(
+    batch: int,
+    heads: int,
+    seq_len: int,
+    head_dim: int,
+    *,
+    causal: bool,
+    precision: str,
+    BLOCK_M: int,
+    BLOCK_N: int,
+    num_warps: int,
+    num_stages: int,
+    use_tma: bool = False,
+    capability: int = 90,
+) -> Any:
+    """Compile the kernel :func:`attention` would launch for this shape for a CUDA target, with no GPU.
+
+    For checking configs ahead of time on a machine without a GPU (the CPU
+    tests compile the default space's seeds for sm_90 and compare their shared
+    memory with the workload's estimate). Binds placeholder tensors and
+    descriptors with the runtime's own argument binder, so the signature and the
+    divisibility specializations are those of a launch, then calls
+    ``triton.compile`` for ``GPUTarget("cuda", capability, 32)``. Returns the
+    ``CompiledKernel``: ``metadata.shared`` (bytes of dynamic shared memory),
+    ``asm["ptx"]``, ``asm["cubin"]``. Relies on Triton runtime internals (as in
+    Triton 3.9); raises ``NotImplementedError`` where they are missing or when
+    the kernel is interpreted (``TRITON_INTERPRET=1``); compile errors are
+    raised as they are.
+    """
+    _check_precision(precision)
+    kernel = attention_fwd_kernel
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource, make_backend
+        from triton.runtime.jit import MockTensor, create_function_from_signature
+    except ImportError as exc:
+        raise NotImplementedError(f"this Triton lacks the ahead-of-time compile internals: {exc}") from None
+    if not isinstance(kernel, triton.runtime.JITFunction) or not hasattr(kernel, "_pack_args"):
+        raise NotImplementedError("the kernel is interpreted (TRITON_INTERPRET=1) or this Triton has no _pack_args")
+    target = GPUTarget("cuda", capability, 32)
+    dtype = DTYPES[precision]
+    shape = [batch, heads, seq_len, head_dim]
+    q, k, v, out = (MockTensor(dtype, shape) for _ in range(4))
+    desc_q = desc_k = desc_v = None
+    if use_tma:
+        rows = batch * heads * seq_len
+        flat = [MockTensor(dtype, [rows, head_dim]) for _ in range(3)]
+        desc_q, desc_k, desc_v = _descriptors(*flat, rows, head_dim, BLOCK_M, BLOCK_N)
+    kwargs = _meta_args(seq_len, head_dim, causal, use_tma, BLOCK_M, BLOCK_N, num_warps, num_stages)
+    kwargs["debug"] = False
+    try:
+        backend = make_backend(target)
+        binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+        bound, specialization, options = binder(q, k, v, out, desc_q, desc_k, desc_v, 1 / math.sqrt(head_dim), **kwargs)
+        options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
+    except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as exc:  # other internals
+        raise NotImplementedError(f"cannot bind the kernel's arguments in this Triton: {exc!r}") from None
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+
+
 def _raise_if_over_shared_memory(kernel: Any) -> None:
     """Triton checks shared memory only when it loads the binary (first launch); check it now."""
     shared_bytes = getattr(getattr(kernel, "metadata", None), "shared", None)

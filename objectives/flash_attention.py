@@ -17,17 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.workload import (
-    DeviceInfo,
-    MetricSpec,
-    TrialContext,
-    TrialResult,
-    TrialStatus,
-    Workload,
-    compile_failure_result,
-    compile_failure_status,
-    interpreter_active,
-)
+from tuner.kernel_workload import Checked, KernelWorkload
+from tuner.workload import DeviceInfo, MetricSpec, interpreter_active
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -44,11 +35,24 @@ TOLERANCE_VS_FP32: dict[str, float] = {"bf16": 3e-2, "fp16": 5e-3}
 #: Compute capability each feature needs on a GPU (bf16 tensor cores: Ampere; TMA: Hopper).
 MIN_CAPABILITY: dict[str, tuple[int, int]] = {"bf16": (8, 0), "use_tma": (9, 0)}
 #: Registers per thread the fp32 score tile (BLOCK_M x BLOCK_N) and the fp32 output accumulator
-#: (BLOCK_M x head_dim) may take together. The hardware allows 255; the rest holds P in 16 bits
-#: (a quarter of the score tile's count), the row statistics and addresses. The tutorial's
-#: configs sit at or below it (128x64 tiles at D=128 on 4 warps: 192; 128x128 on 8 warps: 128),
-#: the ones it drops above it (128x128 at D=128 on 4 warps: 256).
+#: (BLOCK_M x head_dim) may take together. The hardware allows 255; the rest holds P in 16 bits,
+#: the row statistics and addresses. Measured by compiling for sm_90 (Triton 3.9, ptxas 13.x,
+#: 160 tiles: BLOCK_M 32..256, BLOCK_N 16..256, 4/8 warps, D 64/128, causal or not, seq_len
+#: 4096): at or below 192 a kernel spills at most 92 bytes (most spill nothing; 128x64 tiles at
+#: D=128 on 4 warps, the tutorial's config, spill 8-44); every tile above it spills 888 bytes or
+#: more in the causal or the full kernel (e.g. 128x128 at D=128 on 4 warps: 256 here, 1532 bytes
+#: when causal). See also :data:`MAX_BLOCK_N_WITH_KEY_TAIL`.
 ACCUMULATOR_REGISTERS_PER_THREAD = 192
+#: Shared memory a TMA kernel takes besides its tiles, in bytes: the tiles of a TMA pipeline are
+#: 1024-byte aligned (128-byte swizzle) and its mbarriers (8 bytes each) are allocated with them.
+#: Measured on sm_90 (Triton 3.9): 32 to 88 bytes past the tiles, or exactly 1024 when the barriers
+#: go first and the tiles are aligned after them (the causal kernel's two loops, some others).
+TMA_SHARED_OVERHEAD_BYTES = 1024
+#: Widest key block when seq_len is not a multiple of it. The masked last key block (key < seq_len
+#: masks on the loads and the scores) is a second copy of the loop body; with BLOCK_N 256 that
+#: kernel spilled 150-3200 bytes on sm_90 (seq_len 1000, tiles within the register budget),
+#: with BLOCK_N <= 128 at most 324.
+MAX_BLOCK_N_WITH_KEY_TAIL = 128
 
 
 def _is_pow2(value: int) -> bool:
@@ -59,9 +63,20 @@ def _next_pow2(value: int) -> int:
     return 1 << max(0, value - 1).bit_length()
 
 
-def smem_estimate_bytes(block_m: int, block_n: int, num_stages: int, head_dim: int, element_bytes: int = 2) -> int:
-    """Shared memory of one program, in bytes: the Q tile once, K and V tiles per pipeline stage."""
-    return (block_m * head_dim + num_stages * 2 * block_n * head_dim) * element_bytes
+def smem_estimate_bytes(
+    block_m: int, block_n: int, num_stages: int, head_dim: int, element_bytes: int = 2, use_tma: bool = False
+) -> int:
+    """Shared memory of one program, in bytes: the Q tile once, K and V tiles per pipeline stage.
+
+    An upper bound of what Triton allocates for sm_90, checked by compiling
+    ahead of time (``tests/test_attention_kernel.py``; Triton 3.9): exact for
+    pointer loads with ``num_stages >= 2`` and ``BLOCK_M >= 64`` (``wgmma``),
+    at most :data:`TMA_SHARED_OVERHEAD_BYTES` above the tiles with TMA, and
+    above the truth for ``num_stages == 1`` (one K/V buffer: one tile less)
+    and ``BLOCK_M == 32`` (``mma.sync``, fewer buffers in shared memory).
+    """
+    tiles = (block_m * head_dim + num_stages * 2 * block_n * head_dim) * element_bytes
+    return tiles + (TMA_SHARED_OVERHEAD_BYTES if use_tma else 0)
 
 
 @dataclass
@@ -111,7 +126,7 @@ def check_numerics(out: Any, ref: Any, precision: str) -> NumericsCheck:
     return NumericsCheck(error, None)
 
 
-class FlashAttention(Workload):
+class FlashAttention(KernelWorkload):
     """Fused attention forward (online softmax), checked against fp32 SDPA, then timed.
 
     Args: ``batch``, ``heads``, ``seq_len`` (positive ints), ``head_dim`` (64
@@ -150,12 +165,11 @@ class FlashAttention(Workload):
             raise ValueError(
                 f"batch * heads * seq_len * head_dim must be < 2**31, got {batch}*{heads}*{seq_len}*{head_dim}"
             )
+        super().__init__()
         self.batch, self.heads, self.seq_len, self.head_dim = batch, heads, seq_len, head_dim
         self.causal, self.seed = causal, seed
         self._masters: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._cases: dict[tuple[str, str], _Case] = {}
-        # Failures seen by prepare(), reported by run() of the same config without compiling again.
-        self._prepare_failures: dict[tuple[Any, ...], BaseException] = {}
 
     @property
     def flops(self) -> float:
@@ -196,11 +210,19 @@ class FlashAttention(Workload):
                 f"fp32 score and output tiles BLOCK_M*(BLOCK_N+head_dim)={accumulators} exceed "
                 f"{ACCUMULATOR_REGISTERS_PER_THREAD} registers per thread on {tile['num_warps']} warps (spills)"
             )
+        if self.seq_len % tile["BLOCK_N"] and tile["BLOCK_N"] > MAX_BLOCK_N_WITH_KEY_TAIL:
+            return (
+                f"BLOCK_N={tile['BLOCK_N']} with seq_len={self.seq_len} not a multiple of it: the masked last key "
+                f"block makes the kernel spill registers (at most {MAX_BLOCK_N_WITH_KEY_TAIL} then)"
+            )
         if device.smem_per_block_bytes is not None:
-            smem = smem_estimate_bytes(tile["BLOCK_M"], tile["BLOCK_N"], tile["num_stages"], self.head_dim)
+            smem = smem_estimate_bytes(
+                tile["BLOCK_M"], tile["BLOCK_N"], tile["num_stages"], self.head_dim, use_tma=use_tma
+            )
             if smem > device.smem_per_block_bytes:
+                tma = " + TMA barriers" if use_tma else ""
                 return (
-                    f"Q tile + {tile['num_stages']} stages of K and V tiles need {smem} bytes of shared memory, "
+                    f"Q tile + {tile['num_stages']} stages of K and V tiles{tma} need {smem} bytes of shared memory, "
                     f"{device.name} has {device.smem_per_block_bytes} per block"
                 )
         if precision == "bf16" and (not device.is_gpu or interpreter_active()):
@@ -218,87 +240,33 @@ class FlashAttention(Workload):
 
     # ------------------------------------------------------------------ compile ahead
 
-    def prepare(self, config: dict[str, Any], device: DeviceInfo) -> None:
-        """Compile the config's kernel on a GPU without launching it (no-op on CPU / interpreter).
+    def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
+        """Compile for the calling thread's current CUDA device without launching (``compile_only``)."""
+        from kernels.attention import compile_only
 
-        Never raises: a compile error or an out-of-resources finding is kept and
-        returned as the status of ``run`` for the same config. Compiles for the
-        calling thread's current CUDA device.
-        """
-        if not device.is_gpu or interpreter_active() or self.static_check(config, device) is not None:
-            return
-        try:
-            from kernels.attention import compile_only
-
-            compile_only(
-                self.batch,
-                self.heads,
-                self.seq_len,
-                self.head_dim,
-                causal=self.causal,
-                precision=config["precision"],
-                use_tma=bool(config.get("use_tma", False)),
-                **self._tile(config),
-            )
-        except Exception as exc:  # Triton's failures are values, reported by run()
-            # Anything else (say, the placeholder tensors of an unfamiliar Triton) is left to the
-            # real launch in run(), which compiles and reports for itself.
-            if compile_failure_status(exc) is not None:
-                self._prepare_failures[self._key(config)] = exc
-
-    # ------------------------------------------------------------------ one trial
-
-    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
-        comparable = device.is_gpu and not interpreter_active()
-        reason = self.static_check(config, device)
-        if reason is not None:
-            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
-        failure = self._prepare_failures.pop(self._key(config), None)
-        if failure is not None:
-            return compile_failure_result(failure, comparable)
-
-        import torch
-
-        from tuner.measure import time_fn, timing_options
-
-        precision = config["precision"]
-        case = self._case(precision, device)
-
-        def launch() -> None:
-            self._launch(config, case)
-
-        case.out.fill_(float("nan"))
-        try:
-            launch()
-            if device.is_gpu:
-                torch.cuda.synchronize()
-        except Exception as exc:
-            if compile_failure_status(exc) is None:
-                raise
-            return compile_failure_result(exc, comparable)
-
-        check = check_numerics(case.out, case.ref, precision)
-        if not check.ok:
-            return TrialResult(
-                TrialStatus.NUMERICS_FAIL,
-                metrics={"max_rel_error": check.max_rel_error},
-                error=check.failure,
-                timing_comparable=comparable,
-            )
-
-        timing = time_fn(launch, device, **timing_options(comparable))
-        latency_s = timing.median_ms * 1e-3
-        return TrialResult(
-            TrialStatus.OK,
-            metrics={
-                "tflops": self.flops / latency_s / 1e12 if latency_s > 0 else math.inf,
-                "max_rel_error": check.max_rel_error,
-                "latency_ms": timing.median_ms,
-            },
-            samples_ms=timing.samples_ms,
-            timing_comparable=comparable,
-            extra={"timing": timing.to_dict()},
+        compile_only(
+            self.batch,
+            self.heads,
+            self.seq_len,
+            self.head_dim,
+            causal=self.causal,
+            precision=config["precision"],
+            use_tma=bool(config.get("use_tma", False)),
+            **self._tile(config),
         )
+
+    # ------------------------------------------------------------------ the trial's parts (KernelWorkload.run)
+
+    def _outputs(self, case: _Case) -> list[Any]:
+        return [case.out]
+
+    def _check(self, config: dict[str, Any], case: _Case) -> Checked:
+        check = check_numerics(case.out, case.ref, config["precision"])
+        return Checked({"max_rel_error": check.max_rel_error}, check.failure)
+
+    def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
+        latency_s = median_ms * 1e-3
+        return {"tflops": self.flops / latency_s / 1e12 if latency_s > 0 else math.inf, "latency_ms": median_ms}
 
     def work(self, config: dict[str, Any]) -> tuple[float, float, str | None]:
         """FLOPs as :attr:`flops`; Q, K, V read once and O written once, 2 bytes per element."""
@@ -355,12 +323,9 @@ class FlashAttention(Workload):
     def _tile(config: dict[str, Any]) -> dict[str, int]:
         return {p: int(config[p]) for p in TILE_PARAMS}
 
-    @staticmethod
-    def _key(config: dict[str, Any]) -> tuple[Any, ...]:
-        return (config.get("precision"), bool(config.get("use_tma", False)), *(config.get(p) for p in TILE_PARAMS))
-
-    def _case(self, precision: str, device: DeviceInfo) -> _Case:
-        """Inputs, reference and output buffer for ``precision``, built on first use."""
+    def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
+        """Inputs, reference and output buffer for the config's precision, built on first use."""
+        precision = config["precision"]
         torch_device = "cuda" if device.is_gpu else "cpu"
         key = (precision, torch_device)
         case = self._cases.get(key)

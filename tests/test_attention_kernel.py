@@ -207,6 +207,17 @@ def test_static_check_on_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     # Registers: 128x128 fp32 scores plus a 128x128 accumulator on 4 warps spill; on 8 they fit.
     assert "registers" in (long_128.static_check(_config(128, 128, "bf16", num_warps=4), H200) or "")
     assert long_128.static_check(_config(128, 128, "bf16", num_warps=8), H200) is None
+    # TMA takes up to 1024 bytes more: 128x128 tiles with 3 stages at D=128 need 229376 bytes.
+    tight = DeviceInfo(kind="cuda", name="tight", compute_capability=(9, 0), smem_per_block_bytes=229376 + 512)
+    assert long_128.static_check(_config(128, 128, "bf16", False, num_warps=8, num_stages=3), tight) is None
+    reason = long_128.static_check(_config(128, 128, "bf16", True, num_warps=8, num_stages=3), tight) or ""
+    assert "230400 bytes" in reason and "TMA" in reason
+    # BLOCK_N 256 spills when seq_len is not a multiple of it (the masked last key block).
+    wide = _config(64, 256, "bf16", num_warps=8, num_stages=2)
+    assert long_64.static_check(wide, H200) is None
+    uneven = fa.FlashAttention(batch=2, heads=32, seq_len=8000, head_dim=64)
+    assert "spill" in (uneven.static_check(wide, H200) or "")
+    assert uneven.static_check(_config(64, 128, "bf16", num_warps=8, num_stages=2), H200) is None
 
 
 @pytest.mark.timeout(30)
@@ -229,7 +240,7 @@ def test_default_space_seeds_and_rules(monkeypatch: pytest.MonkeyPatch) -> None:
             assert reason is None or (seed["precision"] == "bf16" and "interpreter" in reason), (seed, reason)
     # The space's rules take head_dim at 64: for D=64 they say exactly what static_check says about
     # shared memory and registers, and every config static_check accepts at D=128 passes them.
-    monkeypatch.setattr(fa, "interpreter_active", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on a GPU (the kernels stay interpreted)
     d64 = fa.FlashAttention(batch=1, heads=1, seq_len=8192, head_dim=64)
     d128 = fa.FlashAttention(batch=1, heads=1, seq_len=8192, head_dim=128)
     grid = space.grid()
@@ -239,6 +250,79 @@ def test_default_space_seeds_and_rules(monkeypatch: pytest.MonkeyPatch) -> None:
         if d128.static_check(config, H200) is None:
             assert by_rules, config
     assert sum(d128.static_check(c, H200) is None for c in grid) < sum(d64.static_check(c, H200) is None for c in grid)
+
+
+#: Run in a child process without TRITON_INTERPRET (this one interprets the kernels): compiles each
+#: seed for sm_90 with kernels.attention.compile_for_target and prints one JSON line per compile, or
+#: {"skip": reason} when this Triton cannot compile ahead of time.
+_AOT_SCRIPT = """
+import json, sys
+from kernels.attention import compile_for_target
+jobs = json.loads(sys.argv[1])
+for job in jobs:
+    shape, config = job["shape"], dict(job["config"])
+    try:
+        kernel = compile_for_target(*shape, causal=job["causal"], **config, capability=90)
+    except NotImplementedError as exc:
+        print(json.dumps({"skip": str(exc)}))
+        break
+    except Exception as exc:
+        if not isinstance(exc, (FileNotFoundError, PermissionError)):
+            print(json.dumps({**job, "error": f"{type(exc).__name__}: {exc}"[:2000]}))
+            continue
+        print(json.dumps({"skip": f"no ptxas to run: {exc}"}))
+        break
+    ptx = kernel.asm["ptx"]
+    print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": "wgmma.mma_async" in ptx,
+                      "tma": "cp.async.bulk.tensor" in ptx}), flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_seeds_compile_for_sm90_within_the_shared_memory_estimate() -> None:
+    """Compile every seed for an H200 (sm_90) ahead of time and compare its shared memory with the estimate.
+
+    At D=128 (the largest tiles) causal (two key loops: the most TMA barriers) and at D=64 with a
+    ragged seq_len (the masked last key block). The estimate must bound the compiled kernel and be
+    tight (the seeds use wgmma with >= 2 stages, where it is exact up to TMA's 1024 bytes); the
+    seeds must use Hopper's wgmma, and TMA exactly when they ask for it.
+    """
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from objectives.flash_attention import TMA_SHARED_OVERHEAD_BYTES, FlashAttention, smem_estimate_bytes
+    from tuner.space import compile_space, load_space_file
+
+    seeds = compile_space(load_space_file(FlashAttention.space_file)).seeds
+    shapes = (((2, 16, 4096, 128), True), ((2, 16, 1000, 64), False))
+    jobs = [{"shape": list(shape), "causal": causal, "config": seed} for shape, causal in shapes for seed in seeds]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; 1 is the default
+    proc = subprocess.run(
+        [sys.executable, "-c", _AOT_SCRIPT, json.dumps(jobs)],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=85,
+    )
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if lines and "skip" in lines[0]:
+        pytest.skip(f"no ahead-of-time compilation: {lines[0]['skip']}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(lines) == len(jobs), proc.stderr[-3000:]
+    for result in lines:
+        assert "error" not in result, result
+        config, head_dim = result["config"], result["shape"][3]
+        estimate = smem_estimate_bytes(
+            config["BLOCK_M"], config["BLOCK_N"], config["num_stages"], head_dim, use_tma=config["use_tma"]
+        )
+        slack = TMA_SHARED_OVERHEAD_BYTES if config["use_tma"] else 0
+        assert estimate - slack <= result["shared"] <= estimate, (result, estimate)
+        assert result["shared"] <= H200.smem_per_block_bytes, result
+        assert result["wgmma"], result
+        assert result["tma"] == config["use_tma"], result
 
 
 @pytest.mark.timeout(10)
@@ -393,7 +477,7 @@ def test_compile_failures_become_statuses(monkeypatch: pytest.MonkeyPatch) -> No
         assert result.status == status and result.error
 
     # prepare() on a GPU keeps the failure, and run() reports it without compiling again.
-    monkeypatch.setattr(fa, "interpreter_active", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on a GPU (the kernels stay interpreted)
     monkeypatch.setattr(kernels.attention, "compile_only", raise_oor)
     workload = fa.FlashAttention(batch=2, heads=16, seq_len=8192, head_dim=128)
     gpu_config = _config(128, 64, "bf16", True, num_stages=3)
