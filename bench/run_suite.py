@@ -44,7 +44,12 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/memory_bound_study.py --trials 12 --minutes 0.4 --rounds 3 --out {out}.json".split(),
     ),
     ("landscape-gemm", 60, "bench/landscape.py gemm --rep-ms 20 --out {out}.jsonl".split()),
-    ("gpu-tests", 30, "-m pytest -m gpu -q -p no:cacheprovider --timeout 120 tests".split()),
+    (
+        "gpu-tests",
+        30,
+        "-m pytest -m gpu -q -p no:cacheprovider --timeout 120 tests/test_gpu.py tests/test_measure.py "
+        "tests/test_attention_kernel.py tests/test_quant_gemm.py tests/test_norm_kernels.py".split(),
+    ),
 ]
 
 
