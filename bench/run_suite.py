@@ -1,6 +1,7 @@
 """Run the GPU benchmark suite in priority order within a time budget, one subprocess per step.
 
-Each step writes its JSON (or JSON Lines) under ``--out-dir``; a step that would not fit in
+Each step writes its JSON (or JSON Lines) under ``--out-dir``, and every step's output goes to one
+``suite.log`` there; a step that would not fit in
 what is left of ``--budget-s`` is skipped and listed as such, and a step that overruns is
 stopped at the deadline, so a short GPU session still brings back the most important
 results. ``suite.json`` records what ran, for how long, and how it ended.
@@ -15,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -74,15 +76,19 @@ def main() -> None:
         argv = [sys.executable, *(part.replace("{out}", str(out_dir / name)) for part in command)]
         print(f"== {name} ({left:.0f} s left): {' '.join(argv[1:])}", flush=True)
         start = time.monotonic()
-        log = (out_dir / f"{name}.log").open("w")
-        try:
-            proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=left, env=os.environ.copy())
-            status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            status = "stopped at the deadline"
-        log.close()
+        # One log for the whole suite: a machine that returns only a few files returns the results first.
+        with tempfile.TemporaryFile("w+") as log:
+            try:
+                proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=left, env=os.environ.copy())
+                status = "ok" if proc.returncode == 0 else f"exit {proc.returncode}"
+            except subprocess.TimeoutExpired:
+                status = "stopped at the deadline"
+            log.seek(0)
+            text = log.read()
+        with (out_dir / "suite.log").open("a") as combined:
+            combined.write(f"== {name}: {status}\n{text}\n")
         elapsed = time.monotonic() - start
-        tail = (out_dir / f"{name}.log").read_text()[-1500:]
+        tail = text[-1500:]
         print(f"   {status} after {elapsed:.0f} s\n{tail}", flush=True)
         record.append({"step": name, "status": status, "seconds": round(elapsed, 1), "command": argv[1:]})
     (out_dir / "suite.json").write_text(json.dumps(record, indent=2) + "\n")

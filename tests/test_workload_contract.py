@@ -43,6 +43,7 @@ class Case:
 GEMM_TILE = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4, "num_stages": 2}
 QUANT_TILE = {"precision": "fp16", "BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2}
 NORM_TILE = {"BLOCK": 512, "ROWS_PER_PROGRAM": 4, "num_warps": 4, "num_stages": 1}
+TRAIN = {"checkpoint": 0, "compile": "off", "attention": "sdpa", "optimizer": "adamw_foreach"}
 CASES = [
     Case(
         "triton_gemm",
@@ -80,6 +81,26 @@ CASES = [
         )
         for name in ("rmsnorm", "softmax")
     ),
+    Case(
+        "train_step",
+        {"model": "tiny", "global_batch": 4, "steps": 2, "warmup_steps": 1},
+        {"global_batch": 0, "steps": 0, "model": "huge"},
+        [{**TRAIN, "micro_batch": 2, "precision": p} for p in ("fp32", "bf16", "fp16")],  # torch autocast on CPU
+        {**TRAIN, "micro_batch": 2, "precision": "fp32", "attention": "triton"},  # the Triton kernel has no backward
+        seed_args={"model": "1b", "global_batch": 8},
+    ),
+    Case(
+        "decode_step",
+        {"model": "tiny", "prompt_len": 8, "gen_tokens": 4, "batch": 2},
+        {"model": "nope", "prompt_len": 0, "gen_tokens": 40, "batch": 0},
+        [
+            {"weight_bits": 16, "kv_dtype": "bf16", "attention": "sdpa", "cuda_graphs": False},
+            {"weight_bits": 8, "group_size": 32, "kv_dtype": "fp8_e4m3", "attention": "math", "cuda_graphs": False},
+            {"weight_bits": 4, "group_size": 64, "kv_dtype": "bf16", "attention": "sdpa", "cuda_graphs": False},
+        ],
+        {"weight_bits": 16, "kv_dtype": "bf16", "attention": "sdpa", "cuda_graphs": True},  # no CUDA graphs on a CPU
+        seed_args={"model": "1b", "prompt_len": 512, "gen_tokens": 32},
+    ),
 ]
 KERNEL_WORKLOADS = {case.workload for case in CASES}
 
@@ -93,7 +114,8 @@ def _make(case: Case) -> Workload:
 
 
 def test_every_registered_kernel_workload_is_in_the_suite() -> None:
-    """A new workload in the registry must join the suite (noop and replay have suites of their own)."""
+    """A new workload in the registry must join the suite (noop and replay have suites of their own).
+    The whole-step workloads (train_step, decode_step) keep the same contract with a step as the kernel."""
     assert set(workload_names()) - {"noop", "replay"} == KERNEL_WORKLOADS
 
 

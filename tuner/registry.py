@@ -21,6 +21,8 @@ WORKLOADS: dict[str, str] = {
     "replay": "objectives.replay:Replay",
     "rmsnorm": "objectives.rmsnorm:RMSNorm",
     "softmax": "objectives.softmax:Softmax",
+    "train_step": "objectives.train_step:TrainStep",
+    "decode_step": "objectives.decode_step:DecodeStep",
 }
 
 

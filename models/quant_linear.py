@@ -1,0 +1,233 @@
+"""Weight-only quantized ``nn.Linear`` for decoding: int8 / int4 weights, 16-bit activations.
+
+:class:`QuantLinear` holds the weight of an ``nn.Linear`` (``out_features x in_features``)
+transposed to ``(K, N) = (in_features, out_features)`` and quantized by
+:func:`kernels.quant_gemm.quantize_weights` (symmetric, one bf16/fp16 scale per group of
+``group_size`` consecutive input features and per output feature). Its forward is
+``y = x @ dequant(W) + bias`` with fp32 accumulation, returned in x's dtype:
+
+- on a GPU (CUDA tensors, bf16/fp16 activations, Triton compiling for real) through
+  :func:`kernels.quant_gemm.quant_matmul`, with the tile config of :func:`default_tile` for the
+  product's shape (one config per shape, not tuned: the ``quant_gemm`` workload tunes the kernel
+  alone; here the knobs are the bit width and the group size);
+- otherwise (CPU tensors, or the Triton interpreter) by dequantizing to fp32 and multiplying with
+  torch: the same numbers as the kernel's scale-after-dot path (exact integer weights times an fp32
+  scale, fp32 accumulation, one rounding to x's dtype), up to summation order.
+
+:func:`quantize_linears` returns a copy of a model whose chosen ``nn.Linear`` modules are replaced by
+``QuantLinear`` while every other parameter and buffer is shared with the original (no copy), so a
+bf16 reference model and its int8 / int4 variants live side by side for the price of the quantized
+weights alone.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from tuner.workload import interpreter_active
+
+#: Weight bit widths :class:`QuantLinear` supports (16 = not quantized: keep the ``nn.Linear``).
+BITS: tuple[int, ...] = (4, 8)
+#: Programs per product the tile heuristic aims for (an H200 has 132 SMs).
+TARGET_PROGRAMS = 132
+#: Shared memory per block assumed when the device does not say (bytes).
+DEFAULT_SMEM_BYTES = 99 * 1024
+
+
+def _pow2_at_most(value: int, cap: int) -> int:
+    """The largest power of two that divides ``value`` and is at most ``cap`` (>= 1)."""
+    out = 1
+    while out * 2 <= cap and value % (out * 2) == 0:
+        out *= 2
+    return out
+
+
+def default_tile(m: int, n: int, k: int, bits: int, group_size: int, smem_bytes: int | None = None) -> dict[str, int]:
+    """The ``quant_matmul`` tile config used for an (M, K) x (K, N) product (decode and prefill shapes).
+
+    A heuristic, not a tuned result (the ``quant_gemm`` workload tunes the kernel alone): BLOCK_M the
+    smallest power of two >= M in [16, 64] (decode M is the batch); BLOCK_N 64 (128 for M > 64),
+    halved down to 32 while the grid has fewer than :data:`TARGET_PROGRAMS` programs; BLOCK_K the
+    largest power of two <= 128 dividing K (at least the kernel's minimum for the bit width); no
+    split-K: at decode sizes (2-8 MB of int4 weights per Linear of a 1B model, microseconds) the
+    wrapper's two extra kernels (workspace zeroing and the final copy) cost more than the extra
+    programs gain; 4 warps; 4 pipeline stages, fewer when the estimate of
+    :func:`objectives.quant_gemm.shared_memory_bytes` exceeds ``smem_bytes``.
+    """
+    from kernels.quant_gemm import MIN_BLOCK_K
+    from objectives.quant_gemm import shared_memory_bytes
+
+    block_m = 16
+    while block_m < min(m, 64):
+        block_m *= 2
+    block_n = 128 if m > 64 else 64
+    m_tiles = -(-m // block_m)
+    while block_n > 32 and m_tiles * -(-n // block_n) < TARGET_PROGRAMS:
+        block_n //= 2
+    tile = {
+        "BLOCK_M": block_m,
+        "BLOCK_N": block_n,
+        "BLOCK_K": max(MIN_BLOCK_K[bits], _pow2_at_most(k, 128)),
+        "SPLIT_K": 1,
+        "num_warps": 4,
+        "num_stages": 4,
+    }
+    budget = smem_bytes or DEFAULT_SMEM_BYTES
+    while tile["num_stages"] > 1 and shared_memory_bytes({**tile, "bits": bits, "group_size": group_size}) > budget:
+        tile["num_stages"] -= 1
+    return tile
+
+
+def _device_smem_bytes(device: torch.device) -> int:
+    props = torch.cuda.get_device_properties(device)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or DEFAULT_SMEM_BYTES)
+
+
+class QuantLinear(nn.Module):
+    """``y = x @ dequant(W) + bias`` with W stored as int8 / packed int4 and per-group scales.
+
+    Build it with :meth:`from_linear`. ``use_kernel``: None picks the Triton kernel for CUDA
+    bf16/fp16 inputs when the interpreter is off and the torch fallback otherwise; True / False
+    force one (True also runs the kernel on CPU tensors under the interpreter, for tests).
+    Buffers: ``qweight`` (int8), ``scales`` (bf16/fp16), ``bias`` (or None); they move with
+    ``.to(device)`` as any buffer does.
+    """
+
+    def __init__(
+        self,
+        qweight: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        bits: int,
+        group_size: int,
+        use_kernel: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if bits not in BITS:
+            raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+        self.bits = bits
+        self.group_size = group_size
+        self.in_features = qweight.shape[0] * (8 // bits)
+        self.out_features = qweight.shape[1]
+        self.use_kernel = use_kernel
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", bias)
+        self._tiles: dict[tuple[int, str], dict[str, int]] = {}
+
+    @classmethod
+    def from_linear(
+        cls,
+        linear: nn.Linear,
+        bits: int,
+        group_size: int,
+        scale_dtype: torch.dtype = torch.bfloat16,
+        use_kernel: bool | None = None,
+    ) -> QuantLinear:
+        """Quantize ``linear``'s weight (on its device); the bias is kept in ``scale_dtype``.
+
+        Raises ValueError when ``group_size`` does not divide ``in_features`` (or is not an even
+        power of two) or ``bits`` is not 4 or 8.
+        """
+        from kernels.quant_gemm import quantize_weights
+
+        if bits not in BITS:
+            raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+        with torch.no_grad():
+            weights = quantize_weights(linear.weight.detach().t().to(torch.float32), bits, group_size, scale_dtype)
+            bias = None if linear.bias is None else linear.bias.detach().to(scale_dtype).clone()
+        return cls(weights.qweight, weights.scales, bias, bits, group_size, use_kernel)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of packed weights, scales and bias: what one forward reads of this layer."""
+        return sum(t.numel() * t.element_size() for t in (self.qweight, self.scales, self.bias) if t is not None)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """``q * scale`` as an fp32 (K, N) = (in_features, out_features) matrix."""
+        from kernels.quant_gemm import QuantizedWeights
+
+        return QuantizedWeights(self.qweight, self.scales, self.bits, self.group_size).dequantize()
+
+    def _kernel_wanted(self, x: torch.Tensor) -> bool:
+        if self.use_kernel is not None:
+            return self.use_kernel
+        return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and not interpreter_active()
+
+    def _tile(self, m: int, device: torch.device) -> dict[str, int]:
+        key = (m, str(device))
+        tile = self._tiles.get(key)
+        if tile is None:
+            smem = _device_smem_bytes(device) if device.type == "cuda" else None
+            tile = default_tile(m, self.out_features, self.in_features, self.bits, self.group_size, smem)
+            self._tiles[key] = tile
+        return tile
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"expected {self.in_features} input features, got {x.shape[-1]}")
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self._kernel_wanted(x2):
+            from kernels.quant_gemm import quant_matmul
+
+            y = quant_matmul(
+                x2,
+                self.qweight,
+                self.scales,
+                bits=self.bits,
+                group_size=self.group_size,
+                **self._tile(x2.shape[0], x2.device),
+            )
+        else:
+            y = (x2.to(torch.float32) @ self.dequantized_weight()).to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
+            f"group_size={self.group_size}, bias={self.bias is not None}"
+        )
+
+
+def quantize_linears(
+    model: nn.Module,
+    bits: int,
+    group_size: int,
+    select: Callable[[str, nn.Linear], bool] | None = None,
+    scale_dtype: torch.dtype = torch.bfloat16,
+    use_kernel: bool | None = None,
+) -> nn.Module:
+    """A copy of ``model`` with the selected ``nn.Linear`` modules replaced by :class:`QuantLinear`.
+
+    ``select(qualified_name, linear)`` picks the layers (default: every ``nn.Linear``). Every other
+    parameter and buffer is the original tensor, shared, not copied; only the module objects are new.
+    The original is left unchanged. A linear whose weight is also used elsewhere (tied to an
+    embedding) is quantized in this copy only; the other user keeps the unquantized tensor.
+    """
+    memo: dict[int, Any] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and (select is None or select(name, module)):
+            memo[id(module)] = QuantLinear.from_linear(module, bits, group_size, scale_dtype, use_kernel)
+    for tensor in [*model.parameters(), *model.buffers()]:
+        memo.setdefault(id(tensor), tensor)
+    return copy.deepcopy(model, memo)
+
+
+def parameter_bytes(model: nn.Module) -> int:
+    """Bytes of a model's distinct parameters and buffers (shared tensors counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        total += tensor.numel() * tensor.element_size()
+    return total

@@ -1,0 +1,595 @@
+"""The ``decode_step`` workload: greedy token-by-token decoding of the shared GPT (``models/gpt.py``) with a KV cache.
+
+Knobs (``search_spaces/decode_step.yaml``): ``batch`` (sequences decoded together; a knob unless
+the ``batch`` arg fixes it), ``weight_bits`` (16: bf16 ``nn.Linear``; 8 / 4: weight-only
+quantized :class:`models.quant_linear.QuantLinear` with ``group_size`` 32 / 64 / 128),
+``kv_dtype`` (``bf16`` or ``fp8_e4m3`` with one scale per layer and tensor, calibrated by the
+prefill), ``attention`` (``sdpa`` or ``math``) and ``cuda_graphs`` (replay one captured decode
+step instead of launching its kernels one by one; GPU only).
+
+Why no ``attention: triton``: the project's flash kernel (``kernels/attention.py``) takes query
+and key blocks of one length with the causal diagonal at their start; a decode step has one query
+over a cache of ``max_len`` positions masked at a device-side ``pos`` (static shapes for CUDA
+graphs), which it cannot express, and ``GPT.decode`` runs ``attention="triton"`` through SDPA
+anyway: the knob would only duplicate ``sdpa``.
+
+One trial: the bf16 model (``make_model``, seeded, built once per worker and attention mode) is
+copied with its block Linears quantized per config (:func:`models.quant_linear.quantize_linears`,
+cached per (attention, bits, group), other tensors shared); a synthetic prompt of ``prompt_len``
+tokens is prefilled into the config's cache (kept across trials of the same config); then
+``gen_tokens`` decode steps run **teacher-forced**:
+step ``t`` is fed the token the bf16 reference (bf16 weights, bf16 cache, sdpa, eager) chose
+greedily at that point, so differences in the logits never compound through different tokens.
+``_launch`` is that decode loop: it writes every step's logits (``[gen_tokens, batch, vocab]``,
+fp32) into the case's output buffer, which ``run`` fills with NaN first. A step also reads its
+input token from the teacher buffer and writes its logits with device-indexed copies and advances
+a device ``pos``, so a captured step replays without host work.
+
+``prepare`` does nothing: building and quantizing models launches GPU work, which must not overlap
+another trial's timing; Triton compiles happen in ``run``'s untimed warm-up step.
+
+Metrics: ``tokens_per_s`` (batch x gen_tokens over ``latency_ms``, the median time of the decode loop),
+``ms_per_token`` (median time of one decode step, which yields one token per sequence),
+``peak_mem_gb`` (parameter bytes of the config's model, KV cache bytes and the peak transient
+allocation of one eager decode step; on a CPU the transient is not measured), ``max_logit_error``
+and ``mean_logit_error`` (``|logits - ref|``, absolute, in logit units, over every step, sequence
+and vocabulary entry) and ``top1_agreement`` (fraction of (step, sequence) positions whose argmax
+matches the reference's). NaN/inf logits are NUMERICS_FAIL, and so is a ``top1_agreement`` below
+the ``min_top1_agreement`` arg (default :data:`MIN_TOP1_AGREEMENT`): a model whose greedy choice
+mostly differs from the bf16 model's is broken, not merely quantized (chance is 1/vocab).
+Measured on the CPU with the tiny preset (batch 4, 8 + 8 or 16 tokens): int8 agrees 100%, int4
+g32/g64 90-97%, fp8 KV cache 100%. With ``kv_dtype: fp8_e4m3`` the model's decode step dequantizes
+each layer's whole cache to bf16 before attention: it saves cache memory, not bandwidth.
+
+The model's shape comes from the ``model`` arg (a preset name of ``models.config.PRESETS`` or a dict of
+``GPTConfig`` fields), resolved by the torch-free ``models.config``: ``__init__`` and ``static_check``
+never import torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from models.config import GPTConfig, model_flops_per_token, resolve_config
+from tuner.workload import (
+    DeviceInfo,
+    MetricSpec,
+    TrialContext,
+    TrialResult,
+    TrialStatus,
+    Workload,
+    compile_failure_result,
+    compile_failure_status,
+    timing_comparable,
+)
+
+WEIGHT_BITS: tuple[int, ...] = (16, 8, 4)
+KV_DTYPES: tuple[str, ...] = ("bf16", "fp8_e4m3")
+ATTENTION: tuple[str, ...] = ("sdpa", "math")
+PARAMS: tuple[str, ...] = ("weight_bits", "kv_dtype", "attention", "cuda_graphs")
+#: Default floor of ``top1_agreement`` below which a config is a NUMERICS_FAIL (see the module docstring).
+MIN_TOP1_AGREEMENT = 0.5
+#: Bytes per KV-cache element per ``kv_dtype``.
+KV_BYTES: dict[str, int] = {"bf16": 2, "fp8_e4m3": 1}
+#: torch dtype name per ``kv_dtype`` (``getattr(torch, name)``).
+KV_TORCH_DTYPES: dict[str, str] = {"bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn"}
+#: Quantized model variants kept per worker (least recently used dropped first).
+MAX_VARIANTS = 4
+#: Cases (KV cache, buffers, captured graph of one config) kept per worker: two, so that a benchmark
+#: alternating two configs does not rebuild them every time.
+MAX_CASES = 2
+
+
+# ------------------------------------------------------------------------------------------ model shape
+
+
+def resolve_model(model: Any) -> GPTConfig:
+    """``models.config.resolve_config`` (torch-free), every error a ValueError that names the ``model`` arg."""
+    try:
+        return resolve_config(model)
+    except ValueError as exc:
+        if str(exc).startswith("model"):
+            raise
+        raise ValueError(f"model: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------------ per-trial state
+
+
+@dataclass
+class _Reference:
+    """The bf16 model's greedy decode of one batch: what every config is compared with."""
+
+    prompt: Any  # [B, P] long
+    teacher: Any  # [G, B] long: the input token of each decode step
+    logits: Any  # [G, B, V] fp32
+    top1: Any  # [G, B] long: argmax of ``logits``
+
+
+@dataclass
+class _Case:
+    """Model variant, cache, buffers and (with ``cuda_graphs``) the captured step of one config."""
+
+    key: tuple[Any, ...]
+    batch: int
+    model: Any  # models.gpt.GPT
+    cache: Any  # models.gpt.KVCache
+    ref: _Reference
+    pos: Any  # 0-dim long device tensor: the next decode position
+    out: Any  # [G, B, V] fp32, written by _launch
+    model_bytes: int
+    graph: Any = None  # torch.cuda.CUDAGraph of one step
+    transient_bytes: int = 0
+
+
+class DecodeStep(Workload):
+    """Greedy KV-cache decoding of a GPT: weight bits, KV dtype, attention, CUDA graphs and batch, vs bf16.
+
+    Args: ``model`` (preset name of ``models.config.PRESETS`` or dict of GPTConfig fields, default
+    ``"1b"``), ``prompt_len`` (tokens prefilled, >= 1), ``gen_tokens`` (timed decode steps, >= 1;
+    ``prompt_len + gen_tokens <= seq_len``), ``batch`` (int 1..1024 fixes it; None leaves it a
+    knob), ``seed`` (int: weights and prompt) and ``min_top1_agreement`` (float in [0, 1]).
+    """
+
+    name = "decode_step"
+    space_file = "decode_step.yaml"
+    metrics = (
+        MetricSpec("tokens_per_s", "maximize", "tokens/s", "batch * gen_tokens / median time of the decode loop"),
+        MetricSpec("ms_per_token", "minimize", "ms", "median time of one decode step (one token per sequence)"),
+        MetricSpec(
+            "peak_mem_gb", "minimize", "GB", "model parameters + KV cache + peak transient of one eager step (1e9 B)"
+        ),
+        MetricSpec(
+            "max_logit_error", "minimize", "logits", "max |logits - bf16 reference|, teacher-forced decode steps"
+        ),
+        MetricSpec(
+            "mean_logit_error", "minimize", "logits", "mean |logits - bf16 reference| over steps x batch x vocab"
+        ),
+        MetricSpec("top1_agreement", "maximize", "", "fraction of (step, sequence) whose argmax matches the reference"),
+        MetricSpec("latency_ms", "minimize", "ms", "median time of the whole decode loop (what work() counts)"),
+    )
+    description = "GPT decode step (models/gpt.py): batch, int8/int4 weights, fp8 KV cache, attention, CUDA graphs"
+
+    def __init__(
+        self,
+        model: str | dict[str, Any] = "1b",
+        prompt_len: int = 128,
+        gen_tokens: int = 32,
+        batch: int | None = None,
+        seed: int = 0,
+        min_top1_agreement: float = MIN_TOP1_AGREEMENT,
+    ) -> None:
+        self.cfg = resolve_model(model)
+        self.model_arg = model if not isinstance(model, GPTConfig) else model.to_dict()
+        for arg, value in (("prompt_len", prompt_len), ("gen_tokens", gen_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{arg} must be a positive int, got {value!r}")
+        if prompt_len + gen_tokens > self.cfg.seq_len:
+            raise ValueError(
+                f"prompt_len + gen_tokens = {prompt_len + gen_tokens} exceeds the model's seq_len {self.cfg.seq_len}"
+            )
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024):
+            raise ValueError(f"batch must be null (a knob) or an int in [1, 1024], got {batch!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"seed must be an int, got {seed!r}")
+        if isinstance(min_top1_agreement, bool) or not isinstance(min_top1_agreement, int | float):
+            raise ValueError(f"min_top1_agreement must be a number in [0, 1], got {min_top1_agreement!r}")
+        if not 0.0 <= min_top1_agreement <= 1.0:
+            raise ValueError(f"min_top1_agreement must be in [0, 1], got {min_top1_agreement!r}")
+        self.prompt_len, self.gen_tokens, self.batch, self.seed = prompt_len, gen_tokens, batch, seed
+        self.min_top1_agreement = float(min_top1_agreement)
+        self._bases: dict[tuple[str, str], Any] = {}  # (device, attention) -> bf16 GPT
+        self._variants: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._refs: dict[tuple[str, int], _Reference] = {}
+        self._cases: OrderedDict[tuple[Any, ...], _Case] = OrderedDict()
+
+    @property
+    def max_len(self) -> int:
+        """Cache positions: the prompt plus every decoded token."""
+        return self.prompt_len + self.gen_tokens
+
+    # ------------------------------------------------------------------ space
+
+    def space_document(self) -> dict[str, Any]:
+        """The space file; with the ``batch`` arg set, without the ``batch`` param (and seeds deduplicated)."""
+        from tuner.space import load_space_file
+
+        document = load_space_file(self.space_file)
+        if self.batch is None:
+            return document
+        document = dict(document)
+        document["params"] = {k: v for k, v in document["params"].items() if k != "batch"}
+        seeds: list[dict[str, Any]] = []
+        for seed in document.get("seeds") or []:
+            stripped = {k: v for k, v in seed.items() if k != "batch"}
+            if stripped not in seeds:
+                seeds.append(stripped)
+        document["seeds"] = seeds
+        return document
+
+    def _batch(self, config: dict[str, Any]) -> int:
+        return self.batch if self.batch is not None else int(config["batch"])
+
+    # ------------------------------------------------------------------ static feasibility
+
+    def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
+        missing = [p for p in PARAMS if p not in config]
+        if self.batch is None and "batch" not in config:
+            missing.insert(0, "batch")
+        if missing:
+            return f"config lacks {', '.join(missing)}"
+        if self.batch is not None and "batch" in config and config["batch"] != self.batch:
+            return f"batch is fixed to {self.batch} by the workload's args, config asks for {config['batch']!r}"
+        batch = config.get("batch", self.batch)
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
+            return f"batch must be an int in [1, 1024], got {batch!r}"
+        bits = config["weight_bits"]
+        if bits not in WEIGHT_BITS:
+            return f"weight_bits must be one of {WEIGHT_BITS}, got {bits!r}"
+        group = config.get("group_size")
+        if bits == 16 and group is not None:
+            return "group_size applies to quantized weights only (weight_bits < 16)"
+        if bits < 16:
+            if not isinstance(group, int) or isinstance(group, bool) or group < 32 or group & (group - 1):
+                return f"group_size must be a power of two >= 32 for int{bits} weights, got {group!r}"
+            for name, k in (("d_model", self.cfg.d_model), ("d_ff", self.cfg.ff)):
+                if k % group:
+                    return f"group_size={group} does not divide {name}={k} (the K of a quantized Linear)"
+        if config["kv_dtype"] not in KV_DTYPES:
+            return f"kv_dtype must be one of {KV_DTYPES}, got {config['kv_dtype']!r}"
+        attention = config["attention"]
+        if attention == "triton":
+            return "attention='triton': the flash kernel cannot attend one query over a masked cache (module docstring)"
+        if attention not in ATTENTION:
+            return f"attention must be one of {ATTENTION}, got {attention!r}"
+        if not isinstance(config["cuda_graphs"], bool):
+            return f"cuda_graphs must be true or false, got {config['cuda_graphs']!r}"
+        if config["cuda_graphs"] and not device.is_gpu:
+            return "cuda_graphs needs a CUDA device (torch.cuda.graph); this trial runs on a CPU"
+        if device.is_gpu and device.compute_capability is not None and tuple(device.compute_capability) < (8, 0):
+            return f"the bf16 model needs compute capability >= 8.0, {device.name} has {device.compute_capability}"
+        if device.total_memory_bytes:
+            needed = self.memory_estimate(config)
+            if needed > 0.9 * device.total_memory_bytes:
+                return f"needs ~{needed / 1e9:.1f} GB (weights, KV cache, reference), {device.name} has " + (
+                    f"{device.total_memory_bytes / 1e9:.1f} GB"
+                )
+        return None
+
+    # ------------------------------------------------------------------ sizes
+
+    def _linear_elements(self) -> int:
+        """Weights of the block Linears (qkv, out proj, MLP up and down) of all layers."""
+        d, ff = self.cfg.d_model, self.cfg.ff
+        return self.cfg.n_layers * (4 * d * d + 2 * d * ff)
+
+    def weight_bytes(self, config: dict[str, Any]) -> int:
+        """Bytes of the block Linears as stored: 2 per weight in bf16, bits/8 plus a bf16 scale per group."""
+        n = self._linear_elements()
+        bits = int(config["weight_bits"])
+        if bits == 16:
+            return 2 * n
+        return n * bits // 8 + 2 * n // int(config["group_size"])
+
+    def kv_bytes(self, config: dict[str, Any]) -> int:
+        """Bytes of the whole KV cache (k and v of every layer, ``max_len`` positions)."""
+        c = self.cfg
+        return 2 * c.n_layers * self._batch(config) * self.max_len * c.d_model * KV_BYTES[config["kv_dtype"]]
+
+    def memory_estimate(self, config: dict[str, Any]) -> int:
+        """Rough device bytes of a trial: bf16 reference and variant, both caches, logits buffers."""
+        c = self.cfg
+        others = 2 * (c.vocab_size + c.seq_len) * c.d_model
+        batch = self._batch(config)
+        logits = 3 * 4 * self.gen_tokens * batch * c.vocab_size
+        ref_cache = self.kv_bytes({**config, "kv_dtype": "bf16"})
+        return (
+            2 * self._linear_elements()
+            + others
+            + self.weight_bytes(config)
+            + ref_cache
+            + self.kv_bytes(config)
+            + (logits)
+        )
+
+    def work(self, config: dict[str, Any]) -> tuple[float, float, str | None]:
+        """FLOPs and fewest bytes of the timed loop (``gen_tokens`` steps), bf16 compute.
+
+        FLOPs: ``batch * gen_tokens`` tokens at ``models.gpt.model_flops_per_token(training=False)`` with the
+        mean context of the steps (``prompt_len + (gen_tokens + 1) / 2`` positions). Bytes per step: the
+        block Linears as stored, the tied LM head (``vocab x d_model`` bf16, read whole by the head) and the
+        cache positions attended (k and v of the mean context).
+        """
+        c = self.cfg
+        batch = self._batch(config)
+        context = self.prompt_len + (self.gen_tokens + 1) / 2
+        flops = batch * self.gen_tokens * model_flops_per_token(c, training=False, context_len=context)  # type: ignore[arg-type]
+        kv_step = 2 * c.n_layers * batch * context * c.d_model * KV_BYTES[config["kv_dtype"]]
+        per_step = self.weight_bytes(config) + 2 * c.vocab_size * c.d_model + kv_step
+        return float(flops), float(per_step * self.gen_tokens), "bf16"
+
+    # ------------------------------------------------------------------ one trial
+
+    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
+        comparable = timing_comparable(device)
+        reason = self.static_check(config, device)
+        if reason is not None:
+            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
+
+        import torch
+
+        from tuner.measure import time_fn, timing_options
+
+        try:
+            case = self._get_case(config, device)
+            with torch.no_grad():
+                case.model.prefill(case.ref.prompt, case.cache)
+                self._warm_up(config, case, device)
+            case.out.fill_(float("nan"))
+            self._launch(config, case)
+            if device.is_gpu:
+                torch.cuda.synchronize()
+        except Exception as exc:
+            if compile_failure_status(exc) is None:
+                raise
+            return compile_failure_result(exc, comparable)
+
+        check = self._check(case)
+        extra: dict[str, Any] = {
+            "ref_logit_std": check["ref_logit_std"],
+            "model_bytes": case.model_bytes,
+            "kv_cache_bytes": case.cache.nbytes(),
+            "transient_bytes": case.transient_bytes,
+            "batch": case.batch,
+        }
+        errors = {k: check[k] for k in ("max_logit_error", "mean_logit_error", "top1_agreement")}
+        if check["failure"] is not None:
+            return TrialResult(
+                TrialStatus.NUMERICS_FAIL,
+                metrics=errors,
+                error=check["failure"],
+                timing_comparable=comparable,
+                extra=extra,
+            )
+
+        timing = time_fn(lambda: self._launch(config, case), device, **timing_options(comparable))
+        extra["timing"] = timing.to_dict()
+        step_ms = timing.median_ms / self.gen_tokens
+        loop_s = timing.median_ms * 1e-3
+        peak = case.model_bytes + case.cache.nbytes() + case.transient_bytes
+        return TrialResult(
+            TrialStatus.OK,
+            metrics={
+                "tokens_per_s": case.batch * self.gen_tokens / loop_s if loop_s > 0 else math.inf,
+                "ms_per_token": step_ms,
+                "peak_mem_gb": peak / 1e9,
+                **errors,
+                "latency_ms": timing.median_ms,
+            },
+            samples_ms=timing.samples_ms,
+            timing_comparable=comparable,
+            extra=extra,
+        )
+
+    def _launch(self, config: dict[str, Any], case: _Case) -> None:
+        """The timed decode loop: ``gen_tokens`` teacher-forced steps from ``pos = prompt_len``, logits into
+        ``case.out``; each step is the captured graph's replay with ``cuda_graphs``, else eager launches."""
+        import torch
+
+        with torch.no_grad():
+            case.pos.fill_(self.prompt_len)
+            for _ in range(self.gen_tokens):
+                if case.graph is not None:
+                    case.graph.replay()
+                else:
+                    self._step(case)
+
+    def _step(self, case: _Case) -> None:
+        """One decode step at ``case.pos``: teacher token in, logits to ``case.out[pos - prompt_len]``, pos += 1.
+
+        Every index is a device tensor, so the step holds no host synchronization and can be captured.
+        """
+        index = case.pos.view(1) - self.prompt_len
+        tokens = case.ref.teacher.index_select(0, index).view(case.batch, 1)
+        logits = case.model.decode(tokens, case.cache, case.pos)
+        case.out.index_copy_(0, index, logits.view(1, case.batch, -1).float())
+        case.pos.add_(1)
+
+    def _warm_up(self, config: dict[str, Any], case: _Case, device: DeviceInfo) -> None:
+        """One eager step (compiles Triton kernels; its transient memory is measured on a GPU), then the
+        CUDA graph capture of one step when ``cuda_graphs`` and none is held yet."""
+        import torch
+
+        case.pos.fill_(self.prompt_len)
+        if not device.is_gpu:
+            self._step(case)
+            return
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        self._step(case)
+        torch.cuda.synchronize()
+        case.transient_bytes = max(0, torch.cuda.max_memory_allocated() - before)
+        if config["cuda_graphs"] and case.graph is None:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up on a side stream before capture, as torch.cuda.graphs asks
+                    case.pos.fill_(self.prompt_len)
+                    self._step(case)
+            torch.cuda.current_stream().wait_stream(stream)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            case.pos.fill_(self.prompt_len)
+            # thread_local: other threads of the worker may compile (prepare) while this one captures.
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._step(case)
+            torch.cuda.synchronize()
+            case.graph = graph
+
+    def _check(self, case: _Case) -> dict[str, Any]:
+        """Errors of ``case.out`` against the reference, one step at a time (no [G, B, V] temporaries)."""
+        import torch
+
+        out, ref = case.out, case.ref
+        non_finite = int((~torch.isfinite(out)).sum())
+        result: dict[str, Any] = {"ref_logit_std": float(ref.logits.std())}
+        if non_finite:
+            result.update(max_logit_error=math.inf, mean_logit_error=math.inf, top1_agreement=0.0)
+            result["failure"] = f"{non_finite} of {out.numel()} logits are NaN/inf (unwritten or overflowed)"
+            return result
+        max_error, total_error, agree = 0.0, 0.0, 0
+        for t in range(self.gen_tokens):
+            diff = (out[t] - ref.logits[t]).abs()
+            max_error = max(max_error, float(diff.max()))
+            total_error += float(diff.sum(dtype=torch.float64))
+            agree += int((out[t].argmax(dim=-1) == ref.top1[t]).sum())
+        positions = self.gen_tokens * case.batch
+        top1 = agree / positions
+        result.update(
+            max_logit_error=max_error,
+            mean_logit_error=total_error / out.numel(),
+            top1_agreement=top1,
+            failure=None,
+        )
+        if top1 < self.min_top1_agreement:
+            result["failure"] = (
+                f"top1_agreement {top1:.3f} with the bf16 model is below min_top1_agreement "
+                f"{self.min_top1_agreement:g}: the decode is wrong, not merely quantized"
+            )
+        return result
+
+    # ------------------------------------------------------------------ models, references, cases
+
+    def _base(self, attention: str, torch_device: str) -> Any:
+        """The bf16 model with ``attention`` on ``torch_device``, built on first use (same seed: same weights)."""
+        key = (torch_device, attention)
+        model = self._bases.get(key)
+        if model is None:
+            import torch
+
+            from models.gpt import make_model
+
+            model = make_model(self.cfg, self.seed, torch_device, torch.bfloat16, attention=attention)
+            model.requires_grad_(False).eval()
+            self._bases[key] = model
+        return model
+
+    def _variant(self, attention: str, bits: int, group: int | None, torch_device: str) -> tuple[Any, int]:
+        """The model of a config and its parameter bytes: the base, or a quantized copy sharing its other tensors."""
+        from models.quant_linear import parameter_bytes, quantize_linears
+
+        base = self._base(attention, torch_device)
+        if bits == 16:
+            return base, parameter_bytes(base)
+        key = (torch_device, attention, bits, group)
+        entry = self._variants.get(key)
+        if entry is None:
+            model = quantize_linears(base, bits, int(group))  # type: ignore[arg-type]
+            entry = (model, parameter_bytes(model))
+            self._variants[key] = entry
+            while len(self._variants) > MAX_VARIANTS:
+                self._variants.popitem(last=False)
+        self._variants.move_to_end(key)
+        return entry
+
+    def _reference(self, batch: int, torch_device: str) -> _Reference:
+        """Greedy decode of the bf16 model (sdpa, bf16 cache, eager) from the seeded prompt, built once per batch."""
+        key = (torch_device, batch)
+        ref = self._refs.get(key)
+        if ref is not None:
+            return ref
+        import torch
+
+        cfg = self.cfg
+        model = self._base("sdpa", torch_device)
+        generator = torch.Generator(device="cpu").manual_seed(self.seed)
+        prompt = torch.randint(0, cfg.vocab_size, (batch, self.prompt_len), generator=generator).to(torch_device)
+        teacher = torch.empty((self.gen_tokens, batch), dtype=torch.long, device=torch_device)
+        logits = torch.empty((self.gen_tokens, batch, cfg.vocab_size), dtype=torch.float32, device=torch_device)
+        with torch.no_grad():
+            kv = model.init_cache(batch, self.max_len, torch.bfloat16, torch_device)
+            token = model.prefill(prompt, kv)[:, -1].argmax(dim=-1)
+            pos = torch.zeros((), dtype=torch.long, device=torch_device)
+            for t in range(self.gen_tokens):
+                teacher[t] = token
+                pos.fill_(self.prompt_len + t)
+                step = model.decode(token.view(batch, 1), kv, pos)[:, 0].float()
+                logits[t] = step
+                token = step.argmax(dim=-1)
+        del kv
+        ref = _Reference(prompt, teacher, logits, logits.argmax(dim=-1))
+        self._refs[key] = ref
+        return ref
+
+    def _get_case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
+        """The config's case: one of the last :data:`MAX_CASES` configs' cases, or built (the oldest freed first)."""
+        import torch
+
+        torch_device = "cuda" if device.is_gpu else "cpu"
+        batch = self._batch(config)
+        bits, group = int(config["weight_bits"]), config.get("group_size")
+        key = (torch_device, batch, bits, group, config["kv_dtype"], config["attention"], bool(config["cuda_graphs"]))
+        case = self._cases.get(key)
+        if case is not None:
+            self._cases.move_to_end(key)
+            return case
+        while len(self._cases) >= MAX_CASES:  # free the oldest cache and graph before allocating
+            self._cases.popitem(last=False)
+        ref = self._reference(batch, torch_device)
+        model, model_bytes = self._variant(config["attention"], bits, group, torch_device)
+        kv = model.init_cache(batch, self.max_len, getattr(torch, KV_TORCH_DTYPES[config["kv_dtype"]]), torch_device)
+        case = _Case(
+            key=key,
+            batch=batch,
+            model=model,
+            cache=kv,
+            ref=ref,
+            pos=torch.full((), self.prompt_len, dtype=torch.long, device=torch_device),
+            out=torch.empty_like(ref.logits),
+            model_bytes=model_bytes,
+        )
+        self._cases[key] = case
+        return case
+
+    # ------------------------------------------------------------------ exports
+
+    def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """What a serving loop needs: batch, weight quantization, KV dtype (torch name), attention, graphs."""
+        bits = int(config["weight_bits"])
+        return {
+            "model": self.model_arg,
+            "batch": self._batch(config),
+            "weight_bits": bits,
+            "group_size": None if bits == 16 else int(config["group_size"]),
+            "kv_cache_dtype": f"torch.{KV_TORCH_DTYPES[config['kv_dtype']]}",
+            "attention": config["attention"],
+            "cuda_graphs": bool(config["cuda_graphs"]),
+        }
+
+    def export_python(self, config: dict[str, Any]) -> str:
+        """Python that builds the tuned decoder with ``models.gpt`` and ``models.quant_linear``."""
+        e = self.export_config(config)
+        weights = "bf16" if e["weight_bits"] == 16 else f"int{e['weight_bits']}"
+        lines = [
+            "import torch",
+            "",
+            "from models.gpt import make_model, resolve_config",
+            "from models.quant_linear import quantize_linears",
+            "",
+            f"# decode_step: batch {e['batch']}, {weights} weights, {e['kv_cache_dtype']} KV cache, "
+            f"{e['attention']} attention, CUDA graphs {'on' if e['cuda_graphs'] else 'off'}",
+            f"cfg = resolve_config({e['model']!r})",
+            f"model = make_model(cfg, seed=0, device='cuda', dtype=torch.bfloat16, attention={e['attention']!r})",
+        ]
+        if e["weight_bits"] != 16:
+            lines.append(f"model = quantize_linears(model, bits={e['weight_bits']}, group_size={e['group_size']})")
+        lines += [
+            f"batch, kv_dtype, cuda_graphs = {e['batch']}, {e['kv_cache_dtype']}, {e['cuda_graphs']}",
+            "cache = model.init_cache(batch, max_len=cfg.seq_len, dtype=kv_dtype)",
+            "",
+        ]
+        return "\n".join(lines)

@@ -1,0 +1,410 @@
+"""Weight-only quantized Linears (``models/quant_linear.py``) and the ``decode_step`` workload.
+
+CPU tests use the "tiny" GPT preset: the workload runs torch on the CPU (the quantized Linears
+dequantize and multiply with torch), the Triton path of :class:`QuantLinear` is checked under the
+interpreter in fp16. Tests marked ``gpu`` compile the kernels and capture CUDA graphs on a real GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from models.gpt import PRESETS, make_model  # noqa: E402
+from models.quant_linear import QuantLinear, default_tile, parameter_bytes, quantize_linears  # noqa: E402
+from objectives.decode_step import DecodeStep  # noqa: E402
+from tuner.workload import DeviceInfo, TrialContext, TrialStatus  # noqa: E402
+
+CPU = DeviceInfo(kind="cpu", name="cpu")
+H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
+#: Small CPU args: tiny preset (d_model 64, so group 128 is refused), 8 prompt + 8 decoded tokens.
+ARGS: dict[str, Any] = {"model": "tiny", "prompt_len": 8, "gen_tokens": 8}
+BASE = {"kv_dtype": "bf16", "attention": "sdpa", "cuda_graphs": False}
+
+
+def _cfg(batch: int = 4, bits: int = 16, group: int | None = None, **changes: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {"batch": batch, "weight_bits": bits, **BASE, **changes}
+    if group is not None:
+        config["group_size"] = group
+    return config
+
+
+# --------------------------------------------------------------------------- QuantLinear
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quant_linear_matches_its_dequantized_weight_and_approximates_the_linear(bits: int) -> None:
+    gen = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(128, 96, bias=True)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(96, 128, generator=gen))
+        linear.bias.copy_(torch.randn(96, generator=gen))
+    q = QuantLinear.from_linear(linear, bits, group_size=32)
+    assert (q.in_features, q.out_features) == (128, 96) and q.qweight.dtype == torch.int8
+    assert q.qweight.shape == (128 * bits // 8, 96) and q.scales.shape == (4, 96)
+    x = torch.randn(3, 5, 128, generator=gen)
+    y = q(x)
+    assert y.shape == (3, 5, 96) and y.dtype == x.dtype
+    exact = x.reshape(-1, 128) @ q.dequantized_weight() + q.bias.float()
+    torch.testing.assert_close(y.reshape(-1, 96), exact, rtol=1e-2, atol=1e-2)  # bias rounded to bf16
+    ref = linear(x).detach()
+    rel = float((y - ref).abs().max() / ref.abs().max())
+    assert rel < {8: 0.02, 4: 0.25}[bits]
+    assert q.weight_bytes < linear.weight.numel() * 2
+
+
+def test_quant_linear_rejects_bad_arguments() -> None:
+    linear = torch.nn.Linear(96, 32, bias=False)
+    with pytest.raises(ValueError, match="bits"):
+        QuantLinear.from_linear(linear, 3, 32)
+    with pytest.raises(ValueError, match="group_size"):
+        QuantLinear.from_linear(linear, 4, 64)  # 64 does not divide 96
+    q = QuantLinear.from_linear(linear, 8, 32)
+    with pytest.raises(ValueError, match="96"):
+        q(torch.randn(2, 64))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quant_linear_kernel_path_matches_the_torch_fallback(interpreter: None, bits: int) -> None:
+    """The Triton path (under the interpreter, fp16) reads the same transposed layout as the fallback."""
+    gen = torch.Generator().manual_seed(2)
+    linear = torch.nn.Linear(256, 80, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(80, 256, generator=gen))
+    x = torch.randn(2, 3, 256, generator=gen).to(torch.float16)
+    kernel = QuantLinear.from_linear(linear, bits, 64, scale_dtype=torch.float16, use_kernel=True)
+    fallback = QuantLinear.from_linear(linear, bits, 64, scale_dtype=torch.float16, use_kernel=False)
+    y_kernel, y_fallback = kernel(x).float(), fallback(x).float()
+    assert torch.isfinite(y_kernel).all()
+    assert float((y_kernel - y_fallback).abs().max() / y_fallback.abs().max()) < 2e-3
+
+
+def test_default_tile_fits_decode_and_prefill_shapes() -> None:
+    tile = default_tile(1, 2048, 2048, 4, 128, smem_bytes=232448)
+    assert tile == {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4}
+    assert default_tile(64, 8192, 2048, 8, 32)["BLOCK_N"] == 32  # 128 tiles of 64 columns < 132: halved
+    assert default_tile(64, 16384, 2048, 8, 32)["BLOCK_N"] == 64  # 256 tiles
+    big = default_tile(4096, 8192, 8192, 8, 32, smem_bytes=232448)
+    assert big["BLOCK_M"] == 64 and big["BLOCK_N"] == 128
+    from objectives.quant_gemm import shared_memory_bytes
+
+    small = default_tile(4096, 8192, 8192, 8, 32, smem_bytes=100_000)
+    assert shared_memory_bytes({**small, "bits": 8, "group_size": 32}) <= 100_000
+    assert small["num_stages"] < big["num_stages"]
+    assert default_tile(4, 192, 64, 4, 32)["BLOCK_K"] == 64  # K of the tiny model
+
+
+def test_quantize_linears_copies_only_the_linears() -> None:
+    base = make_model(PRESETS["tiny"], 0, "cpu", torch.bfloat16).requires_grad_(False)
+    q = quantize_linears(base, 4, 32)
+    linears = [m for m in q.modules() if isinstance(m, torch.nn.Linear)]
+    quant = [m for m in q.modules() if isinstance(m, QuantLinear)]
+    assert not linears and len(quant) == 4 * PRESETS["tiny"].n_layers
+    assert all(isinstance(m, torch.nn.Linear) for m in (base.blocks[0].attn.qkv, base.blocks[1].mlp.proj))
+    assert q.tok_emb.weight is base.tok_emb.weight and q.blocks[0].norm1.weight is base.blocks[0].norm1.weight
+    assert parameter_bytes(q) < parameter_bytes(base)
+    x = torch.randint(0, 256, (2, 8))
+    assert torch.isfinite(q(x).float()).all()
+
+
+# --------------------------------------------------------------------------- workload: args, space, static
+
+
+def test_construction_and_static_check_need_no_torch() -> None:
+    code = (
+        "import sys\n"
+        "from objectives.decode_step import DecodeStep\n"
+        "from tuner.workload import DeviceInfo\n"
+        "w = DecodeStep(model='1b', prompt_len=128, gen_tokens=32)\n"
+        "print(w.static_check({'batch': 1, 'weight_bits': 4, 'group_size': 128, 'kv_dtype': 'bf16',"
+        " 'attention': 'sdpa', 'cuda_graphs': True}, DeviceInfo(kind='cuda', compute_capability=(9, 0))))\n"
+        "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["None", "[]"]
+
+
+def test_args_are_validated_naming_the_arg() -> None:
+    for bad in (
+        {"model": "nope"},
+        {"model": {"vocab_size": 10}},
+        {"model": {**PRESETS["tiny"].to_dict(), "n_heads": 5}},
+        {"prompt_len": 0},
+        {"gen_tokens": -1},
+        {"prompt_len": 30},  # 30 + 8 > seq_len 32
+        {"batch": 0},
+        {"seed": "x"},
+        {"min_top1_agreement": 1.5},
+    ):
+        arg = next(iter(bad))
+        with pytest.raises(ValueError, match=arg):
+            DecodeStep(**{**ARGS, **bad})
+    w = DecodeStep(model={**PRESETS["tiny"].to_dict(), "d_ff": 96}, prompt_len=4, gen_tokens=4)
+    assert w.cfg.ff == 96 and DecodeStep(**ARGS).cfg == PRESETS["tiny"]
+
+
+def test_space_seeds_and_the_batch_arg(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.space import compile_space
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    knob = DecodeStep(model="1b", prompt_len=128, gen_tokens=32)
+    space = compile_space(knob.space_document())
+    assert "batch" in space.params and len(space.seeds) == 3
+    assert {(s["weight_bits"], s.get("group_size")) for s in space.seeds} == {(16, None), (4, 128), (8, 128)}
+    for seed in space.seeds:
+        assert space.static_violation(seed, H200.to_dict()) is None and knob.static_check(seed, H200) is None
+    fixed = DecodeStep(model="1b", prompt_len=128, gen_tokens=32, batch=8)
+    fixed_space = compile_space(fixed.space_document())
+    assert "batch" not in fixed_space.params and len(fixed_space.seeds) == 3
+    assert all(fixed.static_check(s, H200) is None for s in fixed_space.seeds)
+    assert "fixed to 8" in fixed.static_check({**fixed_space.seeds[0], "batch": 4}, H200)
+    assert fixed.static_check({**fixed_space.seeds[0], "batch": 8}, H200) is None
+
+
+def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = DecodeStep(**ARGS)
+    cases = {
+        "cuda_graphs needs a CUDA device": (_cfg(cuda_graphs=True), CPU),
+        "does not divide d_model=64": (_cfg(bits=4, group=128), CPU),
+        "group_size must be": (_cfg(bits=8), CPU),
+        "quantized weights only": (_cfg(bits=16, group=32), CPU),
+        "weight_bits must be": (_cfg(bits=2, group=32), CPU),
+        "attention='triton'": (_cfg(attention="triton"), CPU),
+        "kv_dtype must be": (_cfg(kv_dtype="fp16"), CPU),
+        "config lacks batch": ({k: v for k, v in _cfg().items() if k != "batch"}, CPU),
+        "compute capability": (_cfg(), DeviceInfo(kind="cuda", name="T4", compute_capability=(7, 5))),
+        "GB": (_cfg(batch=64), DeviceInfo(kind="cuda", name="small", total_memory_bytes=10_000)),
+    }
+    for fragment, (config, device) in cases.items():
+        reason = w.static_check(config, device)
+        assert reason is not None and fragment in reason, (fragment, reason)
+    assert w.static_check(_cfg(cuda_graphs=True), H200) is None
+
+    def must_not_launch(*args: Any) -> None:
+        raise AssertionError("launched a statically infeasible config")
+
+    monkeypatch.setattr(w, "_launch", must_not_launch)
+    monkeypatch.setattr(w, "_get_case", must_not_launch)
+    result = w.run(_cfg(cuda_graphs=True), CPU, TrialContext())
+    assert result.status == TrialStatus.INFEASIBLE_STATIC and "CUDA device" in (result.error or "")
+
+
+def test_work_exports_and_registry() -> None:
+    from tuner.registry import workload_class
+
+    w = DecodeStep(**ARGS)
+    config = _cfg(bits=4, group=32, kv_dtype="fp8_e4m3", attention="math")
+    flops, moved, precision = w.work(config)
+    cfg = PRESETS["tiny"]
+    n = cfg.n_params(embedding=False) + cfg.vocab_size * cfg.d_model
+    assert precision == "bf16" and flops > 4 * 8 * 2 * n  # 4 sequences x 8 tokens x 2N, plus attention
+    bf16_moved = w.work(_cfg())[1]
+    assert 0 < moved < bf16_moved
+    exported = w.export_config(config)
+    assert json.loads(json.dumps(exported))["kv_cache_dtype"] == "torch.float8_e4m3fn"
+    compile(w.export_python(config), "<export>", "exec")
+    compile(w.export_python(_cfg()), "<export>", "exec")
+    assert all(isinstance(v, str) for v in w.export_env(config).values())
+    assert workload_class("decode_step") is DecodeStep
+
+
+# --------------------------------------------------------------------------- workload: runs on the CPU
+
+
+@pytest.fixture(scope="module")
+def workload() -> DecodeStep:
+    """One workload for the CPU runs: models and references are cached across tests, as in a worker."""
+    return DecodeStep(**ARGS)
+
+
+def test_reference_decode_matches_the_full_forward_pass(workload: DecodeStep) -> None:
+    """The bf16 reference (prefill + cached greedy steps) against independent full forwards."""
+    ref = workload._reference(3, "cpu")
+    model = workload._base("sdpa", "cpu")
+    seq = torch.cat([ref.prompt, ref.teacher.t()], dim=1)  # prompt + every decode input
+    with torch.no_grad():
+        full = model(seq).float()
+    prompt_len = ARGS["prompt_len"]
+    for t in range(ARGS["gen_tokens"]):
+        torch.testing.assert_close(ref.logits[t], full[:, prompt_len + t], atol=0.03, rtol=0.03)
+        if t + 1 < ARGS["gen_tokens"]:  # greedy: the next input is this step's argmax
+            assert torch.equal(ref.teacher[t + 1], ref.logits[t].argmax(-1))
+
+
+def test_run_bf16_is_exactly_the_reference(workload: DecodeStep) -> None:
+    result = workload.run(_cfg(), CPU, TrialContext())
+    assert result.status == TrialStatus.OK, result.error
+    assert result.metrics["max_logit_error"] == 0 and result.metrics["top1_agreement"] == 1.0
+    for metric in workload.metric_specs():
+        assert math.isfinite(result.metrics[metric.name]), metric.name
+    assert result.samples_ms and all(s > 0 for s in result.samples_ms) and result.timing_comparable is False
+    tokens = 4 * ARGS["gen_tokens"]
+    assert result.metrics["tokens_per_s"] == pytest.approx(tokens / (result.metrics["ms_per_token"] * 8e-3))
+    cfg = PRESETS["tiny"]
+    kv = 2 * cfg.n_layers * 4 * 16 * cfg.d_model * 2
+    assert result.metrics["peak_mem_gb"] * 1e9 == pytest.approx(2 * cfg.n_params() + kv)
+
+
+def test_quantized_weights_and_fp8_cache_trade_accuracy(workload: DecodeStep) -> None:
+    results = {
+        name: workload.run(config, CPU, TrialContext())
+        for name, config in {
+            "int8": _cfg(bits=8, group=32),
+            "int4": _cfg(bits=4, group=64, attention="math"),
+            "fp8kv": _cfg(kv_dtype="fp8_e4m3"),
+            "math": _cfg(attention="math"),
+        }.items()
+    }
+    for name, result in results.items():
+        assert result.status == TrialStatus.OK, (name, result.error)
+    m = {name: r.metrics for name, r in results.items()}
+    assert m["int8"]["top1_agreement"] >= 0.95 and 0 < m["int8"]["max_logit_error"] < 0.05
+    assert m["int4"]["top1_agreement"] >= 0.5  # reported; lower than int8 on this model
+    assert m["int4"]["mean_logit_error"] > 3 * m["int8"]["mean_logit_error"]
+    assert m["int4"]["peak_mem_gb"] < m["int8"]["peak_mem_gb"] < results["math"].metrics["peak_mem_gb"]
+    assert 0 < m["fp8kv"]["max_logit_error"] < 0.05 and m["fp8kv"]["top1_agreement"] >= 0.95
+    assert results["fp8kv"].extra["kv_cache_bytes"] * 2 == results["math"].extra["kv_cache_bytes"]
+    assert m["math"]["max_logit_error"] < 0.05
+
+
+def test_a_decode_that_writes_nothing_or_disagrees_is_numerics_fail(
+    workload: DecodeStep, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(workload, "_launch", lambda config, case: None)
+        result = workload.run(_cfg(), CPU, TrialContext())
+    assert result.status == TrialStatus.NUMERICS_FAIL and "NaN" in (result.error or "")
+    strict = DecodeStep(**ARGS, min_top1_agreement=1.0)
+    result = strict.run(_cfg(bits=4, group=64, attention="math"), CPU, TrialContext())
+    assert result.status == TrialStatus.NUMERICS_FAIL and "top1_agreement" in (result.error or "")
+    assert result.metrics["top1_agreement"] < 1.0
+
+
+def test_compile_failures_become_statuses(workload: DecodeStep, monkeypatch: pytest.MonkeyPatch) -> None:
+    class OutOfResources(Exception):
+        pass
+
+    def fail(config: Any, case: Any) -> None:
+        raise OutOfResources("out of resource: shared memory, Required: 262144, Hardware limit: 232448")
+
+    monkeypatch.setattr(workload, "_launch", fail)
+    result = workload.run(_cfg(), CPU, TrialContext())
+    assert result.status == TrialStatus.OUT_OF_RESOURCES and "OutOfResources" in (result.error or "")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.usefixtures("ray_session")
+def test_engine_study_on_cpu(sqlite_url: str) -> None:
+    from tuner.orchestrator import Orchestrator
+    from tuner.spec import load_spec
+    from tuner.storage import StudyDB
+
+    db = StudyDB(sqlite_url)
+    spec = {
+        "name": "decode-cpu",
+        "workload": "decode_step",
+        "args": {**ARGS, "batch": 2},
+        "space": {"group_size": {"choices": [32, 64]}},
+        "objectives": [{"metric": "tokens_per_s"}, {"metric": "top1_agreement"}],
+        "constraints": ["top1_agreement >= 0.8"],
+        "budget": {"trials": 6, "trial_timeout_s": 120},
+        "seed": 3,
+        "warm_start": False,
+    }
+    summary = Orchestrator(load_spec(spec), db, workers=1).run()
+    trials = db.trials(summary.study_id)
+    measured = [t for t in trials if t.status != "infeasible_static" and t.duplicate_of is None]
+    assert summary.status == "completed" and len(measured) == 6
+    assert all(t.status == "ok" for t in measured), [(t.status, t.error) for t in measured]
+    assert all(not t.params["cuda_graphs"] and "batch" not in t.params for t in measured)
+    pruned = [t.error or "" for t in trials if t.status == "infeasible_static"]
+    assert all("CUDA device" in e for e in pruned), pruned
+    for t in measured:
+        assert t.metrics["tokens_per_s"] > 0 and 0.5 <= t.metrics["top1_agreement"] <= 1.0
+        assert t.timing_comparable is False
+    db.dispose()
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+
+def gpu_test(fn):
+    """GPU-only: compiled kernels (not the interpreter) on a CUDA device (checked by ``_cuda``)."""
+    for mark in (
+        pytest.mark.gpu,
+        pytest.mark.timeout(600),
+        pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiled kernels, not the interpreter"),
+    ):
+        fn = mark(fn)
+    return fn
+
+
+def _cuda() -> DeviceInfo:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from tuner.fingerprint import device_info
+
+    return device_info()
+
+
+@gpu_test
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quant_linear_kernel_on_gpu(bits: int) -> None:
+    _cuda()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    linear = torch.nn.Linear(2048, 6144, bias=False, device="cuda")
+    with torch.no_grad():
+        linear.weight.normal_(0, 0.02, generator=gen)
+    q = QuantLinear.from_linear(linear, bits, 128)
+    fallback = QuantLinear.from_linear(linear, bits, 128, use_kernel=False)
+    for m in (1, 8, 64, 1024):
+        x = torch.randn(m, 2048, device="cuda", generator=gen).to(torch.bfloat16)
+        y, y_ref = q(x).float(), fallback(x).float()
+        assert float((y - y_ref).abs().max() / y_ref.abs().max()) < 1e-2, m
+
+
+@gpu_test
+@pytest.mark.parametrize("batch", [1, 8])
+def test_decode_on_gpu_graphs_match_eager_and_quantization_is_faster(batch: int) -> None:
+    device = _cuda()
+    w = DecodeStep(model="125m", prompt_len=64, gen_tokens=16, batch=batch)
+    results = {}
+    for name, config in {
+        "bf16": {"weight_bits": 16, "kv_dtype": "bf16", "attention": "sdpa", "cuda_graphs": False},
+        "bf16-graphs": {"weight_bits": 16, "kv_dtype": "bf16", "attention": "sdpa", "cuda_graphs": True},
+        "int4-graphs": {
+            "weight_bits": 4,
+            "group_size": 128,
+            "kv_dtype": "bf16",
+            "attention": "sdpa",
+            "cuda_graphs": True,
+        },
+        "int8-fp8kv-math": {
+            "weight_bits": 8,
+            "group_size": 64,
+            "kv_dtype": "fp8_e4m3",
+            "attention": "math",
+            "cuda_graphs": True,
+        },
+    }.items():
+        assert w.static_check(config, device) is None
+        result = w.run(config, device, TrialContext())
+        assert result.status == TrialStatus.OK, (name, result.error)
+        assert result.timing_comparable and len(result.samples_ms) >= 10
+        results[name] = result.metrics
+        print(name, {k: round(v, 4) for k, v in result.metrics.items()})
+    # Same kernels as the reference (graphs replay them): equal up to cuBLAS choosing another algorithm.
+    for name in ("bf16", "bf16-graphs"):
+        assert results[name]["max_logit_error"] < 0.05 and results[name]["top1_agreement"] >= 0.99, name
+    assert results["bf16-graphs"]["tokens_per_s"] > results["bf16"]["tokens_per_s"]
+    assert results["int4-graphs"]["peak_mem_gb"] < results["bf16-graphs"]["peak_mem_gb"]
+    assert results["int8-fp8kv-math"]["top1_agreement"] >= 0.9
+    assert results["int4-graphs"]["top1_agreement"] >= 0.5
