@@ -41,6 +41,47 @@ GRIDS: dict[str, dict[str, Any]] = {
             "precision": ["bf16", "fp16"],
         },
     },
+    "attention": {
+        "workload": "flash_attention",
+        "args": {"batch": 4, "heads": 16, "seq_len": 4096, "head_dim": 128, "causal": False},
+        "grid": {
+            "BLOCK_M": [32, 64, 128, 256],
+            "BLOCK_N": [16, 32, 64, 128],
+            "num_warps": [4, 8],
+            "num_stages": [2, 3, 4, 5],
+            "precision": ["bf16", "fp16"],
+            "use_tma": [False, True],
+        },
+    },
+    "quant_gemm": {
+        "workload": "quant_gemm",
+        "args": {"m": 16, "n": 8192, "k": 8192},
+        "grid": {
+            "bits": [4, 8],
+            "group_size": [128],
+            "precision": ["bf16"],
+            "BLOCK_M": [16],
+            "BLOCK_N": [32, 64, 128, 256],
+            "BLOCK_K": [64, 128, 256],
+            "SPLIT_K": [1, 2, 4, 8],
+            "num_warps": [2, 4, 8],
+            "num_stages": [3, 4],
+        },
+    },
+    **{
+        family: {
+            "workload": family,
+            "args": {"rows": 8192, "cols": 8192},
+            "grid": {
+                "BLOCK": [1024, 2048, 4096, 8192, 16384],
+                "ROWS_PER_PROGRAM": [1, 2, 4, 8],
+                "num_warps": [1, 2, 4, 8, 16, 32],
+                "num_stages": [1, 2],
+                "precision": ["bf16", "fp16"],
+            },
+        }
+        for family in ("rmsnorm", "softmax")
+    },
 }
 
 

@@ -46,6 +46,10 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/memory_bound_study.py --trials 12 --minutes 0.4 --rounds 3 --out {out}.json".split(),
     ),
     ("landscape-gemm", 60, "bench/landscape.py gemm --rep-ms 20 --out {out}.jsonl".split()),
+    *(
+        (f"landscape-{family}", 60, f"bench/landscape.py {family} --rep-ms 20 --out {{out}}.jsonl".split())
+        for family in ("attention", "quant_gemm", "rmsnorm", "softmax")
+    ),
     (
         "gpu-tests",
         30,

@@ -91,8 +91,9 @@ class Landscape:
 
 
 class Replay(Workload):
-    """Trials answered from a recorded landscape. Args: ``file`` (path of a ``.jsonl`` landscape) and
-    ``delay_ms`` (default 0: how long each trial pretends to take, to exercise the engine's timing paths)."""
+    """Trials answered from a recorded landscape. Args: ``file`` (path of a ``.jsonl`` landscape),
+    ``delay_ms`` (default 0: how long each trial pretends to take, to exercise the engine's timing paths)
+    and ``seeds`` (default none: configs of the grid to try first, as a workload's space file gives them)."""
 
     name: ClassVar[str] = "replay"
     space_file: ClassVar[str] = ""
@@ -103,7 +104,7 @@ class Replay(Workload):
 
     _cache: ClassVar[dict[tuple[str, float], Landscape]] = {}
 
-    def __init__(self, file: str, delay_ms: float = 0.0) -> None:
+    def __init__(self, file: str, delay_ms: float = 0.0, seeds: list[dict[str, Any]] | None = None) -> None:
         if not isinstance(file, str) or not file:
             raise ValueError(f"file must be the path of a landscape (.jsonl), got {file!r}")
         if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float) or not 0 <= delay_ms <= 60_000:
@@ -116,18 +117,22 @@ class Replay(Workload):
             self._cache[key] = landscape
         self.landscape = landscape
         self.delay_ms = float(delay_ms)
+        if seeds is not None and (not isinstance(seeds, list) or not all(isinstance(x, dict) for x in seeds)):
+            raise ValueError(f"seeds must be a list of configs (objects), got {seeds!r}")
+        self.seeds = list(seeds or [])
 
     def metric_specs(self) -> tuple[MetricSpec, ...]:
         return self.landscape.metric_specs
 
     def space_document(self) -> dict[str, Any]:
-        """Every grid param as a categorical over its recorded values, in the grid's order."""
+        """Every grid param as a categorical over its recorded values, in the grid's order; ``seeds`` first."""
         return {
             "version": 1,
             "workloads": [self.name],
             "params": {
                 name: {"type": "categorical", "choices": list(values)} for name, values in self.landscape.grid.items()
             },
+            "seeds": self.seeds,
         }
 
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.landscape import grid_configs, record_landscape
+from bench.landscape import GRIDS, grid_configs, record_landscape
 from objectives.replay import Replay, params_key
 from tuner.spec import SpecError, load_spec
 from tuner.storage import StudyDB
@@ -47,6 +47,8 @@ def test_recorded_file_has_header_and_one_record_per_config(noop_landscape: Path
 def test_replay_answers_recorded_params_and_refuses_unknown(noop_landscape: Path) -> None:
     replay = Replay(file=str(noop_landscape))
     assert [m.name for m in replay.metric_specs()] == ["score", "cost", "latency_ms"]
+    seeded = Replay(file=str(noop_landscape), seeds=[{"x": 0.7, "tile": 64, "stages": 3, "mode": "balanced"}])
+    assert seeded.space_document()["seeds"] == [{"x": 0.7, "tile": 64, "stages": 3, "mode": "balanced"}]
     config = {"x": 0.7, "tile": 64, "stages": 3, "mode": "balanced"}
     result = replay.run(config, CPU, TrialContext())
     assert result.status == TrialStatus.OK and result.metrics["score"] == pytest.approx(1.0)
@@ -61,6 +63,8 @@ def test_replay_answers_recorded_params_and_refuses_unknown(noop_landscape: Path
 def test_replay_args_and_bad_files_are_refused_naming_the_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="file"):
         Replay(file=str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="seeds"):
+        Replay(file=str(LANDSCAPES[0]) if LANDSCAPES else "x", seeds={"BLOCK_M": 64})
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"kind": "something else"}\n')
     with pytest.raises(ValueError, match="header"):
@@ -119,4 +123,21 @@ def test_committed_landscapes_are_complete_and_replayable(path: Path) -> None:
             "args": {"file": str(path)},
             "objectives": [{"metric": header["metrics"][0]["name"]}],
         }
+    )
+
+
+@pytest.mark.parametrize("family", sorted(GRIDS))
+def test_every_family_grid_has_300_configs_over_the_workload_knobs(family: str) -> None:
+    """The grids bench/landscape.py records: >= 300 configs, each a full config of the workload's space."""
+    from tuner.registry import workload_class
+    from tuner.space import compile_space
+
+    grid = GRIDS[family]
+    workload = workload_class(grid["workload"])(**grid["args"])
+    space = compile_space(workload.space_document())
+    configs = grid_configs(grid["grid"])
+    assert len(configs) >= 300
+    assert set(grid["grid"]) <= set(space.params)
+    assert all(
+        value in (space.params[name].values() or [value]) for name, values in grid["grid"].items() for value in values
     )
