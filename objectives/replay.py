@@ -44,6 +44,26 @@ def resolve_file(file: str) -> Path:
     raise ValueError(f"file: no landscape at {file!r} (looked in the working directory and {_REPO_ROOT})")
 
 
+def _is_pow2(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0 and value & (value - 1) == 0
+
+
+def grid_param(values: list[Any]) -> dict[str, Any]:
+    """A space param over a grid axis: ``pow2`` when the values are every power of two between the least and the
+    greatest, ``int`` when they are every integer between them, else ``categorical`` (strings, booleans, gaps).
+
+    Ordered params let a sampler learn "larger tiles are better"; a categorical hides that order.
+    """
+    ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+    if len(values) >= 2 and len(ints) == len(values) and len(set(ints)) == len(ints):
+        low, high = min(ints), max(ints)
+        if all(_is_pow2(v) for v in ints) and len(ints) == high.bit_length() - low.bit_length() + 1:
+            return {"type": "pow2", "low": low, "high": high}
+        if len(ints) == high - low + 1:
+            return {"type": "int", "low": low, "high": high}
+    return {"type": "categorical", "choices": list(values)}
+
+
 class Landscape:
     """A parsed landscape file: header, grid, metrics and the records by params."""
 
@@ -125,13 +145,12 @@ class Replay(Workload):
         return self.landscape.metric_specs
 
     def space_document(self) -> dict[str, Any]:
-        """Every grid param as a categorical over its recorded values, in the grid's order; ``seeds`` first."""
+        """The grid as a space, in the grid's order, ``seeds`` first: each param keeps the order its values
+        have in a workload's own space (see :func:`grid_param`), so samplers see what they would see there."""
         return {
             "version": 1,
             "workloads": [self.name],
-            "params": {
-                name: {"type": "categorical", "choices": list(values)} for name, values in self.landscape.grid.items()
-            },
+            "params": {name: grid_param(values) for name, values in self.landscape.grid.items()},
             "seeds": self.seeds,
         }
 

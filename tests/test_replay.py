@@ -141,3 +141,12 @@ def test_every_family_grid_has_300_configs_over_the_workload_knobs(family: str) 
     assert all(
         value in (space.params[name].values() or [value]) for name, values in grid["grid"].items() for value in values
     )
+
+
+def test_grid_axes_keep_their_order_as_pow2_or_int_params() -> None:
+    from objectives.replay import grid_param
+
+    assert grid_param([64, 128, 256]) == {"type": "pow2", "low": 64, "high": 256}
+    assert grid_param([3, 4, 5]) == {"type": "int", "low": 3, "high": 5}
+    for values in ([16, 64, 256], [1, 4, 8, 16], [8], ["bf16", "fp16"], [False, True], [0.1, 0.4]):
+        assert grid_param(values) == {"type": "categorical", "choices": values}
