@@ -9,7 +9,7 @@ seeds of the trials needed to reach 95% and 99% of the best and the fraction rea
 10, 20 and all trials.
 
 Strategies: ``random`` (Optuna's random sampler, no seeds), ``tpe`` (Optuna's multivariate
-TPE, no seeds) and ``tuner`` (the engine's default: ``sampler: auto`` with the workload's
+TPE, no seeds), ``gp`` (Optuna's Gaussian-process sampler, no seeds) and ``tuner`` (the engine's default: ``sampler: auto`` with the workload's
 known-good seed configs tried first -- those that the grid contains).
 
     PYTHONPATH=. python bench/replay_search.py --landscape bench/landscapes/gemm-bf16-fp16-4096.jsonl \\
@@ -27,7 +27,7 @@ from typing import Any
 
 from bench.common import write_result
 
-STRATEGIES = ("random", "tpe", "tuner")
+STRATEGIES = ("random", "tpe", "gp", "tuner")
 
 
 def landscape_best(path: Path, metric: str, maximize: bool) -> tuple[float, dict[str, Any]]:
@@ -65,7 +65,7 @@ def run_one(path: Path, metric: str, strategy: str, seed: int, trials: int, seed
         "args": {"file": str(path), "seeds": seeds if strategy == "tuner" else []},
         "objectives": [{"metric": metric}],
         "budget": {"trials": trials},
-        "sampler": {"random": "random", "tpe": "tpe", "tuner": "auto"}[strategy],
+        "sampler": {"random": "random", "tpe": "tpe", "gp": "gp", "tuner": "auto"}[strategy],
         "seed": seed,
         "warm_start": strategy == "tuner",
         "remeasure": {"top_k": 0},
