@@ -9,8 +9,9 @@ seeds of the trials needed to reach 95% and 99% of the best and the fraction rea
 10, 20 and all trials.
 
 Strategies: ``random`` (Optuna's random sampler, no seeds), ``tpe`` (Optuna's multivariate
-TPE, no seeds), ``gp`` (Optuna's Gaussian-process sampler, no seeds) and ``tuner`` (the engine's default: ``sampler: auto`` with the workload's
-known-good seed configs tried first -- those that the grid contains).
+TPE, no seeds), ``gp`` (Optuna's Gaussian-process sampler, no seeds) and ``tuner`` (the
+engine's default: ``sampler: auto`` with the workload's known-good seed configs tried first --
+those that the grid contains).
 
     PYTHONPATH=. python bench/replay_search.py --landscape bench/landscapes/gemm-bf16-fp16-4096.jsonl \\
         --metric tflops --out bench/results/replay-search-gemm-4096.json

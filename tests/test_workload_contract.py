@@ -101,6 +101,28 @@ CASES = [
         {"weight_bits": 16, "kv_dtype": "bf16", "attention": "sdpa", "cuda_graphs": True},  # no CUDA graphs on a CPU
         seed_args={"model": "1b", "prompt_len": 512, "gen_tokens": 32},
     ),
+    Case(
+        "collective",  # one rank in this process (a one-rank gloo group); gangs: tests/test_gang.py
+        {"op": "all_reduce", "size_bytes": 4096, "dtype": "fp32", "world_size": 1, "iters": 3, "warmup_iters": 1},
+        {"op": "broadcast", "size_bytes": 0, "dtype": "int8", "world_size": 0},
+        [
+            {"NCCL_ALGO": "default", "NCCL_PROTO": "default"},
+            {"NCCL_ALGO": "Ring", "NCCL_PROTO": "LL128", "NCCL_MIN_NCHANNELS": 2, "NCCL_MAX_NCHANNELS": 8},
+        ],
+        {"NCCL_ALGO": "NVLS", "NCCL_PROTO": "Simple"},  # NVLink multicast stays off
+        seed_args={"op": "all_reduce", "size_bytes": 2**30, "dtype": "bf16", "world_size": 2},
+    ),
+    Case(
+        "ddp_step",
+        {"model": "tiny", "world_size": 1, "steps": 2, "warmup_steps": 1},
+        {"model": "huge", "batch_per_rank": 0, "world_size": 0, "precision": "fp8"},
+        [
+            {"bucket_cap_mb": 1, "gradient_as_bucket_view": False, "static_graph": False, "comm_hook": "none"},
+            {"bucket_cap_mb": 25, "gradient_as_bucket_view": True, "static_graph": True, "comm_hook": "fp16"},
+        ],
+        {"bucket_cap_mb": 25, "gradient_as_bucket_view": True, "static_graph": True, "comm_hook": "bf16"},  # gloo
+        seed_args={"model": "125m", "world_size": 2, "batch_per_rank": 8},
+    ),
 ]
 KERNEL_WORKLOADS = {case.workload for case in CASES}
 

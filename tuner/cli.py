@@ -210,6 +210,29 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_collective_table(args: argparse.Namespace) -> int:
+    """The chosen NCCL setting per message-size range from several collective studies (one per size)."""
+    from objectives.collective import render_size_table, size_table_from_db
+    from tuner.export import ExportError
+
+    db = _db(args)
+    try:
+        rows = size_table_from_db(db, args.studies or None)
+    except ExportError as exc:
+        err.print(f"[red]{exc}[/red]")
+        return 2
+    if not rows:
+        err.print("[red]no collective study with a successful trial[/red]")
+        return 2
+    text = render_size_table(rows, args.format)
+    if args.output:
+        Path(args.output).write_text(text)
+        err.print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def cmd_workloads(args: argparse.Namespace) -> int:
     from tuner.registry import workload_class, workload_names
     from tuner.space import compile_space, load_space_file
@@ -364,6 +387,20 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--token", help="bearer token (default: $TUNER_API_TOKEN)")
     add_db(export)
     export.set_defaults(func=cmd_export)
+
+    table = sub.add_parser(
+        "collective-table", help="NCCL settings per message-size range from collective studies (one per size)"
+    )
+    table.add_argument("studies", nargs="*", help="study names (default: every collective study in the database)")
+    table.add_argument(
+        "--format",
+        choices=["json", "csv"],
+        default="json",
+        help="csv: the nccl_tuner.conf of NCCL's example tuner plugin",
+    )
+    table.add_argument("-o", "--output", help="write to a file instead of stdout")
+    add_db(table)
+    table.set_defaults(func=cmd_collective_table)
 
     serve = sub.add_parser("serve", help="run the REST API and dashboard, with a study runner beside it")
     serve.add_argument("--host", default="127.0.0.1")

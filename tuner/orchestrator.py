@@ -170,6 +170,7 @@ class Orchestrator:
         self.heartbeat = heartbeat
         self.poll_s = poll_s
         self.workload = compiled.workload_cls(**compiled.spec.args)
+        self._gang = compiled.spec.resources.gpus_per_trial > 1  # trials of k ranks (tuner/gang.py)
         self._stop = False
         self._workers: list[_Worker] = []
         self._inflight: dict[Any, _Work] = {}
@@ -280,14 +281,21 @@ class Orchestrator:
         import ray
 
         gpus = int(ray.cluster_resources().get("GPU", 0))
-        if gpus:
+        k = self.spec.resources.gpus_per_trial
+        if self._gang:
+            # A gang of k GPUs runs one trial at a time as k fresh rank processes (tuner/gang.py);
+            # on a CPU each gang runs k gloo ranks.
+            if gpus and gpus < k:
+                raise StudyFailed(f"resources.gpus_per_trial={k} but the cluster has {gpus} GPU(s)")
+            n = min(self.requested_workers or gpus // k, gpus // k) if gpus else (self.requested_workers or 1)
+        elif gpus:
             n = min(self.requested_workers or gpus, gpus)
         else:
             n = self.requested_workers or 2
         self._gpu = gpus > 0
         # On a GPU, GPU_SLOTS trials in flight per worker: while one is timed, the others compile
         # on the worker's threads (Triton's compiler and ptxas run in parallel across threads).
-        self._slots = self.requested_slots or (GPU_SLOTS if self._gpu else 1)
+        self._slots = 1 if self._gang else self.requested_slots or (GPU_SLOTS if self._gpu else 1)
         self._workers = [self._spawn(i, 0) for i in range(n)]
         deadline = time.monotonic() + 300
         for worker in self._workers:
@@ -314,6 +322,16 @@ class Orchestrator:
         if env:
             options["runtime_env"] = {"env_vars": env}
         label = f"w{index}.{generation}"
+        if self._gang:
+            from tuner.gang import GangWorker
+
+            k = self.spec.resources.gpus_per_trial
+            actor = (
+                ray.remote(GangWorker)
+                .options(**options)
+                .remote(self.spec.workload, self.spec.args, label, k, self.spec.budget.trial_timeout_s)
+            )
+            return _Worker(index=index, generation=generation, actor=actor, ready_ref=actor.describe.remote())
         actor = ray.remote(TrialWorker).options(**options).remote(self.spec.workload, self.spec.args, label)
         return _Worker(index=index, generation=generation, actor=actor, ready_ref=actor.describe.remote())
 

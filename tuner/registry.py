@@ -23,6 +23,8 @@ WORKLOADS: dict[str, str] = {
     "softmax": "objectives.softmax:Softmax",
     "train_step": "objectives.train_step:TrainStep",
     "decode_step": "objectives.decode_step:DecodeStep",
+    "collective": "objectives.collective:Collective",
+    "ddp_step": "objectives.ddp_step:DDPStep",
 }
 
 

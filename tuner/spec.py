@@ -64,7 +64,9 @@ class Remeasure(_Model):
 
 
 class Resources(_Model):
-    gpus_per_trial: int = Field(default=1, ge=1, le=1)  # multi-GPU trials come with the collectives work
+    #: GPUs of one node per trial; > 1 runs each trial as that many rank processes in one process
+    #: group (tuner/gang.py), for the multi-GPU workloads (collective, ddp_step).
+    gpus_per_trial: int = Field(default=1, ge=1, le=8)
     workers: int | None = Field(default=None, ge=1, le=1024)
     trials_per_worker: int | None = Field(default=None, ge=1, le=16)
 
@@ -141,6 +143,24 @@ def load_spec(source: str | Path | dict[str, Any]) -> CompiledStudy:
     return compile_study(spec)
 
 
+def _check_gpus_per_trial(spec: StudySpec, cls: type[Workload], workload: Workload | None) -> list[tuple[str, str]]:
+    """A multi-GPU workload's ``world_size`` arg must equal ``resources.gpus_per_trial``; other workloads take one."""
+    k = spec.resources.gpus_per_trial
+    if not getattr(cls, "multi_gpu", False):
+        if k > 1:
+            return [
+                (
+                    "resources.gpus_per_trial",
+                    f"{cls.name} runs on one GPU; multi-GPU trials are for collective, ddp_step",
+                )
+            ]
+        return []
+    world_size = getattr(workload, "world_size", None)
+    if world_size is not None and world_size != k:
+        return [("args.world_size", f"must equal resources.gpus_per_trial ({k}), got {world_size}")]
+    return []
+
+
 def compile_study(spec: StudySpec) -> CompiledStudy:
     """Check a structurally valid spec against the registry and compile its space."""
     errors: list[tuple[str, str]] = []
@@ -187,6 +207,7 @@ def compile_study(spec: StudySpec) -> CompiledStudy:
         errors.append((exc.field, exc.message))
     except ValueError as exc:
         errors.append(("space", str(exc)))
+    errors.extend(_check_gpus_per_trial(spec, cls, workload))
     if errors:
         raise SpecError(errors)
     assert space is not None
