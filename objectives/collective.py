@@ -54,6 +54,7 @@ from tuner.workload import (
     Workload,
     compile_failure_result,
     compile_failure_status,
+    is_pow2,
     timing_comparable,
 )
 
@@ -102,10 +103,6 @@ TUNER_COLL_NAMES: dict[str, str] = {
     "reduce_scatter": "reducescatter",
     "all_gather": "allgather",
 }
-
-
-def _is_pow2(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
 
 
 def _int_arg(name: str, value: Any, low: int) -> int:
@@ -164,7 +161,7 @@ def nccl_static_check(config: dict[str, Any], op: str | None = None) -> str | No
             f"NCCL_MAX_NCHANNELS={channels['NCCL_MAX_NCHANNELS']}"
         )
     buffsize = config.get("NCCL_BUFFSIZE", DEFAULT)
-    if buffsize != DEFAULT and (isinstance(buffsize, bool) or not isinstance(buffsize, int) or not _is_pow2(buffsize)):
+    if buffsize != DEFAULT and (isinstance(buffsize, bool) or not isinstance(buffsize, int) or not is_pow2(buffsize)):
         return f"NCCL_BUFFSIZE must be {DEFAULT!r} or a power of two (bytes), got {buffsize!r}"
     threads = config.get("NCCL_NTHREADS", DEFAULT)
     if threads != DEFAULT and threads not in NTHREADS:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.kernel_workload import Checked, KernelWorkload
-from tuner.workload import DeviceInfo, MetricSpec, interpreter_active
+from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, is_pow2
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -53,10 +53,6 @@ TMA_SHARED_OVERHEAD_BYTES = 1024
 #: kernel spilled 150-3200 bytes on sm_90 (seq_len 1000, tiles within the register budget),
 #: with BLOCK_N <= 128 at most 324.
 MAX_BLOCK_N_WITH_KEY_TAIL = 128
-
-
-def _is_pow2(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
 
 
 def _next_pow2(value: int) -> int:
@@ -194,9 +190,9 @@ class FlashAttention(KernelWorkload):
         if not isinstance(use_tma, bool):
             return f"use_tma must be true or false, got {use_tma!r}"
         for p in ("BLOCK_M", "BLOCK_N"):
-            if not _is_pow2(tile[p]) or tile[p] < 16:
+            if not is_pow2(tile[p]) or tile[p] < 16:
                 return f"{p}={tile[p]} must be a power of two >= 16 (tl.arange and tl.dot need one)"
-        if not _is_pow2(tile["num_warps"]) or tile["num_warps"] > 16:
+        if not is_pow2(tile["num_warps"]) or tile["num_warps"] > 16:
             return f"num_warps={tile['num_warps']} must be a power of two <= 16"
         if tile["num_stages"] < 1:
             return f"num_stages={tile['num_stages']} must be >= 1"

@@ -31,7 +31,7 @@ from typing import Any
 
 from tuner.kernel_workload import Checked, KernelWorkload
 from tuner.measure import L2_FLUSH_BYTES
-from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, timing_comparable
+from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, is_pow2, timing_comparable, triton_configs_python
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 BITS: tuple[int, ...] = (4, 8)
@@ -56,10 +56,6 @@ MIN_BLOCK_K: dict[int, int] = {4: 32, 8: 16}
 #: size), so none is still in L2 (50 MiB on an H200) when it is read again; at most ``MAX_WEIGHT_COPIES``.
 ROTATION_BYTES = L2_FLUSH_BYTES
 MAX_WEIGHT_COPIES = 16
-
-
-def _is_pow2(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
 
 
 def shared_memory_bytes(config: dict[str, Any]) -> int:
@@ -199,10 +195,10 @@ class QuantGemm(KernelWorkload):
         bits, group = values["bits"], values["group_size"]
         if bits not in BITS:
             return f"bits must be 4 or 8, got {bits}"
-        if not _is_pow2(group) or group < 16 or self.k % group:
+        if not is_pow2(group) or group < 16 or self.k % group:
             return f"group_size={group} must be a power of two >= 16 dividing k={self.k}"
         for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"):
-            if not _is_pow2(values[p]):
+            if not is_pow2(values[p]):
                 return f"{p}={values[p]} is not a power of two (tl.arange and the warp layout need one)"
         if values["BLOCK_M"] < 16 or values["BLOCK_N"] < 16:
             return f"BLOCK_M and BLOCK_N must be >= 16 for tl.dot, got {values['BLOCK_M']} and {values['BLOCK_N']}"
@@ -300,16 +296,11 @@ class QuantGemm(KernelWorkload):
         """The quantization settings and a ``triton.Config`` list for ``kernels.quant_gemm.quant_matmul``."""
         exported = self.export_config(config)
         quant = {key: exported[key] for key in ("bits", "group_size", "precision")}
-        return (
-            "import triton\n\n"
-            f"# {self.m}x{self.n}x{self.k}: int{exported['bits']} weights, group {exported['group_size']}, "
-            f"{exported['precision']} activations (kernels/quant_gemm.py quant_matmul)\n"
-            f"quantization = {quant!r}\n"
-            "configs = [\n"
-            f"    triton.Config({exported['kwargs']!r}, num_warps={exported['num_warps']}, "
-            f"num_stages={exported['num_stages']}),\n"
-            "]\n"
+        comment = (
+            f"{self.m}x{self.n}x{self.k}: int{exported['bits']} weights, group {exported['group_size']}, "
+            f"{exported['precision']} activations (kernels/quant_gemm.py quant_matmul)"
         )
+        return triton_configs_python(comment, exported, preamble=f"quantization = {quant!r}\n")
 
     # ------------------------------------------------------------------ helpers
 

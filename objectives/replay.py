@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tuner.workload import DeviceInfo, MetricSpec, TrialContext, TrialResult, TrialStatus, Workload
+from tuner.workload import DeviceInfo, MetricSpec, TrialContext, TrialResult, TrialStatus, Workload, is_pow2
 
 FORMAT = 1
 #: Where a relative ``file`` is also looked for: the repository root (Ray workers may run elsewhere).
@@ -44,10 +44,6 @@ def resolve_file(file: str) -> Path:
     raise ValueError(f"file: no landscape at {file!r} (looked in the working directory and {_REPO_ROOT})")
 
 
-def _is_pow2(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0 and value & (value - 1) == 0
-
-
 def grid_param(values: list[Any]) -> dict[str, Any]:
     """A space param over a grid axis: ``pow2`` when the values are every power of two between the least and the
     greatest, ``int`` when they are every integer between them, else ``categorical`` (strings, booleans, gaps).
@@ -57,7 +53,7 @@ def grid_param(values: list[Any]) -> dict[str, Any]:
     ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
     if len(values) >= 2 and len(ints) == len(values) and len(set(ints)) == len(ints):
         low, high = min(ints), max(ints)
-        if all(_is_pow2(v) for v in ints) and len(ints) == high.bit_length() - low.bit_length() + 1:
+        if all(is_pow2(v) for v in ints) and len(ints) == high.bit_length() - low.bit_length() + 1:
             return {"type": "pow2", "low": low, "high": high}
         if len(ints) == high - low + 1:
             return {"type": "int", "low": low, "high": high}

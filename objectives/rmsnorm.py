@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tuner.kernel_workload import Checked, KernelWorkload
-from tuner.workload import DeviceInfo, MetricSpec
+from tuner.workload import DeviceInfo, MetricSpec, is_pow2, triton_configs_python
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK", "ROWS_PER_PROGRAM", "num_warps", "num_stages")
@@ -47,10 +47,6 @@ TOLERANCE_VS_OPERANDS: dict[str, float] = {"fp16": 2e-3, "bf16": 1e-2}
 PEAK_BYTES_PER_S = 4.8e12
 #: Below this estimated latency (microseconds) launch overhead dominates: time with a CUDA graph.
 GRAPH_BELOW_US = 20.0
-
-
-def _is_pow2(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
 
 
 @dataclass
@@ -188,7 +184,7 @@ class RowWiseWorkload(KernelWorkload):
             return f"{', '.join(TILE_PARAMS)} must be ints, got {values}"
         tile = self._tile(config)
         for p in ("BLOCK", "ROWS_PER_PROGRAM", "num_warps"):
-            if not _is_pow2(tile[p]):
+            if not is_pow2(tile[p]):
                 return f"{p}={tile[p]} is not a power of two (tl.arange and the warp layout need one)"
         if tile["num_warps"] > 32:
             return f"num_warps={tile['num_warps']} exceeds 32 (1024 threads per block)"
@@ -234,14 +230,8 @@ class RowWiseWorkload(KernelWorkload):
     def export_python(self, config: dict[str, Any]) -> str:
         """A ``triton.Config`` list ready to paste into ``@triton.autotune(configs=...)``."""
         exported = self.export_config(config)
-        return (
-            "import triton\n\n"
-            f"# {self.kernel_name} over {self.rows}x{self.cols}, input/output in {exported['precision']}\n"
-            "configs = [\n"
-            f"    triton.Config({exported['kwargs']!r}, num_warps={exported['num_warps']}, "
-            f"num_stages={exported['num_stages']}),\n"
-            "]\n"
-        )
+        comment = f"{self.kernel_name} over {self.rows}x{self.cols}, input/output in {exported['precision']}"
+        return triton_configs_python(comment, exported)
 
     # ------------------------------------------------------------------ subclass hooks
 

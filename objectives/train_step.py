@@ -95,10 +95,6 @@ LEAK_TOLERANCE_BYTES = 64 * 2**20
 ACTIVATION_VALUES_PER_TOKEN_D = 10
 
 
-def _is_pow2(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
-
-
 def _int_arg(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")

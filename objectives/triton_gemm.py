@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.kernel_workload import Checked, KernelWorkload
-from tuner.workload import DeviceInfo, MetricSpec, interpreter_active
+from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, is_pow2, triton_configs_python
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
@@ -42,10 +42,6 @@ PAD_K_MULTIPLE = 128
 MIN_BLOCK_K: dict[str, int] = {"fp32": 16, "tf32": 16, "bf16": 16, "fp16": 16, "fp8": 32}
 #: Compute capability each precision needs on a GPU (tensor-core tf32/bf16: Ampere; fp8: Ada/Hopper).
 MIN_CAPABILITY: dict[str, tuple[int, int]] = {"tf32": (8, 0), "bf16": (8, 0), "fp8": (8, 9)}
-
-
-def _is_pow2(value: int) -> bool:
-    return value > 0 and value & (value - 1) == 0
 
 
 @dataclass
@@ -170,7 +166,7 @@ class TritonGemm(KernelWorkload):
         except (TypeError, ValueError):
             return f"tile parameters must be ints, got {[config[p] for p in TILE_PARAMS]}"
         for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"):
-            if not _is_pow2(tile[p]):
+            if not is_pow2(tile[p]):
                 return f"{p}={tile[p]} is not a power of two (tl.arange and the warp layout need one)"
         if tile["BLOCK_M"] < 16 or tile["BLOCK_N"] < 16:
             return f"BLOCK_M and BLOCK_N must be >= 16, got {tile['BLOCK_M']} and {tile['BLOCK_N']}"
@@ -237,16 +233,9 @@ class TritonGemm(KernelWorkload):
     def export_python(self, config: dict[str, Any]) -> str:
         """A ``triton.Config`` list ready to paste into ``@triton.autotune(configs=...)``."""
         exported = self.export_config(config)
-        return (
-            "import triton\n\n"
-            f"# {self.m}x{self.n}x{self.k}, operands in {exported['precision']}"
-            + (f", K zero-padded to a multiple of {PAD_K_MULTIPLE}" if exported["pad_k"] else "")
-            + "\n"
-            "configs = [\n"
-            f"    triton.Config({exported['kwargs']!r}, num_warps={exported['num_warps']}, "
-            f"num_stages={exported['num_stages']}),\n"
-            "]\n"
-        )
+        padding = f", K zero-padded to a multiple of {PAD_K_MULTIPLE}" if exported["pad_k"] else ""
+        comment = f"{self.m}x{self.n}x{self.k}, operands in {exported['precision']}{padding}"
+        return triton_configs_python(comment, exported)
 
     # ------------------------------------------------------------------ helpers
 

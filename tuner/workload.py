@@ -193,6 +193,26 @@ def classify_exception(exc: BaseException) -> TrialStatus:
     return TrialStatus.RUNTIME_ERROR
 
 
+def is_pow2(value: Any) -> bool:
+    """Whether ``value`` is a positive power of two (an int, not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0 and value & (value - 1) == 0
+
+
+def triton_configs_python(comment: str, exported: dict[str, Any], preamble: str = "") -> str:
+    """Python source of a one-element ``triton.Config`` list (for ``@triton.autotune(configs=...)``) from an
+    exported config with ``kwargs``, ``num_warps`` and ``num_stages``; ``comment`` heads it, ``preamble``
+    (more source lines) follows the comment."""
+    return (
+        "import triton\n\n"
+        f"# {comment}\n"
+        f"{preamble}"
+        "configs = [\n"
+        f"    triton.Config({exported['kwargs']!r}, num_warps={exported['num_warps']}, "
+        f"num_stages={exported['num_stages']}),\n"
+        "]\n"
+    )
+
+
 def interpreter_active() -> bool:
     """Whether Triton runs kernels under its CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
