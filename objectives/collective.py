@@ -191,13 +191,42 @@ class _Case:
     world_size: int
 
 
-class Collective(Workload):
+class RankWorkload(Workload):
+    """A workload whose trial runs as ``world_size`` rank processes in one process group (:mod:`tuner.gang`).
+
+    ``run`` (the same in every rank) refuses a statically infeasible config, joins the process
+    group the gang set up (or, alone, forms one of one) and hands over to ``_run``; the config's
+    NCCL knobs reach the ranks through ``trial_env`` before the communicator is created.
+    """
+
+    #: Runs as ``world_size`` processes in one process group (``resources.gpus_per_trial``).
+    multi_gpu: ClassVar[bool] = True
+    world_size: int = 1
+
+    def trial_env(self, config: dict[str, Any]) -> dict[str, str | None]:
+        """Environment of the trial's rank processes (read by :mod:`tuner.gang`): None = unset."""
+        return nccl_env(config)
+
+    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
+        comparable = timing_comparable(device)
+        reason = self.static_check(config, device)
+        if reason is not None:
+            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
+        with process_group(self.world_size, device) as error:
+            if error is not None:
+                return TrialResult(TrialStatus.RUNTIME_ERROR, error=error, timing_comparable=comparable)
+            return self._run(config, device, ctx, comparable)
+
+    def _run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext, comparable: bool) -> TrialResult:
+        """The trial on this rank, inside its process group."""
+        raise NotImplementedError
+
+
+class Collective(RankWorkload):
     """One collective (all-reduce, reduce-scatter, all-gather) under one setting of the NCCL knobs."""
 
     name: ClassVar[str] = "collective"
     space_file: ClassVar[str] = "collective.yaml"
-    #: Runs as ``world_size`` processes in one process group (``resources.gpus_per_trial``).
-    multi_gpu: ClassVar[bool] = True
     description: ClassVar[str] = (
         "NCCL collective (all_reduce/reduce_scatter/all_gather) over a multi-GPU trial: NCCL_ALGO, NCCL_PROTO, "
         "channels, buffer size, threads"
@@ -252,21 +281,7 @@ class Collective(Workload):
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
         return nccl_static_check(config, self.op)
 
-    def trial_env(self, config: dict[str, Any]) -> dict[str, str | None]:
-        """Environment of the trial's rank processes (read by :mod:`tuner.gang`): None = unset."""
-        return nccl_env(config)
-
     # ------------------------------------------------------------------ one trial
-
-    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
-        comparable = timing_comparable(device)
-        reason = self.static_check(config, device)
-        if reason is not None:
-            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
-        with process_group(self.world_size, device) as error:
-            if error is not None:
-                return TrialResult(TrialStatus.RUNTIME_ERROR, error=error, timing_comparable=comparable)
-            return self._run(config, device, ctx, comparable)
 
     def _run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext, comparable: bool) -> TrialResult:
         import torch

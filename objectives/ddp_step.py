@@ -42,12 +42,11 @@ from typing import Any, ClassVar
 
 from models.config import PRESETS, model_flops_per_token, resolve_config
 from objectives.collective import (
+    RankWorkload,
     agree_on_failure,
     inject_fault,
-    nccl_env,
     nccl_static_check,
     parse_faults,
-    process_group,
     set_nccl_env,
     slowest,
 )
@@ -57,10 +56,8 @@ from tuner.workload import (
     TrialContext,
     TrialResult,
     TrialStatus,
-    Workload,
     compile_failure_result,
     compile_failure_status,
-    timing_comparable,
 )
 
 COMM_HOOKS: tuple[str, ...] = ("none", "bf16", "fp16")
@@ -89,12 +86,11 @@ class _Case:
     final_loss: Any = math.nan
 
 
-class DDPStep(Workload):
+class DDPStep(RankWorkload):
     """Data-parallel training steps of a GPT under one setting of the DDP and NCCL knobs."""
 
     name: ClassVar[str] = "ddp_step"
     space_file: ClassVar[str] = "ddp_step.yaml"
-    multi_gpu: ClassVar[bool] = True
     description: ClassVar[str] = (
         "Data-parallel (DDP) training step of the GPT over a multi-GPU trial: bucket size, gradient as bucket "
         "view, static graph, bf16/fp16 gradient compression, NCCL knobs"
@@ -165,21 +161,7 @@ class DDPStep(Workload):
             return "comm_hook bf16: torch's bf16_compress_hook needs the NCCL backend (CUDA 11+, NCCL 2.10+)"
         return nccl_static_check(config, "all_reduce")
 
-    def trial_env(self, config: dict[str, Any]) -> dict[str, str | None]:
-        """Environment of the trial's rank processes (read by :mod:`tuner.gang`): None = unset."""
-        return nccl_env(config)
-
     # ------------------------------------------------------------------ one trial
-
-    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
-        comparable = timing_comparable(device)
-        reason = self.static_check(config, device)
-        if reason is not None:
-            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
-        with process_group(self.world_size, device) as error:
-            if error is not None:
-                return TrialResult(TrialStatus.RUNTIME_ERROR, error=error, timing_comparable=comparable)
-            return self._run(config, device, ctx, comparable)
 
     def _run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext, comparable: bool) -> TrialResult:
         import torch
