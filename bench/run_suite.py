@@ -8,7 +8,7 @@ results. ``suite.json`` records what ran, for how long, and how it ended.
 
     PYTHONPATH=. python bench/run_suite.py --budget-s 420 --out-dir bench/results/h200
 
-A machine that brings back only a few files (8 on the lent GPU machines) keeps the JSON of at
+A machine that brings back only a few files (say 8) keeps the JSON of at
 most six steps and the two suite files: choose the steps with ``--only``.
 """
 
