@@ -28,7 +28,8 @@ def test_memory_bound_case_and_unknown_limits() -> None:
     assert out["arithmetic_intensity"] < 1.1
     assert out["roof_tflops"] == pytest.approx(out["arithmetic_intensity"] * 4.0)  # memory-bound roof
     assert 0 < out["roofline_fraction"] < 1
-    assert set(roofline_metrics(flops, moved, 0.05, None, None)) == {"arithmetic_intensity"}
+    assert out["achieved_tflops"] == pytest.approx(flops / 0.05e-3 / 1e12)  # what the dashboard plots
+    assert set(roofline_metrics(flops, moved, 0.05, None, None)) == {"arithmetic_intensity", "achieved_tflops"}
     assert roofline_metrics(0, moved, 0.05, 1.0, 1.0) == {}
 
 

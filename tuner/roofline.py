@@ -55,15 +55,16 @@ def measure_copy_bandwidth_gbps(size_bytes: int = 1 << 30, reps: int = 10) -> fl
 def roofline_metrics(
     flops: float, bytes_moved: float, latency_ms: float, peak_tflops: float | None, bandwidth_gbps: float | None
 ) -> dict[str, float]:
-    """``arithmetic_intensity`` (FLOP/byte) always; ``roof_tflops`` and ``roofline_fraction`` when both
-    limits are known. Empty when the inputs cannot give a position."""
+    """``arithmetic_intensity`` (FLOP/byte) and ``achieved_tflops`` always (so a memory-bound workload
+    that reports GB/s still has a point on the roofline); ``roof_tflops`` and ``roofline_fraction`` when
+    both limits are known. Empty when the inputs cannot give a position."""
     if flops <= 0 or bytes_moved <= 0 or latency_ms <= 0:
         return {}
     intensity = flops / bytes_moved
-    out = {"arithmetic_intensity": intensity}
+    achieved_tflops = flops / (latency_ms * 1e-3) / 1e12
+    out = {"arithmetic_intensity": intensity, "achieved_tflops": achieved_tflops}
     if peak_tflops and bandwidth_gbps:
         roof_tflops = min(peak_tflops, intensity * bandwidth_gbps / 1000)
-        achieved_tflops = flops / (latency_ms * 1e-3) / 1e12
         out["roof_tflops"] = roof_tflops
         out["roofline_fraction"] = achieved_tflops / roof_tflops
     return out
