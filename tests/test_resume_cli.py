@@ -216,7 +216,7 @@ def test_a_runner_shut_down_mid_study_queues_it_again_and_the_next_runner_finish
         assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()
         time.sleep(0.2)
     os.killpg(first.pid, signal.SIGTERM)  # what `tuner serve` does to its runner when it shuts down
-    assert first.wait(timeout=120) == 0
+    assert first.wait(timeout=120) == 0, first.stdout.read()[-6000:]
     after_first = db.get_study(study.id)
     assert after_first.status == "queued" and "queued again" in after_first.message
     assert after_first.lease_owner is None

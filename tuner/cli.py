@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.table import Table
@@ -270,7 +270,35 @@ def cmd_worker(args: argparse.Namespace) -> int:
         runner.run_forever()
     except KeyboardInterrupt:
         runner.stop()
-    return 0
+    runner.db.dispose()
+    _exit_after_ray_shutdown(RAY_SHUTDOWN_S)
+
+
+#: How long a stopping runner waits for Ray's shutdown before it exits anyway.
+RAY_SHUTDOWN_S = 15.0
+
+
+def _exit_after_ray_shutdown(timeout_s: float) -> NoReturn:
+    """Shut Ray down within ``timeout_s`` seconds, then exit with status 0.
+
+    A runner stopped with its whole process group (what ``tuner serve`` and Ctrl-C do) loses its
+    local Ray's processes at the same moment; Ray's shutdown, and its exit hook, may then wait on
+    them, and after 60 s without its control store Ray aborts the process with status 1. By now
+    every result and the study's state are in the database, so nothing is lost by not waiting.
+    """
+    import logging
+    import os
+    import threading
+
+    import ray
+
+    done = threading.Thread(target=ray.shutdown, daemon=True)
+    done.start()
+    done.join(timeout_s)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
