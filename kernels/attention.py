@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.gemm import raise_if_over_shared_memory
 from tuner.workload import interpreter_active
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
@@ -395,7 +396,7 @@ def compile_only(
         **_meta_args(seq_len, head_dim, causal, use_tma, BLOCK_M, BLOCK_N, num_warps, num_stages),
         grid=_grid(batch, heads, seq_len, BLOCK_M),
     )
-    _raise_if_over_shared_memory(kernel)
+    raise_if_over_shared_memory(kernel)
     return kernel
 
 
@@ -457,22 +458,6 @@ def compile_for_target(
     except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as exc:  # other internals
         raise NotImplementedError(f"cannot bind the kernel's arguments in this Triton: {exc!r}") from None
     return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
-
-
-def _raise_if_over_shared_memory(kernel: Any) -> None:
-    """Triton checks shared memory only when it loads the binary (first launch); check it now."""
-    shared_bytes = getattr(getattr(kernel, "metadata", None), "shared", None)
-    if shared_bytes is None:
-        return
-    from triton.runtime import driver
-    from triton.runtime.errors import OutOfResources
-
-    try:
-        limit_bytes = driver.active.utils.get_device_properties(driver.active.get_current_device())["max_shared_mem"]
-    except Exception:  # no limit known: the launch will check it
-        return
-    if shared_bytes > limit_bytes:
-        raise OutOfResources(shared_bytes, limit_bytes, "shared memory")
 
 
 # --------------------------------------------------------------------------- inputs and reference

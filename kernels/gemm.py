@@ -25,13 +25,14 @@ GPU only.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from tuner.workload import interpreter_active
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
@@ -68,11 +69,6 @@ FP8_E4M3_MAX = 448.0
 K_MAJOR_B: frozenset[str] = frozenset({"tf32", "fp8"})
 #: Smallest BLOCK_K that ``tl.dot`` accepts on NVIDIA GPUs (8-bit operands need K >= 32).
 MIN_BLOCK_K: dict[str, int] = {"fp32": 16, "tf32": 16, "bf16": 16, "fp16": 16, "fp8": 32}
-
-
-def interpreter_active() -> bool:
-    """True when Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 @triton.jit
@@ -272,22 +268,12 @@ def compile_only(
     warmup = getattr(matmul_kernel, "warmup", None)
     if warmup is None:
         return None
-    from triton.runtime.jit import MockTensor
-
-    class _StridedMock(MockTensor):
-        def __init__(self, dtype: torch.dtype, shape: list[int], strides: tuple[int, int]) -> None:
-            super().__init__(dtype, shape)
-            self._strides = strides
-
-        def stride(self) -> tuple[int, ...]:
-            return self._strides
-
     strides = operand_strides(m, n, k, precision)
-    a = _StridedMock(INPUT_DTYPES[precision], [m, k], strides["a"])
-    b = _StridedMock(INPUT_DTYPES[precision], [k, n], strides["b"])
-    c = _StridedMock(OUTPUT_DTYPES[precision], [m, n], strides["c"])
+    a = strided_mock(INPUT_DTYPES[precision], [m, k], strides["a"])
+    b = strided_mock(INPUT_DTYPES[precision], [k, n], strides["b"])
+    c = strided_mock(OUTPUT_DTYPES[precision], [m, n], strides["c"])
     has_scale = precision == "fp8"
-    scale = _StridedMock(torch.float32, [1], (1, 1))
+    scale = strided_mock(torch.float32, [1], (1, 1))
     kernel = warmup(
         a,
         b,
@@ -303,11 +289,26 @@ def compile_only(
         **_meta_args(precision, k, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages),
         grid=_grid(m, n, BLOCK_M, BLOCK_N),
     )
-    _raise_if_over_shared_memory(kernel)
+    raise_if_over_shared_memory(kernel)
     return kernel
 
 
-def _raise_if_over_shared_memory(kernel: Any) -> None:
+def strided_mock(dtype: torch.dtype, shape: list[int], strides: tuple[int, ...]) -> Any:
+    """A placeholder tensor for ``JITFunction.warmup``: dtype, shape and strides, no memory.
+
+    The compile-ahead functions of every kernel module pass these, with the strides the real
+    launch will see, so that the launch finds the binary in Triton's in-process cache.
+    """
+    from triton.runtime.jit import MockTensor
+
+    class StridedMock(MockTensor):
+        def stride(self) -> tuple[int, ...]:
+            return strides
+
+    return StridedMock(dtype, shape)
+
+
+def raise_if_over_shared_memory(kernel: Any) -> None:
     """Triton checks shared memory only when it loads the binary (first launch); check it now."""
     shared_bytes = getattr(getattr(kernel, "metadata", None), "shared", None)
     if shared_bytes is None:

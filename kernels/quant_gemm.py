@@ -319,24 +319,17 @@ def compile_only(
     warmup = getattr(quant_matmul_kernel, "warmup", None)
     if warmup is None:
         return None
-    from triton.runtime.jit import MockTensor
+    from kernels.gemm import raise_if_over_shared_memory, strided_mock
 
-    from kernels.gemm import _raise_if_over_shared_memory
-
-    class _StridedMock(MockTensor):
-        def __init__(self, dtype: torch.dtype, shape: list[int]) -> None:
-            super().__init__(dtype, shape)
-            self._strides = (shape[1], 1)
-
-        def stride(self) -> tuple[int, ...]:
-            return self._strides
+    def row_major(dtype: torch.dtype, shape: list[int]) -> Any:
+        return strided_mock(dtype, shape, (shape[1], 1))
 
     dtype = ACT_DTYPES[precision]
-    x = _StridedMock(dtype, [m, k])
-    w = _StridedMock(torch.int8, [k * bits // 8, n])
-    s = _StridedMock(scale_dtype or dtype, [k // group_size, n])
-    y = _StridedMock(dtype, [m, n])
-    ws = _StridedMock(torch.float32, [m, n]) if SPLIT_K > 1 else y
+    x = row_major(dtype, [m, k])
+    w = row_major(torch.int8, [k * bits // 8, n])
+    s = row_major(scale_dtype or dtype, [k // group_size, n])
+    y = row_major(dtype, [m, n])
+    ws = row_major(torch.float32, [m, n]) if SPLIT_K > 1 else y
     kernel = warmup(
         x,
         w,
@@ -353,7 +346,7 @@ def compile_only(
         **_meta_args(dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages),
         grid=_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K),
     )
-    _raise_if_over_shared_memory(kernel)
+    raise_if_over_shared_memory(kernel)
     return kernel
 
 

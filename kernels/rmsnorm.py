@@ -20,12 +20,13 @@ element-wise and reduction ops they use give correct bf16 results there (Triton 
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+
+from tuner.workload import interpreter_active
 
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16")
 #: dtype of x, the weight and y per precision (the math inside is fp32 either way).
@@ -34,11 +35,6 @@ DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "fp16": torch.float16, 
 MAX_TILE_ELEMENTS = 1 << 20
 #: Default epsilon added to the mean square (as in Llama-style models).
 DEFAULT_EPS = 1e-6
-
-
-def interpreter_active() -> bool:
-    """True when Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 @triton.jit
@@ -232,9 +228,9 @@ def warmup_kernel(kernel: Any, args: list[Any], grid_size: tuple[int], meta: dic
     if warmup is None:
         return None
     compiled = warmup(*args, grid=grid_size, **meta)
-    from kernels.gemm import _raise_if_over_shared_memory
+    from kernels.gemm import raise_if_over_shared_memory
 
-    _raise_if_over_shared_memory(compiled)
+    raise_if_over_shared_memory(compiled)
     return compiled
 
 
