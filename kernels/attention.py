@@ -523,13 +523,6 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     return out.reshape(batch, heads, seq_len, head_dim)
 
 
-def max_rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``max|out - ref| / max|ref|`` in fp32; NaN when ``out`` has a NaN."""
-    diff = (out.to(torch.float32) - ref).abs().amax()
-    scale = ref.abs().amax().clamp(min=torch.finfo(torch.float32).tiny)
-    return float(diff / scale)
-
-
 def attention_flops(batch: int, heads: int, seq_len: int, head_dim: int, causal: bool) -> float:
     """FLOPs of one forward: two S x S x D products per (batch, head), ``4*B*H*S*S*D``; half when causal."""
     flops = 4.0 * batch * heads * seq_len * seq_len * head_dim

@@ -106,7 +106,7 @@ def check_numerics(out: Any, ref: Any, precision: str) -> NumericsCheck:
     """
     import torch
 
-    from kernels.attention import max_rel_error
+    from kernels.gemm import max_rel_error
 
     non_finite = int((~torch.isfinite(out)).sum())
     if non_finite:

@@ -62,6 +62,7 @@ def test_kernel_matches_sdpa(interpreter: None, shape: tuple[int, int, int, int]
     import torch
 
     from kernels import attention as attn
+    from kernels.gemm import max_rel_error
     from objectives.flash_attention import TOLERANCE_VS_FP32
 
     masters = attn.make_masters(*shape, "cpu", seed=1)
@@ -71,7 +72,7 @@ def test_kernel_matches_sdpa(interpreter: None, shape: tuple[int, int, int, int]
     # SDPA of the very fp16 operands: only the kernel's own rounding (P, output) remains.
     operand_ref = attn.reference_attention(q, k, v, causal)
     torch_ref = torch.nn.functional.scaled_dot_product_attention(*(t.float() for t in (q, k, v)), is_causal=causal)
-    assert attn.max_rel_error(operand_ref, torch_ref) < 1e-5
+    assert max_rel_error(operand_ref, torch_ref) < 1e-5
     # Tiles smaller than, equal to and larger than the other dimension; TMA and plain loads.
     for block_m, block_n, use_tma in ((16, 16, False), (32, 16, True), (16, 64, False), (64, 32, True)):
         out = attn.attention(
@@ -79,25 +80,26 @@ def test_kernel_matches_sdpa(interpreter: None, shape: tuple[int, int, int, int]
         )
         assert out.shape == shape and out.dtype == torch.float16 and torch.isfinite(out).all()
         tile = (block_m, block_n, use_tma)
-        assert attn.max_rel_error(out, ref) <= TOLERANCE_VS_FP32["fp16"], tile
-        assert attn.max_rel_error(out, operand_ref) <= 2e-3, tile
+        assert max_rel_error(out, ref) <= TOLERANCE_VS_FP32["fp16"], tile
+        assert max_rel_error(out, operand_ref) <= 2e-3, tile
 
 
 @pytest.mark.timeout(60)
 def test_causal_mask_and_scale_matter(interpreter: None) -> None:
     """The tolerance is tight enough to see a missing mask or a wrong scale (the errors a kernel makes)."""
     from kernels import attention as attn
+    from kernels.gemm import max_rel_error
     from objectives.flash_attention import TOLERANCE_VS_FP32
 
     masters = attn.make_masters(1, 1, 64, 64, "cpu", seed=2)
     q, k, v = attn.quantize(masters, "fp16")
     tile = {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
     causal_ref = attn.reference_attention(*masters, True)
-    assert attn.max_rel_error(attn.attention(q, k, v, causal=True, **tile), causal_ref) <= TOLERANCE_VS_FP32["fp16"]
+    assert max_rel_error(attn.attention(q, k, v, causal=True, **tile), causal_ref) <= TOLERANCE_VS_FP32["fp16"]
     unmasked = attn.attention(q, k, v, causal=False, **tile)
-    assert attn.max_rel_error(unmasked, causal_ref) > 0.1
+    assert max_rel_error(unmasked, causal_ref) > 0.1
     rescaled = attn.attention(q, k, v, causal=True, sm_scale=0.9 / math.sqrt(64), **tile)
-    assert attn.max_rel_error(rescaled, causal_ref) > TOLERANCE_VS_FP32["bf16"]
+    assert max_rel_error(rescaled, causal_ref) > TOLERANCE_VS_FP32["bf16"]
 
 
 @pytest.mark.timeout(60)
@@ -105,13 +107,14 @@ def test_kernel_writes_into_out(interpreter: None) -> None:
     import torch
 
     from kernels import attention as attn
+    from kernels.gemm import max_rel_error
 
     masters = attn.make_masters(1, 2, 48, 64, "cpu", seed=3)
     q, k, v = attn.quantize(masters, "fp16")
     out = torch.full_like(q, float("nan"))
     result = attn.attention(q, k, v, causal=True, BLOCK_M=16, BLOCK_N=32, num_warps=4, num_stages=2, out=out)
     assert result is out and torch.isfinite(out).all()
-    assert attn.max_rel_error(out, attn.reference_attention(*masters, True)) <= 5e-3
+    assert max_rel_error(out, attn.reference_attention(*masters, True)) <= 5e-3
 
 
 @pytest.mark.timeout(30)
@@ -513,6 +516,7 @@ def test_gpu_numerics_against_sdpa(shape: tuple[int, int, int, int], causal: boo
     import torch
 
     from kernels import attention as attn
+    from kernels.gemm import max_rel_error
     from objectives.flash_attention import TOLERANCE_VS_FP32
 
     masters = attn.make_masters(*shape, "cuda", seed=4)
@@ -530,8 +534,8 @@ def test_gpu_numerics_against_sdpa(shape: tuple[int, int, int, int], causal: boo
             torch.cuda.synchronize()
             tile = (block_m, block_n, warps, stages, use_tma)
             assert torch.isfinite(out).all(), tile
-            assert attn.max_rel_error(out, ref) <= TOLERANCE_VS_FP32[precision], tile
-            assert attn.max_rel_error(out, operand_ref) <= {"bf16": 1.5e-2, "fp16": 2e-3}[precision], tile
+            assert max_rel_error(out, ref) <= TOLERANCE_VS_FP32[precision], tile
+            assert max_rel_error(out, operand_ref) <= {"bf16": 1.5e-2, "fp16": 2e-3}[precision], tile
 
 
 @pytest.mark.gpu
