@@ -58,6 +58,7 @@ from tuner.workload import (
     TrialStatus,
     compile_failure_result,
     compile_failure_status,
+    missing_params,
 )
 
 COMM_HOOKS: tuple[str, ...] = ("none", "bf16", "fp16")
@@ -146,9 +147,9 @@ class DDPStep(RankWorkload):
     # ------------------------------------------------------------------ static feasibility
 
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
-        missing = [k for k in DDP_KNOBS if k not in config]
-        if missing:
-            return f"config lacks {', '.join(missing)}"
+        reason = missing_params(config, DDP_KNOBS)
+        if reason:
+            return reason
         bucket = config["bucket_cap_mb"]
         if isinstance(bucket, bool) or not isinstance(bucket, (int, float)) or not 0 < bucket <= 1024:
             return f"bucket_cap_mb must be a number in (0, 1024], got {bucket!r}"

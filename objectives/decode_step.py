@@ -63,6 +63,7 @@ from tuner.workload import (
     Workload,
     compile_failure_result,
     compile_failure_status,
+    missing_params,
     timing_comparable,
 )
 
@@ -216,11 +217,9 @@ class DecodeStep(Workload):
     # ------------------------------------------------------------------ static feasibility
 
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
-        missing = [p for p in PARAMS if p not in config]
-        if self.batch is None and "batch" not in config:
-            missing.insert(0, "batch")
-        if missing:
-            return f"config lacks {', '.join(missing)}"
+        reason = missing_params(config, ("batch", *PARAMS) if self.batch is None else PARAMS)
+        if reason:
+            return reason
         if self.batch is not None and "batch" in config and config["batch"] != self.batch:
             return f"batch is fixed to {self.batch} by the workload's args, config asks for {config['batch']!r}"
         batch = config.get("batch", self.batch)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.kernel_workload import Checked, KernelWorkload
-from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, is_pow2
+from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, is_pow2, missing_params
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -176,9 +176,9 @@ class FlashAttention(KernelWorkload):
     # ------------------------------------------------------------------ static feasibility
 
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
-        missing = [p for p in (*TILE_PARAMS, "precision") if p not in config]
-        if missing:
-            return f"config lacks {', '.join(missing)}"
+        reason = missing_params(config, (*TILE_PARAMS, "precision"))
+        if reason:
+            return reason
         precision = config["precision"]
         if precision not in PRECISIONS:
             return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"

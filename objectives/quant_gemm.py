@@ -31,7 +31,16 @@ from typing import Any
 
 from tuner.kernel_workload import Checked, KernelWorkload
 from tuner.measure import L2_FLUSH_BYTES
-from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, is_pow2, timing_comparable, triton_configs_python
+from tuner.workload import (
+    DeviceInfo,
+    MetricSpec,
+    interpreter_active,
+    is_pow2,
+    missing_params,
+    not_pow2,
+    timing_comparable,
+    triton_configs_python,
+)
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 BITS: tuple[int, ...] = (4, 8)
@@ -182,9 +191,9 @@ class QuantGemm(KernelWorkload):
     # ------------------------------------------------------------------ static feasibility
 
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
-        missing = [p for p in PARAMS if p not in config]
-        if missing:
-            return f"config lacks {', '.join(missing)}"
+        reason = missing_params(config, PARAMS)
+        if reason:
+            return reason
         precision = config["precision"]
         if precision not in PRECISIONS:
             return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
@@ -197,9 +206,9 @@ class QuantGemm(KernelWorkload):
             return f"bits must be 4 or 8, got {bits}"
         if not is_pow2(group) or group < 16 or self.k % group:
             return f"group_size={group} must be a power of two >= 16 dividing k={self.k}"
-        for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"):
-            if not is_pow2(values[p]):
-                return f"{p}={values[p]} is not a power of two (tl.arange and the warp layout need one)"
+        reason = not_pow2(values, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"))
+        if reason:
+            return reason
         if values["BLOCK_M"] < 16 or values["BLOCK_N"] < 16:
             return f"BLOCK_M and BLOCK_N must be >= 16 for tl.dot, got {values['BLOCK_M']} and {values['BLOCK_N']}"
         if values["BLOCK_K"] < MIN_BLOCK_K[bits]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tuner.kernel_workload import Checked, KernelWorkload
-from tuner.workload import DeviceInfo, MetricSpec, is_pow2, triton_configs_python
+from tuner.workload import DeviceInfo, MetricSpec, missing_params, not_pow2, triton_configs_python
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK", "ROWS_PER_PROGRAM", "num_warps", "num_stages")
@@ -173,9 +173,9 @@ class RowWiseWorkload(KernelWorkload):
     # ------------------------------------------------------------------ static feasibility
 
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
-        missing = [p for p in (*TILE_PARAMS, "precision") if p not in config]
-        if missing:
-            return f"config lacks {', '.join(missing)}"
+        reason = missing_params(config, (*TILE_PARAMS, "precision"))
+        if reason:
+            return reason
         precision = config["precision"]
         if precision not in PRECISIONS:
             return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
@@ -183,9 +183,9 @@ class RowWiseWorkload(KernelWorkload):
         if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
             return f"{', '.join(TILE_PARAMS)} must be ints, got {values}"
         tile = self._tile(config)
-        for p in ("BLOCK", "ROWS_PER_PROGRAM", "num_warps"):
-            if not is_pow2(tile[p]):
-                return f"{p}={tile[p]} is not a power of two (tl.arange and the warp layout need one)"
+        reason = not_pow2(tile, ("BLOCK", "ROWS_PER_PROGRAM", "num_warps"))
+        if reason:
+            return reason
         if tile["num_warps"] > 32:
             return f"num_warps={tile['num_warps']} exceeds 32 (1024 threads per block)"
         if tile["num_stages"] < 1:

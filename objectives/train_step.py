@@ -65,6 +65,7 @@ from tuner.workload import (
     Workload,
     compile_failure_result,
     compile_failure_status,
+    missing_params,
     timing_comparable,
 )
 
@@ -263,9 +264,9 @@ class TrainStep(Workload):
         return micro, derived
 
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
-        missing = [p for p in KNOBS if p not in config]
-        if missing:
-            return f"config lacks {', '.join(missing)}"
+        reason = missing_params(config, KNOBS)
+        if reason:
+            return reason
         batching = self._batching(config)
         if isinstance(batching, str):
             return batching

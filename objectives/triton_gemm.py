@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.kernel_workload import Checked, KernelWorkload
-from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, is_pow2, triton_configs_python
+from tuner.workload import (
+    DeviceInfo,
+    MetricSpec,
+    interpreter_active,
+    missing_params,
+    not_pow2,
+    triton_configs_python,
+)
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
@@ -155,9 +162,9 @@ class TritonGemm(KernelWorkload):
     # ------------------------------------------------------------------ static feasibility
 
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
-        missing = [p for p in (*TILE_PARAMS, "precision") if p not in config]
-        if missing:
-            return f"config lacks {', '.join(missing)}"
+        reason = missing_params(config, (*TILE_PARAMS, "precision"))
+        if reason:
+            return reason
         precision = config["precision"]
         if precision not in PRECISIONS:
             return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
@@ -165,9 +172,9 @@ class TritonGemm(KernelWorkload):
             tile = {p: int(config[p]) for p in TILE_PARAMS}
         except (TypeError, ValueError):
             return f"tile parameters must be ints, got {[config[p] for p in TILE_PARAMS]}"
-        for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"):
-            if not is_pow2(tile[p]):
-                return f"{p}={tile[p]} is not a power of two (tl.arange and the warp layout need one)"
+        reason = not_pow2(tile, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"))
+        if reason:
+            return reason
         if tile["BLOCK_M"] < 16 or tile["BLOCK_N"] < 16:
             return f"BLOCK_M and BLOCK_N must be >= 16, got {tile['BLOCK_M']} and {tile['BLOCK_N']}"
         if tile["BLOCK_K"] < MIN_BLOCK_K[precision]:

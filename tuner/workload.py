@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -196,6 +197,20 @@ def classify_exception(exc: BaseException) -> TrialStatus:
 def is_pow2(value: Any) -> bool:
     """Whether ``value`` is a positive power of two (an int, not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value > 0 and value & (value - 1) == 0
+
+
+def missing_params(config: dict[str, Any], names: Iterable[str]) -> str | None:
+    """``static_check``'s first test: the reason naming the params ``config`` lacks, or None."""
+    missing = [name for name in names if name not in config]
+    return f"config lacks {', '.join(missing)}" if missing else None
+
+
+def not_pow2(values: dict[str, int], names: Iterable[str]) -> str | None:
+    """The reason naming the first of ``names`` whose value is not a power of two, or None."""
+    for name in names:
+        if not is_pow2(values[name]):
+            return f"{name}={values[name]} is not a power of two (tl.arange and the warp layout need one)"
+    return None
 
 
 def triton_configs_python(comment: str, exported: dict[str, Any], preamble: str = "") -> str:
