@@ -131,19 +131,18 @@ def record_landscape(
     counts: dict[str, int] = {}
     out.parent.mkdir(parents=True, exist_ok=True)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=compile_threads)
-    feasible = [c for c in configs if workload.static_check(c, device) is None]
+    reasons = [workload.static_check(c, device) for c in configs]
     # Compile ahead: every feasible config is submitted at once; the pool works through them while
     # the main thread times, in order, those already compiled.
-    prepared = {_key(c): pool.submit(workload.prepare, c, device) for c in feasible}
+    prepared = {i: pool.submit(workload.prepare, c, device) for i, c in enumerate(configs) if reasons[i] is None}
     start = time.time()
     with out.open("w") as fh:
         fh.write(json.dumps(header) + "\n")
-        for i, config in enumerate(configs):
-            reason = workload.static_check(config, device)
+        for i, (config, reason) in enumerate(zip(configs, reasons, strict=True)):
             if reason is not None:
                 result = TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason)
             else:
-                prepared[_key(config)].result()
+                prepared[i].result()
                 try:
                     result = workload.run(config, device, TrialContext(trial_number=i))
                 except Exception as exc:
@@ -163,10 +162,6 @@ def record_landscape(
                 print(f"  {i + 1}/{len(configs)} configs, {time.time() - start:.0f} s, {counts}", flush=True)
     pool.shutdown(wait=True)
     return counts
-
-
-def _key(config: dict[str, Any]) -> str:
-    return json.dumps(config, sort_keys=True)
 
 
 def _command() -> str:
