@@ -52,6 +52,9 @@ class Checked:
 class KernelWorkload(Workload):
     """Base of the Triton kernel workloads: subclasses implement the hooks below, not ``run``."""
 
+    #: While one config is timed, three more compile ahead on the worker's threads.
+    trials_in_flight = 4
+
     def __init__(self) -> None:
         # Triton compile failures found by prepare(), reported by run() of the same config.
         self._prepare_failures: dict[str, BaseException] = {}

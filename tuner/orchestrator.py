@@ -108,10 +108,6 @@ class _Work:
     ref: Any = None
 
 
-#: Trials in flight per GPU worker by default (``resources.trials_per_worker`` overrides it).
-GPU_SLOTS = 4
-
-
 @dataclass
 class _Worker:
     index: int
@@ -293,9 +289,10 @@ class Orchestrator:
         else:
             n = self.requested_workers or 2
         self._gpu = gpus > 0
-        # On a GPU, GPU_SLOTS trials in flight per worker: while one is timed, the others compile
-        # on the worker's threads (Triton's compiler and ptxas run in parallel across threads).
-        self._slots = 1 if self._gang else self.requested_slots or (GPU_SLOTS if self._gpu else 1)
+        # On a GPU, the workload's trials_in_flight per worker: for kernels, while one is timed the
+        # others compile on the worker's threads (Triton's compiler and ptxas run in parallel).
+        in_flight = self.workload.trials_in_flight if self._gpu else 1
+        self._slots = 1 if self._gang else self.requested_slots or in_flight
         self._workers = [self._spawn(i, 0) for i in range(n)]
         deadline = time.monotonic() + 300
         for worker in self._workers:

@@ -135,6 +135,11 @@ class Workload:
     space_file: ClassVar[str] = ""
     metrics: ClassVar[tuple[MetricSpec, ...]] = ()
     description: ClassVar[str] = ""
+    #: Trials a GPU worker holds at once (``resources.trials_per_worker`` overrides it). More than one
+    #: pays off where ``prepare`` compiles ahead (the kernel workloads): the next configs compile on
+    #: the worker's threads while one is timed. A whole training or decode step gains nothing from a
+    #: queue, which would only run on past the study's time budget.
+    trials_in_flight: ClassVar[int] = 1
 
     def __init__(self, **args: Any) -> None:
         if args:
