@@ -7,7 +7,8 @@ faster than ``torch.matmul`` of the bf16 activations and the unquantized bf16 we
 
 Each study runs with the engine (Optuna, Ray workers, SQLite) over the workload's default space with
 bits, group size and precision fixed by space overrides, so the study searches the kernel's knobs only
-(BLOCK_M capped at the smallest power of two >= M: taller row tiles only repeat rows).
+(BLOCK_M: the GEMV kernel's 1 or the smallest power of two >= 16 and >= M: taller row tiles only
+repeat rows).
 Its winner and the baseline are then re-measured interleaved (A B A B ..., ``--rounds`` times).
 
 Both sides are timed the same way: ``tuner.measure.time_fn`` with ``cuda_graph=True`` (these products
@@ -48,8 +49,9 @@ def make_spec(m: int, bits: int, trials: int, minutes: float, seed: int, n: int 
             "bits": {"choices": [bits]},
             "group_size": {"choices": [GROUP_SIZE]},
             "precision": {"choices": ["bf16"]},
-            # Row tiles taller than M only repeat rows: the smallest power of two >= M (tl.dot needs >= 16).
-            "BLOCK_M": {"high": max(16, 1 << (m - 1).bit_length())},
+            # Row tiles taller than M only repeat rows: GEMV (1) and the smallest power of two >= M that
+            # tl.dot takes (>= 16).
+            "BLOCK_M": {"choices": [1, max(16, 1 << (m - 1).bit_length())]},
         },
         "objectives": [{"metric": "tflops", "direction": "maximize"}],
         "budget": {"trials": trials, "minutes": minutes, "trial_timeout_s": 120},

@@ -35,6 +35,16 @@ current stream, all capturable in a CUDA graph). Programs are ordered with the M
 so the programs that read the same weight tile run together and the weights (the large operand
 at decode shapes) come from HBM once.
 
+GEMV (``BLOCK_M == 1``, for decode with a handful of rows): a second kernel,
+:func:`quant_gemv_kernel`, without ``tl.dot`` (which needs 16 rows and would pad one row to 16).
+Program ``(m, tile, s)`` handles one row of X, ``BLOCK_N`` columns and one K split; it multiplies
+the decoded weights by X on the CUDA cores into a (stored rows, BLOCK_N) fp32 accumulator and
+reduces over K once, after its loop. Nibbles and int8 values become fp32 with the exponent trick
+(``bits(0x4B000000 | u)`` is ``2**23 + u``): an integer OR and one subtraction per weight, since
+int-to-float conversions run at a quarter of the FMA rate and would bound the kernel below the HBM
+bandwidth. The M programs that read the same weight tile run next to each other (M fastest), so
+the weights come from HBM once. Split-K works as above.
+
 Rows and columns past the edge wrap around (``% M``, ``% N``) so loads stay in bounds, and
 stores are masked; K must be a multiple of ``SPLIT_K * BLOCK_K`` (checked).
 
@@ -156,6 +166,77 @@ def quant_matmul_kernel(
         tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
 
 
+@triton.jit
+def quant_gemv_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    ws_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wk,
+    stride_wn,
+    stride_sg,
+    stride_sn,
+    stride_ym,
+    stride_yn,
+    BITS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+):
+    """Row ``m`` of Y, BLOCK_N columns, one K split, on the CUDA cores (see the module docstring)."""
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    m = pid % M  # rows fastest: the programs reading one weight tile run together
+    pid_n = pid // M
+    PACK: tl.constexpr = 8 // BITS
+    ROWS: tl.constexpr = BLOCK_K // PACK
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_r = tl.arange(0, ROWS)
+    k_per_split = K // SPLIT_K
+    k_begin = pid_k * k_per_split
+    w_ptrs = w_ptr + (k_begin // PACK + offs_r)[:, None] * stride_wk + offs_n[None, :] * stride_wn
+    x_ptrs = x_ptr + m * stride_xm + (k_begin + offs_r * PACK) * stride_xk
+
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for i in range(0, k_per_split // BLOCK_K):
+        k0 = k_begin + i * BLOCK_K
+        stored = tl.load(w_ptrs)
+        x0 = tl.load(x_ptrs).to(tl.float32)
+        if BITS == 8:
+            u = stored.to(tl.int32) + 128
+            part = x0[:, None] * ((u | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0)
+        else:
+            x1 = tl.load(x_ptrs + stride_xk).to(tl.float32)
+            u = stored.to(tl.uint8, bitcast=True).to(tl.int32)
+            lo = ((u & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+            hi = ((u >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0
+            part = x0[:, None] * lo + x1[:, None] * hi
+        if BLOCK_K <= GROUP_SIZE:
+            scale = tl.load(s_ptr + (k0 // GROUP_SIZE) * stride_sg + offs_n * stride_sn).to(tl.float32)
+            acc += part * scale[None, :]
+        else:
+            groups = (k0 + offs_r * PACK) // GROUP_SIZE
+            scale = tl.load(s_ptr + groups[:, None] * stride_sg + offs_n[None, :] * stride_sn).to(tl.float32)
+            acc += part * scale
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += ROWS * stride_wk
+
+    y = tl.sum(acc, axis=0)
+    offs_yn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = offs_yn < N
+    if SPLIT_K == 1:
+        tl.store(y_ptr + m * stride_ym + offs_yn * stride_yn, y.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        tl.atomic_add(ws_ptr + m * N + offs_yn, y, mask=mask, sem="relaxed")
+
+
 # --------------------------------------------------------------------------- launch
 
 
@@ -186,6 +267,17 @@ def check_layout(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_K: in
 
 def _grid(m: int, n: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int) -> tuple[int, int]:
     return (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N), SPLIT_K)
+
+
+def _kernel_and_meta(
+    dtype: torch.dtype, bits: int, group_size: int, tile: dict[str, int]
+) -> tuple[Any, dict[str, Any]]:
+    """The kernel a tile config launches (GEMV for BLOCK_M == 1) and its constexpr and launch arguments."""
+    if tile["BLOCK_M"] == 1:
+        meta = {name: tile[name] for name in ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")}
+        return quant_gemv_kernel, {"BITS": bits, "GROUP_SIZE": group_size, **meta}
+    names = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
+    return quant_matmul_kernel, _meta_args(dtype, bits, group_size, *(tile[name] for name in names))
 
 
 def _meta_args(
@@ -262,7 +354,16 @@ def quant_matmul(
         elif tuple(workspace.shape) != (m, n) or workspace.dtype != torch.float32 or not workspace.is_contiguous():
             raise ValueError(f"workspace must be a contiguous ({m}, {n}) float32 tensor")
         workspace.zero_()
-    quant_matmul_kernel[_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)](
+    tile = {
+        "BLOCK_M": BLOCK_M,
+        "BLOCK_N": BLOCK_N,
+        "BLOCK_K": BLOCK_K,
+        "SPLIT_K": SPLIT_K,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+    }
+    kernel, meta = _kernel_and_meta(x.dtype, bits, group_size, tile)
+    kernel[_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)](
         x,
         qweight,
         scales,
@@ -279,7 +380,7 @@ def quant_matmul(
         scales.stride(1),
         out.stride(0),
         out.stride(1),
-        **_meta_args(x.dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages),
+        **meta,
     )
     if SPLIT_K > 1:
         out.copy_(workspace)
@@ -316,7 +417,17 @@ def compile_only(
     check_layout(m, n, k, bits, group_size, BLOCK_K, SPLIT_K)
     if interpreter_active():
         return None
-    warmup = getattr(quant_matmul_kernel, "warmup", None)
+    dtype = ACT_DTYPES[precision]
+    tile = {
+        "BLOCK_M": BLOCK_M,
+        "BLOCK_N": BLOCK_N,
+        "BLOCK_K": BLOCK_K,
+        "SPLIT_K": SPLIT_K,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+    }
+    jit, meta = _kernel_and_meta(dtype, bits, group_size, tile)
+    warmup = getattr(jit, "warmup", None)
     if warmup is None:
         return None
     from kernels.gemm import raise_if_over_shared_memory, strided_mock
@@ -324,7 +435,6 @@ def compile_only(
     def row_major(dtype: torch.dtype, shape: list[int]) -> Any:
         return strided_mock(dtype, shape, (shape[1], 1))
 
-    dtype = ACT_DTYPES[precision]
     x = row_major(dtype, [m, k])
     w = row_major(torch.int8, [k * bits // 8, n])
     s = row_major(scale_dtype or dtype, [k // group_size, n])
@@ -343,7 +453,7 @@ def compile_only(
         *w.stride(),
         *s.stride(),
         *y.stride(),
-        **_meta_args(dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages),
+        **meta,
         grid=_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K),
     )
     raise_if_over_shared_memory(kernel)

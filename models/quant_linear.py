@@ -35,6 +35,10 @@ from tuner.workload import interpreter_active
 BITS: tuple[int, ...] = (4, 8)
 #: Programs per product the tile heuristic aims for (an H200 has 132 SMs).
 TARGET_PROGRAMS = 132
+#: Rows of X up to which the GEMV kernel (one row per program, no tl.dot) runs the product.
+GEMV_MAX_M = 1
+#: Weight bytes one GEMV program streams before the product is split along K.
+GEMV_BYTES_PER_PROGRAM = 64 * 1024
 #: Shared memory per block assumed when the device does not say (bytes).
 DEFAULT_SMEM_BYTES = 99 * 1024
 
@@ -62,6 +66,9 @@ def default_tile(m: int, n: int, k: int, bits: int, group_size: int, smem_bytes:
     from kernels.quant_gemm import MIN_BLOCK_K
     from objectives.quant_gemm import shared_memory_bytes
 
+    if m <= GEMV_MAX_M:
+        return gemv_tile(n, k, bits)
+
     block_m = 16
     while block_m < min(m, 64):
         block_m *= 2
@@ -81,6 +88,19 @@ def default_tile(m: int, n: int, k: int, bits: int, group_size: int, smem_bytes:
     while tile["num_stages"] > 1 and shared_memory_bytes({**tile, "bits": bits, "group_size": group_size}) > budget:
         tile["num_stages"] -= 1
     return tile
+
+
+def gemv_tile(n: int, k: int, bits: int) -> dict[str, int]:
+    """The GEMV kernel's tile (``BLOCK_M = 1``) for a single-row product, a heuristic: 32 columns per
+    program (the Linears of a 1B model have N = 2048..8192, so at least 64 programs), 256 K rows per
+    iteration (the largest power of two <= 256 dividing K), and split-K only while a program would
+    stream more than :data:`GEMV_BYTES_PER_PROGRAM` of weights (a split adds two small kernels)."""
+    block_n = 32
+    block_k = _pow2_at_most(k, 256)
+    split = 1
+    while k * bits // 8 * block_n // split > GEMV_BYTES_PER_PROGRAM and k % (2 * split * block_k) == 0 and split < 8:
+        split *= 2
+    return {"BLOCK_M": 1, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "num_warps": 4, "num_stages": 4}
 
 
 def _device_smem_bytes(device: torch.device) -> int:

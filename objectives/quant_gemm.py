@@ -47,6 +47,8 @@ BITS: tuple[int, ...] = (4, 8)
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 QUANT_PARAMS: tuple[str, ...] = ("bits", "group_size", "precision")
 PARAMS: tuple[str, ...] = (*QUANT_PARAMS, *TILE_PARAMS)
+#: Most rows for which the space's GEMV seeds (BLOCK_M = 1, one program per row) come first.
+GEMV_MAX_M = 8
 
 #: Largest ``max|Y - Y_ref| / max|Y_ref|`` accepted, Y_ref = fp32 product of the 16-bit activations and the
 #: 16-bit unquantized weights (standard-normal masters). It is the quantization error: measured with torch on
@@ -179,9 +181,20 @@ class QuantGemm(KernelWorkload):
             raise ValueError(f"seed must be an int, got {seed!r}")
         super().__init__()
         self.m, self.n, self.k, self.seed = m, n, k, seed
+
         self._masters: dict[str, tuple[Any, Any]] = {}
         self._refs: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._cases: dict[tuple[int, int, str, str], _Case] = {}
+
+    def space_document(self) -> dict[str, Any]:
+        """The space file, its GEMV seeds (``BLOCK_M: 1``) first for up to :data:`GEMV_MAX_M` rows and
+        dropped above: one row per program pays off for a few rows only."""
+        document = super().space_document()
+        seeds = document.get("seeds") or []
+        gemv = [seed for seed in seeds if seed.get("BLOCK_M") == 1]
+        mma = [seed for seed in seeds if seed.get("BLOCK_M") != 1]
+        document["seeds"] = gemv + mma if self.m <= GEMV_MAX_M else mma
+        return document
 
     @property
     def flops(self) -> int:
@@ -209,8 +222,11 @@ class QuantGemm(KernelWorkload):
         reason = not_pow2(values, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps"))
         if reason:
             return reason
-        if values["BLOCK_M"] < 16 or values["BLOCK_N"] < 16:
-            return f"BLOCK_M and BLOCK_N must be >= 16 for tl.dot, got {values['BLOCK_M']} and {values['BLOCK_N']}"
+        if (values["BLOCK_M"] != 1 and values["BLOCK_M"] < 16) or values["BLOCK_N"] < 16:
+            return (
+                "BLOCK_M must be 1 (the GEMV kernel) or >= 16 (tl.dot), and BLOCK_N >= 16, got "
+                f"{values['BLOCK_M']} and {values['BLOCK_N']}"
+            )
         if values["BLOCK_K"] < MIN_BLOCK_K[bits]:
             return f"int{bits} needs BLOCK_K >= {MIN_BLOCK_K[bits]}, got {values['BLOCK_K']}"
         if values["SPLIT_K"] < 1 or values["num_stages"] < 1 or values["num_warps"] > 32:
