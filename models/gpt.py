@@ -61,6 +61,7 @@ __all__ = [
     "lm_loss",
     "make_model",
     "model_flops_per_token",
+    "pretrain",
     "replace_linears",
     "resolve_config",
     "synthetic_batch",
@@ -479,6 +480,44 @@ def synthetic_batch(
     tokens = torch.randint(0, cfg.vocab_size, (batch, cfg.seq_len), generator=generator, dtype=torch.long)
     targets = (tokens * 7 + 3) % cfg.vocab_size
     return tokens.to(device), targets.to(device)
+
+
+def pretrain(model: GPT, steps: int, seed: int, micro_batch: int = 8, lr: float = 1e-3) -> list[float]:
+    """Train ``model`` (fp32 parameters) in place for ``steps`` AdamW steps on :func:`synthetic_batch` data and
+    return each step's loss. The batches use seeds ``seed + 1000 + n``; on CUDA the forward runs under bf16
+    autocast with fused AdamW; the learning rate warms up linearly over the first tenth of the steps and
+    gradients are clipped to norm 1. A non-finite loss raises FloatingPointError.
+
+    Why: a seeded random GPT predicts almost uniformly (its top two logits lie a fraction of a unit
+    apart), so any quantization flips its argmax and says nothing about a trained model, whose
+    predictions have margins of several units. A few hundred steps of the synthetic task give the
+    weights that property in seconds, with no download.
+    """
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=cuda or None)
+    warmup = max(1, steps // 10)
+    losses: list[float] = []
+    was_training = model.training
+    model.train()
+    for n in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr * min(1.0, (n + 1) / warmup)
+        tokens, targets = synthetic_batch(model.cfg, micro_batch, seed + 1000 + n, device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            logits = model(tokens)
+        loss = lm_loss(logits, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if not math.isfinite(losses[-1]):
+            raise FloatingPointError(f"pretraining diverged at step {n}: loss {losses[-1]}")
+    model.train(was_training)
+    return losses
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

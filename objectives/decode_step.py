@@ -48,9 +48,13 @@ never import torch.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from models.config import GPTConfig, model_flops_per_token, resolve_config
@@ -82,6 +86,51 @@ MAX_VARIANTS = 4
 #: Cases (KV cache, buffers, captured graph of one config) kept per worker: two, so that a benchmark
 #: alternating two configs does not rebuild them every time.
 MAX_CASES = 2
+
+
+# ------------------------------------------------------------------------------------------ model weights
+
+#: Sequences per step of the synthetic pretraining (``train_steps``), and its peak learning rate.
+PRETRAIN_MICRO_BATCH = 8
+PRETRAIN_LR = 1e-3
+
+
+def pretrain_cache_dir() -> Path:
+    """Where trained weights are kept between processes: ``$TUNER_CACHE_DIR/pretrained`` (default
+    ``~/.cache/gpu-tuner/pretrained``)."""
+    root = os.environ.get("TUNER_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpu-tuner")
+    return Path(root) / "pretrained"
+
+
+def pretrained_state(cfg: GPTConfig, seed: int, steps: int, torch_device: str) -> tuple[dict[str, Any], list[float]]:
+    """The bf16 state dict of the ``seed`` model after ``steps`` steps of :func:`models.gpt.pretrain`, and its losses.
+
+    Trained once per (shape, seed, steps, device type) and kept on disk (:func:`pretrain_cache_dir`,
+    written to a temporary name and renamed), so the benchmark's driver and every study's worker
+    decode the same weights and only the first process pays for the training.
+    """
+    import torch
+
+    from models.gpt import make_model, pretrain
+
+    key = json.dumps(
+        {"cfg": cfg.to_dict(), "seed": seed, "steps": steps, "mb": PRETRAIN_MICRO_BATCH, "lr": PRETRAIN_LR},
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = pretrain_cache_dir() / f"gpt-{digest}-{torch.device(torch_device).type}.pt"
+    if path.exists():
+        saved = torch.load(path, map_location=torch_device, weights_only=True)
+        return saved["state"], list(saved["losses"].tolist())
+    model = make_model(cfg, seed, torch_device)  # fp32 master weights for training
+    losses = pretrain(model, steps, seed, micro_batch=PRETRAIN_MICRO_BATCH, lr=PRETRAIN_LR)
+    state = {name: t.detach().to(torch.bfloat16) for name, t in model.state_dict().items()}
+    del model
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    torch.save({"state": state, "losses": torch.tensor(losses)}, tmp)
+    os.replace(tmp, path)
+    return state, losses
 
 
 # ------------------------------------------------------------------------------------------ model shape
@@ -132,7 +181,9 @@ class DecodeStep(Workload):
     Args: ``model`` (preset name of ``models.config.PRESETS`` or dict of GPTConfig fields, default
     ``"1b"``), ``prompt_len`` (tokens prefilled, >= 1), ``gen_tokens`` (timed decode steps, >= 1;
     ``prompt_len + gen_tokens <= seq_len``), ``batch`` (int 1..1024 fixes it; None leaves it a
-    knob), ``seed`` (int: weights and prompt) and ``min_top1_agreement`` (float in [0, 1]).
+    knob), ``seed`` (int: weights and prompt), ``min_top1_agreement`` (float in [0, 1]) and
+    ``train_steps`` (int >= 0: train the seeded model this many steps on the synthetic task first, see
+    :func:`pretrained_state`; 0 decodes the random model).
     """
 
     name = "decode_step"
@@ -162,6 +213,7 @@ class DecodeStep(Workload):
         batch: int | None = None,
         seed: int = 0,
         min_top1_agreement: float = MIN_TOP1_AGREEMENT,
+        train_steps: int = 0,
     ) -> None:
         self.cfg = resolve_model(model)
         self.model_arg = model if not isinstance(model, GPTConfig) else model.to_dict()
@@ -182,6 +234,10 @@ class DecodeStep(Workload):
             raise ValueError(f"min_top1_agreement must be in [0, 1], got {min_top1_agreement!r}")
         self.prompt_len, self.gen_tokens, self.batch, self.seed = prompt_len, gen_tokens, batch, seed
         self.min_top1_agreement = float(min_top1_agreement)
+        if isinstance(train_steps, bool) or not isinstance(train_steps, int) or not 0 <= train_steps <= 100_000:
+            raise ValueError(f"train_steps must be an int in [0, 100000], got {train_steps!r}")
+        self.train_steps = train_steps
+        self.pretrain_losses: list[float] = []
         self._bases: dict[tuple[str, str], Any] = {}  # (device, attention) -> bf16 GPT
         self._variants: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._refs: dict[tuple[str, int], _Reference] = {}
@@ -473,6 +529,9 @@ class DecodeStep(Workload):
             from models.gpt import make_model
 
             model = make_model(self.cfg, self.seed, torch_device, torch.bfloat16, attention=attention)
+            if self.train_steps:
+                state, self.pretrain_losses = pretrained_state(self.cfg, self.seed, self.train_steps, torch_device)
+                model.load_state_dict(state)
             model.requires_grad_(False).eval()
             self._bases[key] = model
         return model

@@ -88,7 +88,12 @@ def test_quant_linear_kernel_path_matches_the_torch_fallback(interpreter: None, 
 
 
 def test_default_tile_fits_decode_and_prefill_shapes() -> None:
+    # One row: the GEMV kernel; split-K only for the 8192-row down projection (128 KB per program unsplit).
     tile = default_tile(1, 2048, 2048, 4, 128, smem_bytes=232448)
+    assert tile == {"BLOCK_M": 1, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4}
+    assert default_tile(1, 2048, 8192, 4, 128)["SPLIT_K"] == 2
+    assert default_tile(1, 2048, 8192, 8, 128)["SPLIT_K"] == 4
+    tile = default_tile(2, 2048, 2048, 4, 128, smem_bytes=232448)
     assert tile == {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4}
     assert default_tile(64, 8192, 2048, 8, 32)["BLOCK_N"] == 32  # 128 tiles of 64 columns < 132: halved
     assert default_tile(64, 16384, 2048, 8, 32)["BLOCK_N"] == 64  # 256 tiles
@@ -375,7 +380,8 @@ def test_quant_linear_kernel_on_gpu(bits: int) -> None:
 @pytest.mark.parametrize("batch", [1, 8])
 def test_decode_on_gpu_graphs_match_eager_and_quantization_is_faster(batch: int) -> None:
     device = _cuda()
-    w = DecodeStep(model="125m", prompt_len=64, gen_tokens=16, batch=batch)
+    # Trained first (see models.gpt.pretrain): a random model's argmax flips under any quantization.
+    w = DecodeStep(model="125m", prompt_len=64, gen_tokens=16, batch=batch, train_steps=150)
     results = {}
     for name, config in {
         "bf16": {"weight_bits": 16, "kv_dtype": "bf16", "attention": "sdpa", "cuda_graphs": False},
@@ -406,5 +412,5 @@ def test_decode_on_gpu_graphs_match_eager_and_quantization_is_faster(batch: int)
         assert results[name]["max_logit_error"] < 0.05 and results[name]["top1_agreement"] >= 0.99, name
     assert results["bf16-graphs"]["tokens_per_s"] > results["bf16"]["tokens_per_s"]
     assert results["int4-graphs"]["peak_mem_gb"] < results["bf16-graphs"]["peak_mem_gb"]
-    assert results["int8-fp8kv-math"]["top1_agreement"] >= 0.9
-    assert results["int4-graphs"]["top1_agreement"] >= 0.5
+    assert results["int8-fp8kv-math"]["top1_agreement"] >= 0.95
+    assert results["int4-graphs"]["top1_agreement"] >= 0.9
