@@ -55,13 +55,14 @@ class GPTConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-#: Named model shapes. "tiny" is for CPU tests; the others follow GPT-2 small/medium and a ~1.3B
-#: (1.21B non-embedding) model at seq 2048.
+#: Named model shapes. "tiny" is for CPU tests; the others follow GPT-2 small/medium and a 0.98B
+#: (0.91B non-embedding) model at seq 2048, whose fp32 weights, gradients and AdamW moments (15.6 GB)
+#: leave room for activations under a 24 GB card's limit.
 PRESETS: dict[str, GPTConfig] = {
     "tiny": GPTConfig(vocab_size=256, n_layers=2, d_model=64, n_heads=4, seq_len=32),
     "125m": GPTConfig(vocab_size=50304, n_layers=12, d_model=768, n_heads=12, seq_len=1024),
     "350m": GPTConfig(vocab_size=50304, n_layers=24, d_model=1024, n_heads=16, seq_len=1024),
-    "1b": GPTConfig(vocab_size=32000, n_layers=24, d_model=2048, n_heads=16, seq_len=2048),
+    "1b": GPTConfig(vocab_size=32000, n_layers=18, d_model=2048, n_heads=16, seq_len=2048),
 }
 
 

@@ -38,7 +38,8 @@ NaN before ``_launch``, so a ``_launch`` that does nothing fails too). A CUDA ou
 ``oom``: the trial's tensors are freed (``gc.collect``, ``torch.cuda.empty_cache``) and when the
 allocator does not return to what it held before the trial (within :data:`LEAK_TOLERANCE_BYTES`)
 the result asks for a fresh worker (``extra["replace_worker"]``). ``memory_limit_gb`` simulates a
-smaller card: a trial whose peak exceeds it is ``oom`` (on a CPU by the estimate).
+smaller card: a trial whose peak exceeds it is ``oom`` (on a CPU by the estimate); on a GPU a config
+whose estimate exceeds it by more than 10% is refused before it runs (``infeasible_static``).
 ``torch.compile``/Triton failures are ``compile_error``/``out_of_resources``.
 
 torch is imported inside the methods: the registry, ``__init__`` and ``static_check`` stay light.
@@ -94,6 +95,10 @@ LEAK_TOLERANCE_BYTES = 64 * 2**20
 #: x, the two norm outputs, q/k/v, the attention output and its softmax statistics, the MLP input, plus
 #: 2 * d_ff for the MLP hidden before and after GELU.
 ACTIVATION_VALUES_PER_TOKEN_D = 10
+#: With ``memory_limit_gb`` on a GPU, configs whose estimated peak exceeds the limit by more than this
+#: fraction are refused before they run; the others run and the allocator's peak decides (on a CPU the
+#: estimate is the measurement, so every config runs).
+ESTIMATE_MARGIN = 0.1
 
 
 def _int_arg(name: str, value: Any, low: int) -> int:
@@ -113,7 +118,8 @@ def fp8_mixed_peak(peaks: dict[str, float]) -> float | None:
 def estimate_peak_bytes(cfg: GPTConfig, micro_batch: int, precision: str, checkpoint_every: int) -> float:
     """Rough peak bytes of one training step (used on a CPU, where no allocator counts them).
 
-    Parameters, gradients and AdamW's two moments in fp32 (16 bytes per parameter); per layer the
+    Parameters, gradients and AdamW's two moments in fp32 (16 bytes per parameter); the 16-bit (fp8:
+    8-bit) copies of the block weights that autocast makes and the backward pass keeps; per layer the
     activations a backward pass keeps, ``(10 * d_model + 2 * d_ff)`` values per token in the compute
     dtype (4 bytes fp32/tf32, else 2) plus the fp32 residual stream; a checkpointed block keeps only its
     input (fp32), and one block is recomputed at a time; the logits in the compute dtype plus their fp32
@@ -129,7 +135,8 @@ def estimate_peak_bytes(cfg: GPTConfig, micro_batch: int, precision: str, checkp
     else:
         layers = cfg.n_layers * full_layer
     logits = tokens * cfg.vocab_size * (act_bytes + 4 + 4)
-    return float(states + layers + logits)
+    casts = {"bf16": 2, "fp16": 2, "fp8": 1}.get(precision, 0) * cfg.n_params(embedding=False)
+    return float(states + casts + layers + logits)
 
 
 @dataclass
@@ -307,6 +314,13 @@ class TrainStep(Workload):
                     return (
                         f"{what} needs compute capability >= {needed[0]}.{needed[1]}, {device.name} has {cc[0]}.{cc[1]}"
                     )
+        if self.memory_limit_gb is not None and device.is_gpu:
+            estimate = estimate_peak_bytes(self.cfg, micro, precision, every) / 1e9
+            if estimate > self.memory_limit_gb * (1 + ESTIMATE_MARGIN):
+                return (
+                    f"estimated peak {estimate:.1f} GB exceeds memory_limit_gb={self.memory_limit_gb:g} by more "
+                    f"than {ESTIMATE_MARGIN:.0%} (estimate_peak_bytes; simulates a smaller card)"
+                )
         if precision == "fp8":
             cfg = self.cfg
             if cfg.d_model % 16 or cfg.ff % 16 or (micro * cfg.seq_len) % 16:

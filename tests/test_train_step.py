@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from objectives.train_step import TrainStep, estimate_peak_bytes, fp8_mixed_peak
+from objectives.train_step import LEAK_TOLERANCE_BYTES, TrainStep, estimate_peak_bytes, fp8_mixed_peak
 from tuner.space import compile_space
 from tuner.workload import DeviceInfo, TrialContext, TrialStatus
 
@@ -233,6 +233,20 @@ def test_a_launch_that_trains_nothing_or_diverges_is_numerics_fail(tiny: TrainSt
     assert result.status == TrialStatus.NUMERICS_FAIL and "inf" in result.error
 
 
+def test_memory_limit_refuses_configs_estimated_far_over_it_on_a_gpu() -> None:
+    """0.98B parameters: 15.6 GB of fp32 states; a 24 GB card leaves room for checkpointed small micro-batches."""
+    w = TrainStep(model="1b", global_batch=8, memory_limit_gb=24)
+    lean = _config(micro=1, precision="bf16", checkpoint=1, attention="sdpa_flash", optimizer="adamw_fused")
+    assert w.static_check(lean, H200) is None
+    assert estimate_peak_bytes(w.cfg, 1, "bf16", 1) / 1e9 < 24
+    fat = {**lean, "micro_batch": 8, "checkpoint": 0}
+    reason = w.static_check(fat, H200)
+    assert reason is not None and "memory_limit_gb=24" in reason and "estimated peak" in reason
+    # On a CPU the estimate is the measurement: the trial runs and reports oom (next test).
+    assert w.static_check({**fat, "attention": "sdpa"}, CPU) is None
+    assert TrainStep(model="1b", global_batch=8).static_check(fat, H200) is None
+
+
 def test_simulated_oom_from_memory_limit() -> None:
     small = TrainStep(model="tiny", global_batch=4, steps=1, warmup_steps=1, memory_limit_gb=0.0025)
     over = _run(small, _config(micro=4))  # estimate ~3.6 MB
@@ -359,7 +373,8 @@ def test_training_on_gpu(changes: dict[str, Any]) -> None:
     bound = {"tf32": 0.01, "bf16": 0.05, "fp16": 0.05, "fp8": 0.15}[config["precision"]]
     assert abs(result.metrics["loss_delta"]) < bound, result.extra["losses"]
     assert not result.extra.get("replace_worker")
-    assert torch.cuda.memory_allocated() - before < 64 * 2**20
+    # What stays allocated is cuBLAS's workspace at most (the worker's leak tolerance).
+    assert torch.cuda.memory_allocated() - before <= LEAK_TOLERANCE_BYTES
 
 
 @pytest.mark.gpu
@@ -376,6 +391,7 @@ def test_real_oom_on_gpu_frees_everything() -> None:
     result = workload.run(_config(micro=256), device, TrialContext())  # fp32 logits alone: 256 GiB
     assert result.status == TrialStatus.OOM, result.error
     assert not result.extra.get("replace_worker")
-    assert torch.cuda.memory_allocated() - before < 64 * 2**20
+    # What stays allocated is cuBLAS's workspace at most (the worker's leak tolerance).
+    assert torch.cuda.memory_allocated() - before <= LEAK_TOLERANCE_BYTES
     ok = TrainStep(model=SMALL_GPU_MODEL, global_batch=4, steps=1, warmup_steps=1)
     assert ok.run(_config(micro=4), device, TrialContext()).status == TrialStatus.OK
