@@ -160,6 +160,12 @@ class DDPStep(RankWorkload):
             return f"comm_hook must be one of {', '.join(COMM_HOOKS)}, got {config['comm_hook']!r}"
         if config["comm_hook"] == "bf16" and not device.is_gpu:
             return "comm_hook bf16: torch's bf16_compress_hook needs the NCCL backend (CUDA 11+, NCCL 2.10+)"
+        if config.get("NCCL_ALGO") == "Tree":
+            # Seen on the H200 pair (NCCL 2.28.9): "no algorithm/protocol available for function AllGather
+            # with datatype ncclInt8. NCCL_ALGO was set to Tree" when DDP is built.
+            return (
+                "NCCL_ALGO=Tree: DDP also broadcasts and all-gathers (at construction), which Tree does not implement"
+            )
         return nccl_static_check(config, "all_reduce")
 
     # ------------------------------------------------------------------ one trial

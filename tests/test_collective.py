@@ -92,6 +92,16 @@ def test_space_seeds_pass_and_every_point_keeps_multicast_off() -> None:
     assert not any(name in ("NCCL_NVLS_ENABLE",) for name in space.params)
 
 
+def test_benchmark_times_small_messages_over_more_calls() -> None:
+    import argparse
+
+    from bench.collective_study import SIZES, iters_for
+
+    args = argparse.Namespace(iters=20)
+    counts = {label: iters_for(size, args) for label, size in SIZES.items()}
+    assert counts == {"64KiB": 2000, "1MiB": 2000, "16MiB": 358, "256MiB": 23, "1GiB": 20}
+
+
 def test_export_env_emits_only_the_set_variables() -> None:
     w = Collective(size_bytes=4096, world_size=1)
     assert w.export_env(TUNED) == {

@@ -50,6 +50,8 @@ def test_static_checks() -> None:
     assert "multicast" in w.static_check({**BASE, "NCCL_ALGO": "NVLS"}, H200)
     assert "never set" in w.static_check({**BASE, "NCCL_NVLS_ENABLE": "1"}, H200)
     assert "lacks" in w.static_check({"bucket_cap_mb": 25}, H200)
+    # DDP's construction broadcasts and all-gathers: NCCL has no Tree for those (a runtime error on the H200).
+    assert "Tree" in w.static_check({**BASE, "NCCL_ALGO": "Tree"}, H200)
     assert w.export_env({**BASE, "NCCL_PROTO": "Simple"}) == {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple"}
     assert w.export_config(BASE)["ddp"] == {"bucket_cap_mb": 1, "gradient_as_bucket_view": True, "static_graph": True}
     compile(w.export_python({**BASE, "comm_hook": "bf16"}), "<export>", "exec")
