@@ -54,6 +54,47 @@ STEPS: list[tuple[str, float, list[str]]] = [
         for family in ("attention", "quant_gemm", "rmsnorm", "softmax")
     ),
     (
+        "gemm-targets-rest",
+        60,
+        "bench/gemm_targets.py --targets bf16-4096 fp16-4096 fp16-8192 "
+        "--trials 16 --minutes 0.5 --rounds 3 --out {out}.json".split(),
+    ),
+    (
+        "attention-all",
+        60,
+        "bench/attention_study.py --trials 10 --minutes 0.35 --total-minutes 6.5 --rounds 2 --out {out}.json".split(),
+    ),
+    (
+        "quant-gemm-all",
+        60,
+        "bench/quant_gemm_study.py --targets int4-m1 int8-m1 int8-m16 int4-m64 int8-m64 --trials 10 --minutes 0.3 "
+        "--rounds 3 --out {out}.json".split(),
+    ),
+    (
+        "train-step",
+        120,
+        "bench/train_step_study.py --trials 24 --minutes 3 --constrained-trials 8 --constrained-minutes 1 "
+        "--rounds 2 --out {out}.json".split(),
+    ),
+    (
+        "decode-step",
+        90,
+        "bench/decode_step_study.py --trials 12 --minutes 0.6 --rounds 3 --out {out}.json".split(),
+    ),
+    # Two GPUs: NCCL settings per all-reduce size, then a data-parallel step (issue: multi-GPU trials).
+    (
+        "collective",
+        120,
+        "bench/collective_study.py --trials 8 --minutes 0.6 --rounds 2 --out {out}.json".split(),
+    ),
+    ("ddp", 90, "bench/ddp_study.py --trials 10 --minutes 2 --rounds 3 --out {out}.json".split()),
+    (
+        "gpu-tests-steps",
+        30,
+        "-m pytest -m gpu -q -p no:cacheprovider --timeout 300 tests/test_train_step.py tests/test_decode_step.py "
+        "tests/test_gpt_model.py".split(),
+    ),
+    (
         "gpu-tests",
         30,
         "-m pytest -m gpu -q -p no:cacheprovider --timeout 120 tests/test_gpu.py tests/test_measure.py "
