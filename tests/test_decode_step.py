@@ -280,6 +280,32 @@ def test_quantized_weights_and_fp8_cache_trade_accuracy(workload: DecodeStep) ->
     assert m["math"]["max_logit_error"] < 0.05
 
 
+@pytest.mark.timeout(300)
+def test_pretraining_gives_margins_that_int4_keeps_and_is_cached_on_disk(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 4096-token model: random, int4 flips argmaxes; trained 50 steps (loss 8.4 -> ~3), it agrees fully."""
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    model = {"vocab_size": 4096, "n_layers": 4, "d_model": 256, "n_heads": 4, "seq_len": 256}
+    args = {"model": model, "prompt_len": 32, "gen_tokens": 32, "min_top1_agreement": 0.0}
+    int4 = _cfg(bits=4, group=128)
+    random = DecodeStep(**args).run(int4, CPU, TrialContext())
+    trained = DecodeStep(**args, train_steps=50)
+    result = trained.run(int4, CPU, TrialContext())
+    assert random.status == result.status == TrialStatus.OK
+    losses = trained.pretrain_losses
+    assert len(losses) == 50 and losses[-1] < losses[0] - 3
+    assert random.metrics["top1_agreement"] < 0.95 <= result.metrics["top1_agreement"]
+    # A second workload (another process: a study's worker) loads the same weights instead of training.
+    (cached,) = (tmp_path / "pretrained").iterdir()
+    again = DecodeStep(**args, train_steps=50)
+    monkeypatch.setattr("models.gpt.pretrain", lambda *a, **k: pytest.fail("trained again"))
+    repeat = again.run(int4, CPU, TrialContext()).metrics
+    for metric in ("top1_agreement", "max_logit_error", "mean_logit_error"):
+        assert repeat[metric] == result.metrics[metric], metric
+    assert again.pretrain_losses == losses and cached.exists()
+
+
 def test_a_decode_that_writes_nothing_or_disagrees_is_numerics_fail(
     workload: DecodeStep, monkeypatch: pytest.MonkeyPatch
 ) -> None:
