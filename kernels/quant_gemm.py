@@ -270,17 +270,6 @@ def _grid(m: int, n: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int) -> tuple[int
 
 
 def _kernel_and_meta(
-    dtype: torch.dtype, bits: int, group_size: int, tile: dict[str, int]
-) -> tuple[Any, dict[str, Any]]:
-    """The kernel a tile config launches (GEMV for BLOCK_M == 1) and its constexpr and launch arguments."""
-    if tile["BLOCK_M"] == 1:
-        meta = {name: tile[name] for name in ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")}
-        return quant_gemv_kernel, {"BITS": bits, "GROUP_SIZE": group_size, **meta}
-    names = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
-    return quant_matmul_kernel, _meta_args(dtype, bits, group_size, *(tile[name] for name in names))
-
-
-def _meta_args(
     dtype: torch.dtype,
     bits: int,
     group_size: int,
@@ -290,21 +279,22 @@ def _meta_args(
     SPLIT_K: int,
     num_warps: int,
     num_stages: int,
-) -> dict[str, Any]:
-    """The kernel's constexpr and launch arguments for one config (shared by launch and warm-up)."""
-    magic, magic_offset = _magic(dtype)
-    return {
+) -> tuple[Any, dict[str, Any]]:
+    """The kernel one config launches (GEMV for BLOCK_M == 1) and its constexpr and launch arguments
+    (shared by launch and warm-up)."""
+    meta = {
         "BITS": bits,
         "GROUP_SIZE": group_size,
-        "BLOCK_M": BLOCK_M,
         "BLOCK_N": BLOCK_N,
         "BLOCK_K": BLOCK_K,
         "SPLIT_K": SPLIT_K,
-        "MAGIC": magic,
-        "MAGIC_OFFSET": magic_offset,
         "num_warps": num_warps,
         "num_stages": num_stages,
     }
+    if BLOCK_M == 1:
+        return quant_gemv_kernel, meta
+    magic, magic_offset = _magic(dtype)
+    return quant_matmul_kernel, {**meta, "BLOCK_M": BLOCK_M, "MAGIC": magic, "MAGIC_OFFSET": magic_offset}
 
 
 def quant_matmul(
@@ -354,15 +344,9 @@ def quant_matmul(
         elif tuple(workspace.shape) != (m, n) or workspace.dtype != torch.float32 or not workspace.is_contiguous():
             raise ValueError(f"workspace must be a contiguous ({m}, {n}) float32 tensor")
         workspace.zero_()
-    tile = {
-        "BLOCK_M": BLOCK_M,
-        "BLOCK_N": BLOCK_N,
-        "BLOCK_K": BLOCK_K,
-        "SPLIT_K": SPLIT_K,
-        "num_warps": num_warps,
-        "num_stages": num_stages,
-    }
-    kernel, meta = _kernel_and_meta(x.dtype, bits, group_size, tile)
+    kernel, meta = _kernel_and_meta(
+        x.dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages
+    )
     kernel[_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)](
         x,
         qweight,
@@ -418,15 +402,7 @@ def compile_only(
     if interpreter_active():
         return None
     dtype = ACT_DTYPES[precision]
-    tile = {
-        "BLOCK_M": BLOCK_M,
-        "BLOCK_N": BLOCK_N,
-        "BLOCK_K": BLOCK_K,
-        "SPLIT_K": SPLIT_K,
-        "num_warps": num_warps,
-        "num_stages": num_stages,
-    }
-    jit, meta = _kernel_and_meta(dtype, bits, group_size, tile)
+    jit, meta = _kernel_and_meta(dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)
     warmup = getattr(jit, "warmup", None)
     if warmup is None:
         return None
