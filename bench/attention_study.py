@@ -135,7 +135,8 @@ def sdpa_baselines(
 def run_shape(name: str, trials: int, minutes: float, rounds: int, seed: int) -> dict[str, Any]:
     import torch
 
-    from kernels.attention import attention, max_rel_error
+    from kernels.attention import attention
+    from kernels.gemm import max_rel_error
     from objectives.flash_attention import FlashAttention
 
     args = SHAPES[name]

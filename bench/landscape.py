@@ -3,7 +3,8 @@
 Writes JSON Lines (the format :mod:`objectives.replay` reads): a header with the
 fingerprint, the workload, its args, the grid and the metrics, then one object per
 config with ``params``, ``status``, ``metrics``, ``samples`` (ms) and ``error``, plus the
-SM clock and temperature after it. Kernels are compiled ahead on a thread pool
+SM clock and temperature after it. Configs the engine would prune statically (the default space's
+rules, the workload's ``static_check``) are recorded as ``infeasible_static`` without running. Kernels are compiled ahead on a thread pool
 (``Workload.prepare``) while the GPU times earlier configs, as the engine's workers do.
 
     python bench/landscape.py gemm --out bench/landscapes/gemm-bf16-fp16-4096.jsonl
@@ -107,6 +108,7 @@ def record_landscape(
     """
     from tuner.fingerprint import device_info, fingerprint
     from tuner.registry import workload_class
+    from tuner.space import compile_space
     from tuner.roofline import gpu_clock_and_temperature
     from tuner.workload import TrialContext, TrialResult, TrialStatus, classify_exception
 
@@ -120,6 +122,7 @@ def record_landscape(
         "args": args,
         "grid": grid,
         "configs": len(configs),
+        "pruning": "the default space's rules, then the workload's static_check: infeasible_static, not run",
         "metrics": [
             {"name": m.name, "direction": m.direction, "unit": m.unit, "description": m.description}
             for m in workload.metric_specs()
@@ -131,7 +134,10 @@ def record_landscape(
     counts: dict[str, int] = {}
     out.parent.mkdir(parents=True, exist_ok=True)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=compile_threads)
-    reasons = [workload.static_check(c, device) for c in configs]
+    # The engine's static pruning: the default space's rules, then the workload's own check. A config a
+    # study would never run (a register tile that spills, say) is recorded, not compiled.
+    space = compile_space(workload.space_document())
+    reasons = [space.static_violation(c, device.to_dict()) or workload.static_check(c, device) for c in configs]
     # Compile ahead: every feasible config is submitted at once; the pool works through them while
     # the main thread times, in order, those already compiled.
     prepared = {i: pool.submit(workload.prepare, c, device) for i, c in enumerate(configs) if reasons[i] is None}

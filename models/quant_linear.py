@@ -103,6 +103,152 @@ def gemv_tile(n: int, k: int, bits: int) -> dict[str, int]:
     return {"BLOCK_M": 1, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "num_warps": 4, "num_stages": 4}
 
 
+def _candidate_tiles(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]:
+    """The tiles :func:`tune_tile` times: GEMV tiles (CUDA cores) up to 8 rows, and ``tl.dot`` tiles of
+    16 rows and of M rounded up to a power of two (at most 64), with and without split-K."""
+    from kernels.quant_gemm import MIN_BLOCK_K
+
+    tiles: list[dict[str, int]] = []
+    if m <= 8:
+        for block_n in (16, 32, 64, 128):
+            for block_k in (128, 256):
+                for split in (1, 2, 4, 8):
+                    tiles.append(
+                        {
+                            "BLOCK_M": 1,
+                            "BLOCK_N": block_n,
+                            "BLOCK_K": block_k,
+                            "SPLIT_K": split,
+                            "num_warps": 4,
+                            "num_stages": 3,
+                        }
+                    )
+    block_ms = sorted({16, min(64, max(16, 1 << (m - 1).bit_length()))})
+    for block_m in block_ms:
+        for block_n in (32, 64, 128):
+            for block_k in (64, 128):
+                for split in (1, 2, 4, 8):
+                    for warps in (2, 4):
+                        tiles.append(
+                            {
+                                "BLOCK_M": block_m,
+                                "BLOCK_N": block_n,
+                                "BLOCK_K": max(block_k, MIN_BLOCK_K[bits]),
+                                "SPLIT_K": split,
+                                "num_warps": warps,
+                                "num_stages": 3,
+                            }
+                        )
+    return [t for t in tiles if k % (t["SPLIT_K"] * t["BLOCK_K"]) == 0 and t["BLOCK_N"] <= max(16, n)]
+
+
+#: Measured tiles, per (GPU name, M, N, K, bits, group size, activation dtype): one tuning per process.
+_TUNED: dict[tuple[Any, ...], dict[str, int]] = {}
+#: Weight bytes the timed products rotate over, so that the weights come from HBM as in a decode step
+#: (whose whole model is far larger than the L2 cache), not from L2.
+ROTATE_BYTES = 256 * 1024 * 1024
+
+
+def tune_tile(
+    m: int,
+    n: int,
+    k: int,
+    bits: int,
+    group_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    candidates: list[dict[str, int]] | None = None,
+) -> dict[str, int]:
+    """The fastest ``quant_matmul`` tile for an (M, K) x (K, N) product on this GPU, measured.
+
+    Every candidate (default :func:`_candidate_tiles`; those that fail to compile or exceed shared
+    memory are dropped) is compiled on a thread pool, then timed inside a CUDA graph (no launch
+    overhead, as in a graph-captured decode step) over copies of random weights rotating through
+    :data:`ROTATE_BYTES`, so that each product streams its weights from HBM. Split-K tiles are timed
+    with their workspace zeroing and final copy. The default set's result is cached per GPU and shape
+    for the process.
+    """
+    import concurrent.futures
+
+    from kernels.quant_gemm import compile_only, quant_matmul
+    from tuner.fingerprint import device_info
+    from tuner.measure import time_fn
+
+    key = (torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype)
+    if candidates is None and key in _TUNED:
+        return dict(_TUNED[key])
+    precision = "bf16" if dtype == torch.bfloat16 else "fp16"
+    tiles = candidates if candidates is not None else _candidate_tiles(m, n, k, bits)
+
+    def compiles(tile: dict[str, int]) -> bool:
+        try:
+            compile_only(m, n, k, precision=precision, bits=bits, group_size=group_size, **tile)
+        except Exception:  # a tile that does not compile here is simply not a candidate
+            return False
+        return True
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        tiles = [t for t, ok in zip(tiles, pool.map(compiles, tiles), strict=True) if ok]
+    if not tiles:
+        raise RuntimeError(f"no quant_matmul tile compiles for M={m} N={n} K={k} int{bits}")
+    packed_rows = k * bits // 8
+    weight_bytes = packed_rows * n + (k // group_size) * n * 2
+    copies = max(1, min(64, ROTATE_BYTES // weight_bytes))
+    qweights = [torch.randint(-128, 128, (packed_rows, n), dtype=torch.int8, device=device) for _ in range(copies)]
+    scales = [torch.rand((k // group_size, n), device=device).to(dtype) / 64 for _ in range(copies)]
+    x = torch.randn((m, k), device=device).to(dtype)
+    out = torch.empty((m, n), device=device, dtype=dtype)
+    workspace = torch.empty((m, n), device=device, dtype=torch.float32)
+    info = device_info()
+    best, best_ms = tiles[0], float("inf")
+    for tile in tiles:
+
+        def products(tile: dict[str, int] = tile) -> None:
+            for qw, sc in zip(qweights, scales, strict=True):
+                quant_matmul(x, qw, sc, bits=bits, group_size=group_size, out=out, workspace=workspace, **tile)
+
+        timing = time_fn(
+            products,
+            info,
+            warmup_ms=2.0,
+            rep_ms=10.0,
+            min_reps=5,
+            max_reps=50,
+            flush_l2=False,
+            cuda_graph=True,
+            graph_calls=1,
+        )
+        per_product = timing.median_ms / copies
+        if per_product < best_ms:
+            best, best_ms = tile, per_product
+    if candidates is None:
+        _TUNED[key] = dict(best)
+    return dict(best)
+
+
+def autotune_tiles(
+    model: nn.Module, m: int, dtype: torch.dtype = torch.bfloat16
+) -> dict[tuple[int, int], dict[str, int]]:
+    """Measure the best tile (:func:`tune_tile`) for every distinct shape of ``model``'s CUDA
+    :class:`QuantLinear` modules at ``m`` rows and make them use it; returns ``{(K, N): tile}``.
+
+    Call it before capturing a CUDA graph of the model (tuning launches kernels). On a model without
+    CUDA QuantLinears (CPU, or the interpreter) it does nothing and returns ``{}``.
+    """
+    layers = [mod for mod in model.modules() if isinstance(mod, QuantLinear) and mod.qweight.is_cuda]
+    if not layers or interpreter_active():
+        return {}
+    chosen: dict[tuple[int, int], dict[str, int]] = {}
+    for layer in layers:
+        shape = (layer.in_features, layer.out_features)
+        if shape not in chosen:
+            chosen[shape] = tune_tile(
+                m, layer.out_features, layer.in_features, layer.bits, layer.group_size, dtype, layer.qweight.device
+            )
+        layer._tiles[(m, str(layer.qweight.device))] = chosen[shape]
+    return chosen
+
+
 def _device_smem_bytes(device: torch.device) -> int:
     props = torch.cuda.get_device_properties(device)
     return int(getattr(props, "shared_memory_per_block_optin", 0) or DEFAULT_SMEM_BYTES)

@@ -599,6 +599,10 @@ class DecodeStep(Workload):
             self._cases.popitem(last=False)
         ref = self._reference(batch, torch_device)
         model, model_bytes = self._variant(config["attention"], bits, group, torch_device)
+        if bits != 16 and device.is_gpu:
+            from models.quant_linear import autotune_tiles
+
+            autotune_tiles(model, batch)  # measured kernel tiles for this batch, before any graph capture
         kv = model.init_cache(batch, self.max_len, getattr(torch, KV_TORCH_DTYPES[config["kv_dtype"]]), torch_device)
         case = _Case(
             key=key,
@@ -636,7 +640,7 @@ class DecodeStep(Workload):
             "import torch",
             "",
             "from models.gpt import make_model, resolve_config",
-            "from models.quant_linear import quantize_linears",
+            "from models.quant_linear import autotune_tiles, quantize_linears",
             "",
             f"# decode_step: batch {e['batch']}, {weights} weights, {e['kv_cache_dtype']} KV cache, "
             f"{e['attention']} attention, CUDA graphs {'on' if e['cuda_graphs'] else 'off'}",
@@ -645,6 +649,7 @@ class DecodeStep(Workload):
         ]
         if e["weight_bits"] != 16:
             lines.append(f"model = quantize_linears(model, bits={e['weight_bits']}, group_size={e['group_size']})")
+            lines.append(f"autotune_tiles(model, m={e['batch']})  # times kernel tiles per Linear shape (GPU only)")
         lines += [
             f"batch, kv_dtype, cuda_graphs = {e['batch']}, {e['kv_cache_dtype']}, {e['cuda_graphs']}",
             "cache = model.init_cache(batch, max_len=cfg.seq_len, dtype=kv_dtype)",

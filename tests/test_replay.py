@@ -20,11 +20,11 @@ LANDSCAPES = sorted((Path(__file__).resolve().parents[1] / "bench" / "landscapes
 
 @pytest.fixture(scope="module")
 def noop_landscape(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """54 noop configs: trial 5 raises, the tile budget rule (tile * stages <= 1024) is not applied here,
-    so configs past it are recorded as measured like any other."""
+    """54 noop configs: trial 5 raises; the 6 past the space's tile budget rule (tile * stages <= 1024)
+    are recorded as infeasible_static without running, as a study would prune them."""
     out = tmp_path_factory.mktemp("landscape") / "noop.jsonl"
     counts = record_landscape("noop", {"faults": {"5": "raise"}}, NOOP_GRID, out, compile_threads=2)
-    assert counts == {"ok": 53, "runtime_error": 1}
+    assert counts == {"ok": 47, "infeasible_static": 6, "runtime_error": 1}
     return out
 
 
@@ -35,7 +35,10 @@ def test_recorded_file_has_header_and_one_record_per_config(noop_landscape: Path
     assert header["configs"] == 54 and {m["name"] for m in header["metrics"]} == {"score", "cost", "latency_ms"}
     assert "python" in header["fingerprint"]
     assert [r["params"] for r in records] == grid_configs(NOOP_GRID)
-    failed = [r for r in records if r["status"] != "ok"]
+    pruned = [r for r in records if r["status"] == "infeasible_static"]
+    assert all(r["params"]["tile"] * r["params"]["stages"] > 1024 and "tile_budget" in r["error"] for r in pruned)
+    assert len(pruned) == 6 and all(not r["samples"] for r in pruned)
+    failed = [r for r in records if r["status"] not in ("ok", "infeasible_static")]
     assert len(failed) == 1 and failed[0]["params"] == grid_configs(NOOP_GRID)[5]
     assert "injected failure in trial 5" in failed[0]["error"]
     ok = records[0]
@@ -99,7 +102,7 @@ def test_a_replay_study_runs_on_the_engine_and_finds_the_recorded_best(
     db = StudyDB(str(tmp_path / "replay.db"))
     summary = Orchestrator(compiled, db).run()
     trials = db.trials(summary.study_id)
-    assert summary.counts.get("ok") == 53 and summary.counts.get("runtime_error") == 1
+    assert summary.counts == {"ok": 47, "infeasible_static": 6, "runtime_error": 1}
     assert summary.best is not None and summary.best.metrics["score"] == pytest.approx(1.0)
     assert summary.best.params == {"x": 0.7, "tile": 64, "stages": 3, "mode": "balanced"}
     assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == 54
