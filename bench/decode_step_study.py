@@ -122,6 +122,10 @@ def run_batch(batch: int, args: argparse.Namespace) -> dict[str, Any]:
     baseline_log: list[dict[str, Any]] = []
     baseline_before = measure_fn(workload, BASELINE, baseline_log)()
     print(f"   bf16 baseline {baseline_before:.1f} tokens/s before the study", flush=True)
+    from tuner.fingerprint import device_info
+
+    tokens = workload.reference_tokens(batch, device_info())
+    print(f"   bf16 greedy tokens: {tokens['distinct']} distinct of {tokens['tokens']}", flush=True)
     spec = make_spec(batch, args)
     study = run_study(spec)
     pick = study.summary.best
@@ -136,6 +140,7 @@ def run_batch(batch: int, args: argparse.Namespace) -> dict[str, Any]:
             "first": workload.pretrain_losses[0] if workload.pretrain_losses else None,
             "last": workload.pretrain_losses[-1] if workload.pretrain_losses else None,
         },
+        "reference_greedy_tokens": tokens,
         "baseline": {"config": BASELINE, "tokens_per_s_before_study": baseline_before, "run": baseline_log[-1]},
         "study": study.describe(),
         "pick": _row(pick),

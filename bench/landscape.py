@@ -4,7 +4,8 @@ Writes JSON Lines (the format :mod:`objectives.replay` reads): a header with the
 fingerprint, the workload, its args, the grid and the metrics, then one object per
 config with ``params``, ``status``, ``metrics``, ``samples`` (ms) and ``error``, plus the
 SM clock and temperature after it. Configs the engine would prune statically (the default space's
-rules, the workload's ``static_check``) are recorded as ``infeasible_static`` without running. Kernels are compiled ahead on a thread pool
+rules, the workload's ``static_check``) are recorded as ``infeasible_static`` without running.
+Kernels are compiled ahead on a thread pool
 (``Workload.prepare``) while the GPU times earlier configs, as the engine's workers do.
 
     python bench/landscape.py gemm --out bench/landscapes/gemm-bf16-fp16-4096.jsonl
@@ -108,8 +109,8 @@ def record_landscape(
     """
     from tuner.fingerprint import device_info, fingerprint
     from tuner.registry import workload_class
-    from tuner.space import compile_space
     from tuner.roofline import gpu_clock_and_temperature
+    from tuner.space import compile_space
     from tuner.workload import TrialContext, TrialResult, TrialStatus, classify_exception
 
     workload = workload_class(workload_name)(**args)

@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 from bench.common import interleaved, median, run_study, verdict, write_result
+from objectives.quant_gemm import GEMV_MAX_M
 
 N = K = 8192
 GROUP_SIZE = 128
@@ -39,6 +40,12 @@ TIMING_NOTE = (
 )
 
 
+def block_m_choices(m: int) -> list[int]:
+    """BLOCK_M values a study at M rows searches: 1 (GEMV) up to 8 rows, then 16 .. next power of two >= M."""
+    top = max(16, 1 << (m - 1).bit_length())
+    return ([1] if m <= GEMV_MAX_M else []) + [b for b in (16, 32, 64, 128) if b <= top]
+
+
 def make_spec(m: int, bits: int, trials: int, minutes: float, seed: int, n: int = N, k: int = K) -> dict[str, Any]:
     """The study of one target: the default space with bits, group size and precision fixed."""
     return {
@@ -49,9 +56,10 @@ def make_spec(m: int, bits: int, trials: int, minutes: float, seed: int, n: int 
             "bits": {"choices": [bits]},
             "group_size": {"choices": [GROUP_SIZE]},
             "precision": {"choices": ["bf16"]},
-            # Row tiles taller than M only repeat rows: GEMV (1) and the smallest power of two >= M that
-            # tl.dot takes (>= 16).
-            "BLOCK_M": {"choices": [1, max(16, 1 << (m - 1).bit_length())]},
+            # Row tiles taller than M only repeat rows: GEMV (1, up to 8 rows) and the powers of two
+            # from 16 (the least tl.dot takes) to the smallest >= M; smaller tiles than M re-read each
+            # weight tile from L2, once per row tile, but decode fewer weights per program.
+            "BLOCK_M": {"choices": block_m_choices(m)},
         },
         "objectives": [{"metric": "tflops", "direction": "maximize"}],
         "budget": {"trials": trials, "minutes": minutes, "trial_timeout_s": 120},

@@ -35,6 +35,11 @@ current stream, all capturable in a CUDA graph). Programs are ordered with the M
 so the programs that read the same weight tile run together and the weights (the large operand
 at decode shapes) come from HBM once.
 
+Swapped operands (``SWAP_AB``, tl.dot tiles): the tile is computed as ``Y^T = dequant(W)^T @ X^T``,
+so the decoded weights are the dot's first operand. On Hopper, wgmma reads its first operand from
+registers and only its second from shared memory: the weights, decoded in registers, need no trip
+through shared memory, and X^T (a few rows at decode shapes) is the staged operand.
+
 GEMV (``BLOCK_M == 1``, for decode with a handful of rows): a second kernel,
 :func:`quant_gemv_kernel`, without ``tl.dot`` (which needs 16 rows and would pad one row to 16).
 Program ``(m, tile, s)`` handles one row of X, ``BLOCK_N`` columns and one K split; it multiplies
@@ -101,68 +106,164 @@ def quant_matmul_kernel(
     SPLIT_K: tl.constexpr,
     MAGIC: tl.constexpr,
     MAGIC_OFFSET: tl.constexpr,
+    SWAP_AB: tl.constexpr = False,
 ):
     """One (BLOCK_M, BLOCK_N) tile of Y over one K split (see the module docstring for layouts)."""
+    if SWAP_AB:
+        _quant_matmul_tile_swapped(
+            x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, M, N, K, stride_xm, stride_xk, stride_wk, stride_wn, stride_sg,
+            stride_sn, stride_ym, stride_yn, BITS, GROUP_SIZE, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, MAGIC,
+            MAGIC_OFFSET,
+        )  # fmt: skip
+    else:
+        pid = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        num_pid_m = tl.cdiv(M, BLOCK_M)
+        pid_m = pid % num_pid_m  # M tiles fastest: programs sharing a weight tile run together
+        pid_n = pid // num_pid_m
+        PACK: tl.constexpr = 8 // BITS  # K rows per stored byte
+        ROWS: tl.constexpr = BLOCK_K // PACK  # stored rows per K tile
+
+        offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+        offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+        offs_r = tl.arange(0, ROWS)
+        k_per_split = K // SPLIT_K
+        k_begin = pid_k * k_per_split
+        offs_k = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_begin + offs_k)[None, :] * stride_xk
+        w_ptrs = w_ptr + (k_begin // PACK + offs_r)[:, None] * stride_wk + offs_n[None, :] * stride_wn
+        dtype = x_ptr.dtype.element_ty
+
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for i in range(0, k_per_split // BLOCK_K):
+            k0 = k_begin + i * BLOCK_K
+            stored = tl.load(w_ptrs)
+            x = tl.load(x_ptrs)
+            if BITS == 8:
+                x0 = x
+                q0 = stored.to(dtype)
+            else:
+                # Even and odd K columns of X meet the low and high nibbles (loaded contiguous, split in registers).
+                x0, x1 = tl.split(tl.reshape(x, (BLOCK_M, ROWS, 2)))
+                u = stored.to(tl.uint8, bitcast=True).to(tl.int16)
+                lo = ((u & 15) | MAGIC).to(tl.int16)
+                hi = ((u >> 4) | MAGIC).to(tl.int16)
+                q0 = (lo.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype)
+                q1 = (hi.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype)
+            if BLOCK_K <= GROUP_SIZE:
+                # The whole K tile is one group: exact integer weights, one scale per column after the dot.
+                scale = tl.load(s_ptr + (k0 // GROUP_SIZE) * stride_sg + offs_n * stride_sn).to(tl.float32)
+                part = tl.dot(x0, q0)
+                if BITS == 4:
+                    part = tl.dot(x1, q1, part)
+                acc += part * scale[None, :]
+            else:
+                # Several groups per tile: dequantize each weight (both nibbles of a byte share a group).
+                groups = (k0 + offs_r * PACK) // GROUP_SIZE
+                scale = tl.load(s_ptr + groups[:, None] * stride_sg + offs_n[None, :] * stride_sn).to(tl.float32)
+                acc = tl.dot(x0, (q0.to(tl.float32) * scale).to(dtype), acc)
+                if BITS == 4:
+                    acc = tl.dot(x1, (q1.to(tl.float32) * scale).to(dtype), acc)
+            x_ptrs += BLOCK_K * stride_xk
+            w_ptrs += ROWS * stride_wk
+
+        offs_ym = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_yn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (offs_ym[:, None] < M) & (offs_yn[None, :] < N)
+        if SPLIT_K == 1:
+            y_ptrs = y_ptr + offs_ym[:, None] * stride_ym + offs_yn[None, :] * stride_yn
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        else:
+            # The workspace is a contiguous (M, N) fp32 buffer the wrapper zeroed.
+            ws_ptrs = ws_ptr + offs_ym[:, None] * N + offs_yn[None, :]
+            tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+
+
+@triton.jit
+def _quant_matmul_tile_swapped(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    ws_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_xk,
+    stride_wk,
+    stride_wn,
+    stride_sg,
+    stride_sn,
+    stride_ym,
+    stride_yn,
+    BITS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    MAGIC: tl.constexpr,
+    MAGIC_OFFSET: tl.constexpr,
+):
+    """The tile as ``Y^T = dequant(W)^T @ X^T`` (``SWAP_AB``): the decoded weights are the dot's first
+    operand, which Hopper's wgmma reads from registers, and X^T (small at decode shapes) the second,
+    staged through shared memory; the accumulator is (BLOCK_N, BLOCK_M)."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
-    pid_m = pid % num_pid_m  # M tiles fastest: programs sharing a weight tile run together
+    pid_m = pid % num_pid_m
     pid_n = pid // num_pid_m
-    PACK: tl.constexpr = 8 // BITS  # K rows per stored byte
-    ROWS: tl.constexpr = BLOCK_K // PACK  # stored rows per K tile
+    PACK: tl.constexpr = 8 // BITS
+    ROWS: tl.constexpr = BLOCK_K // PACK
 
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     offs_r = tl.arange(0, ROWS)
     k_per_split = K // SPLIT_K
     k_begin = pid_k * k_per_split
-    offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_begin + offs_k)[None, :] * stride_xk
-    w_ptrs = w_ptr + (k_begin // PACK + offs_r)[:, None] * stride_wk + offs_n[None, :] * stride_wn
+    # X^T rows: K row PACK * r (+ 1 for the high nibbles) of each stored weight row r.
+    xt_ptrs = x_ptr + (k_begin + offs_r * PACK)[:, None] * stride_xk + offs_m[None, :] * stride_xm
+    wt_ptrs = w_ptr + (k_begin // PACK + offs_r)[None, :] * stride_wk + offs_n[:, None] * stride_wn
     dtype = x_ptr.dtype.element_ty
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for i in range(0, k_per_split // BLOCK_K):
         k0 = k_begin + i * BLOCK_K
-        stored = tl.load(w_ptrs)
-        x = tl.load(x_ptrs)
+        stored = tl.load(wt_ptrs)
+        x0 = tl.load(xt_ptrs)
         if BITS == 8:
-            x0 = x
             q0 = stored.to(dtype)
         else:
-            # Even and odd K columns of X meet the low and high nibbles (loaded contiguous, split in registers).
-            x0, x1 = tl.split(tl.reshape(x, (BLOCK_M, ROWS, 2)))
+            x1 = tl.load(xt_ptrs + stride_xk)
             u = stored.to(tl.uint8, bitcast=True).to(tl.int16)
             lo = ((u & 15) | MAGIC).to(tl.int16)
             hi = ((u >> 4) | MAGIC).to(tl.int16)
             q0 = (lo.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype)
             q1 = (hi.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype)
         if BLOCK_K <= GROUP_SIZE:
-            # The whole K tile is one group: exact integer weights, one scale per column after the dot.
             scale = tl.load(s_ptr + (k0 // GROUP_SIZE) * stride_sg + offs_n * stride_sn).to(tl.float32)
-            part = tl.dot(x0, q0)
+            part = tl.dot(q0, x0)
             if BITS == 4:
-                part = tl.dot(x1, q1, part)
-            acc += part * scale[None, :]
+                part = tl.dot(q1, x1, part)
+            acc += part * scale[:, None]
         else:
-            # Several groups per tile: dequantize each weight (both nibbles of a byte share a group).
             groups = (k0 + offs_r * PACK) // GROUP_SIZE
-            scale = tl.load(s_ptr + groups[:, None] * stride_sg + offs_n[None, :] * stride_sn).to(tl.float32)
-            acc = tl.dot(x0, (q0.to(tl.float32) * scale).to(dtype), acc)
+            scale = tl.load(s_ptr + groups[None, :] * stride_sg + offs_n[:, None] * stride_sn).to(tl.float32)
+            acc = tl.dot((q0.to(tl.float32) * scale).to(dtype), x0, acc)
             if BITS == 4:
-                acc = tl.dot(x1, (q1.to(tl.float32) * scale).to(dtype), acc)
-        x_ptrs += BLOCK_K * stride_xk
-        w_ptrs += ROWS * stride_wk
+                acc = tl.dot((q1.to(tl.float32) * scale).to(dtype), x1, acc)
+        xt_ptrs += BLOCK_K * stride_xk
+        wt_ptrs += ROWS * stride_wk
 
     offs_ym = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_yn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_ym[:, None] < M) & (offs_yn[None, :] < N)
+    mask = (offs_yn[:, None] < N) & (offs_ym[None, :] < M)
     if SPLIT_K == 1:
-        y_ptrs = y_ptr + offs_ym[:, None] * stride_ym + offs_yn[None, :] * stride_yn
+        y_ptrs = y_ptr + offs_yn[:, None] * stride_yn + offs_ym[None, :] * stride_ym
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        # The workspace is a contiguous (M, N) fp32 buffer the wrapper zeroed.
-        ws_ptrs = ws_ptr + offs_ym[:, None] * N + offs_yn[None, :]
+        ws_ptrs = ws_ptr + offs_ym[None, :] * N + offs_yn[:, None]
         tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
 
 
@@ -279,6 +380,7 @@ def _kernel_and_meta(
     SPLIT_K: int,
     num_warps: int,
     num_stages: int,
+    SWAP_AB: int = 0,
 ) -> tuple[Any, dict[str, Any]]:
     """The kernel one config launches (GEMV for BLOCK_M == 1) and its constexpr and launch arguments
     (shared by launch and warm-up)."""
@@ -294,7 +396,8 @@ def _kernel_and_meta(
     if BLOCK_M == 1:
         return quant_gemv_kernel, meta
     magic, magic_offset = _magic(dtype)
-    return quant_matmul_kernel, {**meta, "BLOCK_M": BLOCK_M, "MAGIC": magic, "MAGIC_OFFSET": magic_offset}
+    extra = {"BLOCK_M": BLOCK_M, "MAGIC": magic, "MAGIC_OFFSET": magic_offset, "SWAP_AB": bool(SWAP_AB)}
+    return quant_matmul_kernel, {**meta, **extra}
 
 
 def quant_matmul(
@@ -310,6 +413,7 @@ def quant_matmul(
     SPLIT_K: int,
     num_warps: int,
     num_stages: int,
+    SWAP_AB: int = 0,
     out: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -345,7 +449,7 @@ def quant_matmul(
             raise ValueError(f"workspace must be a contiguous ({m}, {n}) float32 tensor")
         workspace.zero_()
     kernel, meta = _kernel_and_meta(
-        x.dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages
+        x.dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SWAP_AB
     )
     kernel[_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)](
         x,
@@ -385,6 +489,7 @@ def compile_only(
     SPLIT_K: int,
     num_warps: int,
     num_stages: int,
+    SWAP_AB: int = 0,
     scale_dtype: torch.dtype | None = None,
 ) -> Any | None:
     """Compile the kernel :func:`quant_matmul` launches for contiguous operands, without launching it.
@@ -402,7 +507,9 @@ def compile_only(
     if interpreter_active():
         return None
     dtype = ACT_DTYPES[precision]
-    jit, meta = _kernel_and_meta(dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages)
+    jit, meta = _kernel_and_meta(
+        dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SWAP_AB
+    )
     warmup = getattr(jit, "warmup", None)
     if warmup is None:
         return None

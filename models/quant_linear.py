@@ -23,6 +23,7 @@ weights alone.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -105,7 +106,8 @@ def gemv_tile(n: int, k: int, bits: int) -> dict[str, int]:
 
 def _candidate_tiles(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]:
     """The tiles :func:`tune_tile` times: GEMV tiles (CUDA cores) up to 8 rows, and ``tl.dot`` tiles of
-    16 rows and of M rounded up to a power of two (at most 64), with and without split-K."""
+    16 rows and of M rounded up to a power of two (at most 64), with and without split-K, plain and
+    swapped (``SWAP_AB``)."""
     from kernels.quant_gemm import MIN_BLOCK_K
 
     tiles: list[dict[str, int]] = []
@@ -124,21 +126,11 @@ def _candidate_tiles(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]:
                         }
                     )
     block_ms = sorted({16, min(64, max(16, 1 << (m - 1).bit_length()))})
-    for block_m in block_ms:
-        for block_n in (32, 64, 128):
-            for block_k in (64, 128):
-                for split in (1, 2, 4, 8):
-                    for warps in (2, 4):
-                        tiles.append(
-                            {
-                                "BLOCK_M": block_m,
-                                "BLOCK_N": block_n,
-                                "BLOCK_K": max(block_k, MIN_BLOCK_K[bits]),
-                                "SPLIT_K": split,
-                                "num_warps": warps,
-                                "num_stages": 3,
-                            }
-                        )
+    for block_m, block_n, block_k, split in itertools.product(block_ms, (32, 64, 128), (64, 128), (1, 2, 4, 8)):
+        tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": max(block_k, MIN_BLOCK_K[bits]), "SPLIT_K": split}
+        tiles += [{**tile, "num_warps": warps, "num_stages": 3} for warps in (2, 4)]
+        if block_n >= 64:  # the swapped product: decoded weights as the MMA's register operand
+            tiles.append({**tile, "num_warps": 4, "num_stages": 3, "SWAP_AB": 1})
     return [t for t in tiles if k % (t["SPLIT_K"] * t["BLOCK_K"]) == 0 and t["BLOCK_N"] <= max(16, n)]
 
 

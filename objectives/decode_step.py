@@ -583,6 +583,19 @@ class DecodeStep(Workload):
         self._refs[key] = ref
         return ref
 
+    def reference_tokens(self, batch: int, device: DeviceInfo) -> dict[str, Any]:
+        """The bf16 model's greedy tokens at ``batch`` (the tokens top-1 agreement is measured on) and how
+        diverse they are: a model that repeats one token agrees with anything that repeats it too."""
+        torch_device = "cuda" if device.is_gpu else "cpu"
+        teacher = self._reference(batch, torch_device).teacher  # (gen_tokens, batch)
+        per_sequence = [int(teacher[:, b].unique().numel()) for b in range(teacher.shape[1])]
+        return {
+            "tokens": int(teacher.numel()),
+            "distinct": int(teacher.unique().numel()),
+            "distinct_per_sequence_mean": sum(per_sequence) / len(per_sequence),
+            "first_sequence": teacher[:, 0].tolist(),
+        }
+
     def _get_case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
         """The config's case: one of the last :data:`MAX_CASES` configs' cases, or built (the oldest freed first)."""
         import torch

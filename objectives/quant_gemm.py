@@ -2,8 +2,9 @@
 
 Knobs: weight ``bits`` (int4 / int8), ``group_size`` (K rows per scale), the
 activation ``precision`` (bf16 / fp16), BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
-num_warps and num_stages. Metrics: effective TFLOP/s (``2*M*N*K`` over the
-latency), latency, the bytes of packed weights plus scales, and the maximum
+num_warps, num_stages and, for ``tl.dot`` tiles, ``SWAP_AB`` (compute ``Y^T = W^T X^T`` so that the
+decoded weights feed the MMA from registers; optional, off when absent). Metrics: effective
+TFLOP/s (``2*M*N*K`` over the latency), latency, the bytes of packed weights plus scales, and the maximum
 relative error against the 16-bit product of the unquantized weights, so
 quantization error trades against speed and memory.
 
@@ -227,6 +228,11 @@ class QuantGemm(KernelWorkload):
                 "BLOCK_M must be 1 (the GEMV kernel) or >= 16 (tl.dot), and BLOCK_N >= 16, got "
                 f"{values['BLOCK_M']} and {values['BLOCK_N']}"
             )
+        swap = config.get("SWAP_AB")
+        if swap is not None and not (isinstance(swap, bool) or swap in (0, 1)):
+            return f"SWAP_AB must be 0/1 or a bool, got {swap!r}"
+        if swap and values["BLOCK_M"] == 1:
+            return "SWAP_AB applies to tl.dot tiles (BLOCK_M >= 16), not the GEMV kernel (BLOCK_M = 1)"
         if values["BLOCK_K"] < MIN_BLOCK_K[bits]:
             return f"int{bits} needs BLOCK_K >= {MIN_BLOCK_K[bits]}, got {values['BLOCK_K']}"
         if values["SPLIT_K"] < 1 or values["num_stages"] < 1 or values["num_warps"] > 32:
@@ -309,7 +315,7 @@ class QuantGemm(KernelWorkload):
         """Tile kwargs and launch options as ``triton.Config`` takes them, plus the quantization it assumes."""
         tile = self._tile(config)
         return {
-            "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K")},
+            "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "SWAP_AB") if p in tile},
             "num_warps": tile["num_warps"],
             "num_stages": tile["num_stages"],
             "bits": int(config["bits"]),
@@ -331,7 +337,11 @@ class QuantGemm(KernelWorkload):
 
     @staticmethod
     def _tile(config: dict[str, Any]) -> dict[str, int]:
-        return {p: int(config[p]) for p in TILE_PARAMS}
+        """The kernel's tile kwargs; ``SWAP_AB`` (tl.dot tiles only) is optional and off when absent."""
+        tile = {p: int(config[p]) for p in TILE_PARAMS}
+        if config.get("SWAP_AB") is not None:
+            tile["SWAP_AB"] = int(config["SWAP_AB"])
+        return tile
 
     def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
         """Operands, references and buffers for the config's quantization and precision, built on first use."""

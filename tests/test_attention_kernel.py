@@ -239,8 +239,13 @@ def test_default_space_seeds_and_rules(monkeypatch: pytest.MonkeyPatch) -> None:
         for seed in space.seeds:
             assert space.static_violation(seed, device) is None, seed
             reason = workload.static_check(seed, H200)
-            # bf16 is refused only because this process may run the interpreter.
-            assert reason is None or (seed["precision"] == "bf16" and "interpreter" in reason), (seed, reason)
+            # bf16 is refused only because this process may run the interpreter; 256-row tiles only on
+            # sequences shorter than that.
+            assert (
+                reason is None
+                or (seed["precision"] == "bf16" and "interpreter" in reason)
+                or (seed["BLOCK_M"] > args["seq_len"] and "exceeds seq_len" in reason)
+            ), (seed, reason)
     # The space's rules take head_dim at 64: for D=64 they say exactly what static_check says about
     # shared memory and registers, and every config static_check accepts at D=128 passes them.
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on a GPU (the kernels stay interpreted)

@@ -277,6 +277,10 @@ def test_run_bf16_is_exactly_the_reference(workload: DecodeStep) -> None:
     cfg = PRESETS["tiny"]
     kv = 2 * cfg.n_layers * 4 * 16 * cfg.d_model * 2
     assert result.metrics["peak_mem_gb"] * 1e9 == pytest.approx(2 * cfg.n_params() + kv)
+    stats = workload.reference_tokens(4, CPU)
+    assert stats["tokens"] == tokens and 1 <= stats["distinct"] <= tokens
+    assert len(stats["first_sequence"]) == ARGS["gen_tokens"]
+    assert 1 <= stats["distinct_per_sequence_mean"] <= ARGS["gen_tokens"]
 
 
 def test_quantized_weights_and_fp8_cache_trade_accuracy(workload: DecodeStep) -> None:
