@@ -603,14 +603,27 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((lo, hi), dim=1).reshape(-1, packed.shape[1]).to(torch.int8)
 
 
+#: Clipping ratios :func:`quantize_weights` tries with ``clip_search``: the scale is ``r * max|w| / QMAX``.
+CLIP_RATIOS: tuple[float, ...] = tuple(round(1.0 - 0.025 * i, 3) for i in range(13))  # 1.0 .. 0.7
+
+
 def quantize_weights(
-    w: torch.Tensor, bits: int, group_size: int, scale_dtype: torch.dtype = torch.bfloat16
+    w: torch.Tensor,
+    bits: int,
+    group_size: int,
+    scale_dtype: torch.dtype = torch.bfloat16,
+    clip_search: bool = False,
 ) -> QuantizedWeights:
     """Symmetric per-group quantization of an fp32 (K, N) matrix along K, one scale per group and column.
 
     ``scale = max|w| over the group / QMAX[bits]``, rounded to ``scale_dtype`` (bf16 or fp16), then
     ``q = clamp(round(w / scale), -QMAX, QMAX)`` with the rounded scale, so ``q * scale`` is the
     representable value nearest to ``w``. All-zero groups get the smallest normal scale (q = 0).
+
+    ``clip_search``: per group and column, the scale is instead ``r * max|w| / QMAX`` for the ratio ``r``
+    of :data:`CLIP_RATIOS` whose rounded-and-clamped weights have the least squared error (the clipping
+    search of llama.cpp's and AWQ's quantizers): a group's few large weights are clipped so that the many
+    small ones get finer steps. The error never exceeds that of ``r = 1`` (it is one of the candidates).
     """
     if bits not in BITS:
         raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
@@ -624,8 +637,24 @@ def quantize_weights(
     qmax = QMAX[bits]
     groups = w.to(torch.float32).reshape(k // group_size, group_size, n)
     tiny = torch.finfo(scale_dtype).tiny
-    scales = (groups.abs().amax(dim=1) / qmax).clamp(min=tiny).to(scale_dtype)
-    q = torch.round(groups / scales.to(torch.float32)[:, None, :]).clamp(-qmax, qmax).to(torch.int8).reshape(k, n)
+    amax = groups.abs().amax(dim=1)
+
+    def rounded(ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
+        scales = (amax * ratio / qmax).clamp(min=tiny).to(scale_dtype)
+        q = torch.round(groups / scales.to(torch.float32)[:, None, :]).clamp(-qmax, qmax)
+        return scales, q
+
+    scales, q = rounded(1.0)
+    if clip_search:
+        best_error = ((q * scales.to(torch.float32)[:, None, :] - groups) ** 2).sum(dim=1)
+        for ratio in CLIP_RATIOS[1:]:
+            cand_scales, cand_q = rounded(ratio)
+            error = ((cand_q * cand_scales.to(torch.float32)[:, None, :] - groups) ** 2).sum(dim=1)
+            better = error < best_error
+            best_error = torch.where(better, error, best_error)
+            scales = torch.where(better, cand_scales, scales)
+            q = torch.where(better[:, None, :], cand_q, q)
+    q = q.to(torch.int8).reshape(k, n)
     qweight = q.contiguous() if bits == 8 else pack_int4(q).contiguous()
     return QuantizedWeights(qweight, scales.contiguous(), bits, group_size)
 

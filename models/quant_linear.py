@@ -3,13 +3,13 @@
 :class:`QuantLinear` holds the weight of an ``nn.Linear`` (``out_features x in_features``)
 transposed to ``(K, N) = (in_features, out_features)`` and quantized by
 :func:`kernels.quant_gemm.quantize_weights` (symmetric, one bf16/fp16 scale per group of
-``group_size`` consecutive input features and per output feature). Its forward is
-``y = x @ dequant(W) + bias`` with fp32 accumulation, returned in x's dtype:
+``group_size`` consecutive input features and per output feature, each scale the clipping of the
+group's maximum with the least squared error). Its forward is ``y = x @ dequant(W) + bias`` with
+fp32 accumulation, returned in x's dtype:
 
 - on a GPU (CUDA tensors, bf16/fp16 activations, Triton compiling for real) through
-  :func:`kernels.quant_gemm.quant_matmul`, with the tile config of :func:`default_tile` for the
-  product's shape (one config per shape, not tuned: the ``quant_gemm`` workload tunes the kernel
-  alone; here the knobs are the bit width and the group size);
+  :func:`kernels.quant_gemm.quant_matmul`, with one tile config per product shape: the one
+  :func:`autotune_tiles` measured on this GPU, else the heuristic :func:`default_tile`;
 - otherwise (CPU tensors, or the Triton interpreter) by dequantizing to fp32 and multiplying with
   torch: the same numbers as the kernel's scale-after-dot path (exact integer weights times an fp32
   scale, fp32 accumulation, one rounding to x's dtype), up to summation order.
@@ -286,8 +286,12 @@ class QuantLinear(nn.Module):
         group_size: int,
         scale_dtype: torch.dtype = torch.bfloat16,
         use_kernel: bool | None = None,
+        clip_search: bool = True,
     ) -> QuantLinear:
         """Quantize ``linear``'s weight (on its device); the bias is kept in ``scale_dtype``.
+
+        ``clip_search`` (default on): each group's scale is the clipping of its maximum with the least
+        squared error (:func:`kernels.quant_gemm.quantize_weights`), which matters for int4.
 
         Raises ValueError when ``group_size`` does not divide ``in_features`` (or is not an even
         power of two) or ``bits`` is not 4 or 8.
@@ -297,7 +301,9 @@ class QuantLinear(nn.Module):
         if bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
         with torch.no_grad():
-            weights = quantize_weights(linear.weight.detach().t().to(torch.float32), bits, group_size, scale_dtype)
+            weights = quantize_weights(
+                linear.weight.detach().t().to(torch.float32), bits, group_size, scale_dtype, clip_search
+            )
             bias = None if linear.bias is None else linear.bias.detach().to(scale_dtype).clone()
         return cls(weights.qweight, weights.scales, bias, bits, group_size, use_kernel)
 
@@ -362,6 +368,7 @@ def quantize_linears(
     select: Callable[[str, nn.Linear], bool] | None = None,
     scale_dtype: torch.dtype = torch.bfloat16,
     use_kernel: bool | None = None,
+    clip_search: bool = True,
 ) -> nn.Module:
     """A copy of ``model`` with the selected ``nn.Linear`` modules replaced by :class:`QuantLinear`.
 
@@ -373,7 +380,7 @@ def quantize_linears(
     memo: dict[int, Any] = {}
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and (select is None or select(name, module)):
-            memo[id(module)] = QuantLinear.from_linear(module, bits, group_size, scale_dtype, use_kernel)
+            memo[id(module)] = QuantLinear.from_linear(module, bits, group_size, scale_dtype, use_kernel, clip_search)
     for tensor in [*model.parameters(), *model.buffers()]:
         memo.setdefault(id(tensor), tensor)
     return copy.deepcopy(model, memo)

@@ -183,13 +183,19 @@ def test_space_seeds_and_the_batch_arg(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     knob = DecodeStep(model="1b", prompt_len=128, gen_tokens=32)
     space = compile_space(knob.space_document())
-    assert "batch" in space.params and len(space.seeds) == 3
-    assert {(s["weight_bits"], s.get("group_size")) for s in space.seeds} == {(16, None), (4, 128), (8, 128)}
+    assert "batch" in space.params and len(space.seeds) == 5
+    assert {(s["weight_bits"], s.get("group_size")) for s in space.seeds} == {
+        (16, None),
+        (4, 128),
+        (4, 64),
+        (4, 32),
+        (8, 128),
+    }
     for seed in space.seeds:
         assert space.static_violation(seed, H200.to_dict()) is None and knob.static_check(seed, H200) is None
     fixed = DecodeStep(model="1b", prompt_len=128, gen_tokens=32, batch=8)
     fixed_space = compile_space(fixed.space_document())
-    assert "batch" not in fixed_space.params and len(fixed_space.seeds) == 3
+    assert "batch" not in fixed_space.params and len(fixed_space.seeds) == 5
     assert all(fixed.static_check(s, H200) is None for s in fixed_space.seeds)
     assert "fixed to 8" in fixed.static_check({**fixed_space.seeds[0], "batch": 4}, H200)
     assert fixed.static_check({**fixed_space.seeds[0], "batch": 8}, H200) is None

@@ -83,6 +83,33 @@ def test_quantize_weights_is_symmetric_per_group_and_nearest(bits: int) -> None:
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_clip_search_lowers_the_error_of_every_group(bits: int) -> None:
+    import torch
+
+    from kernels.quant_gemm import CLIP_RATIOS, QMAX, quantize_weights
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(512, 64, generator=gen) * torch.rand(1, 64, generator=gen)  # columns of varied scale
+    w[::37] *= 6  # outliers: the case clipping exists for
+    plain = quantize_weights(w, bits, 64)
+    clipped = quantize_weights(w, bits, 64, clip_search=True)
+
+    def group_error(qw):  # squared error per (group, column)
+        return ((qw.dequantize() - w) ** 2).reshape(8, 64, 64).sum(dim=1)
+
+    assert bool((group_error(clipped) <= group_error(plain) * (1 + 1e-6)).all())
+    if bits == 4:  # 15 levels: clipping pays (-10% here, -19% on plain Gaussian weights); int8 rarely gains
+        assert float(group_error(clipped).sum()) < 0.95 * float(group_error(plain).sum())
+    # Every scale is one of the candidate ratios of the group's max (up to the bf16 rounding of the scale).
+    amax = w.abs().reshape(8, 64, 64).amax(dim=1)
+    ratios = clipped.scales.float() * QMAX[bits] / amax
+    nearest = torch.tensor(CLIP_RATIOS)[(ratios[..., None] - torch.tensor(CLIP_RATIOS)).abs().argmin(dim=-1)]
+    assert torch.allclose(ratios, nearest, rtol=1e-2)
+    assert int(clipped.values().abs().max()) <= QMAX[bits]
+
+
+@pytest.mark.timeout(30)
 def test_quantize_weights_rejects_bad_arguments() -> None:
     import torch
 
