@@ -71,6 +71,18 @@ class StudyRun:
                 for t in measured
                 if t.status != "ok"
             ],
+            # Every trial in order, so that a study's path (seeds, samples, re-measurements, what was
+            # still running at the deadline) can be read back from the JSON alone.
+            "trials": [
+                {
+                    "trial": t.number,
+                    "status": t.status,
+                    "duplicate_of": t.duplicate_of,
+                    "params": t.params,
+                    "metrics": {k: v for k, v in (t.metrics or {}).items() if isinstance(v, (int, float))},
+                }
+                for t in self.trials
+            ],
         }
 
 
