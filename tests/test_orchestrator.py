@@ -253,3 +253,21 @@ def test_top_candidates_are_remeasured_interleaved_before_the_pick(sqlite_url: s
     plain = run(noop_spec("no-remeasure", budget={"trials": 4}, args={}), db, workers=1)
     assert not any(t.remeasured for t in db.trials(plain.study_id))
     db.dispose()
+
+
+def test_warm_start_enqueues_seeds_for_a_quarter_of_the_budget_and_says_so(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from objectives.noop import NoOp
+    from tuner.space import load_space_file
+
+    document = load_space_file(NoOp.space_file)
+    seeds = [{"x": x, "tile": 32, "stages": 2, "mode": "fast"} for x in (0.11, 0.22, 0.33, 0.44)]
+    monkeypatch.setattr(NoOp, "space_document", lambda self: {**document, "seeds": seeds})
+    db = StudyDB(sqlite_url)
+    with caplog.at_level("WARNING", logger="tuner.orchestrator"):
+        summary = run(noop_spec("seeds", budget={"trials": 8, "trial_timeout_s": 30}), db, workers=1)
+    trials = sorted(db.trials(summary.study_id), key=lambda t: t.number)
+    assert [t.params["x"] for t in trials[:2]] == [0.11, 0.22]  # 8 // 4 seeds, in the space's order
+    assert not {0.33, 0.44} & {t.params["x"] for t in trials}
+    assert "2 of 4 seed configs enqueued" in caplog.text

@@ -387,7 +387,15 @@ class Orchestrator:
         self._constraints_on_every_trial = name not in ("tpe", "random", "grid")
         if spec.warm_start and name != "grid" and not study.get_trials(deepcopy=False):
             limit = max(1, spec.budget.trials // 4)
-            seeds = [s for s in compiled.space.seeds if self._static_reason(s) is None][:limit]
+            feasible = [s for s in compiled.space.seeds if self._static_reason(s) is None]
+            seeds = feasible[:limit]
+            if len(feasible) > limit:
+                log.warning(
+                    "warm start: %d of %d seed configs enqueued (seeds take at most a quarter of budget.trials=%d)",
+                    limit,
+                    len(feasible),
+                    spec.budget.trials,
+                )
             for seed_config in seeds:
                 study.enqueue_trial(compiled.space.optuna_params(seed_config), skip_if_exists=True)
         return study
