@@ -44,7 +44,8 @@ from bench.common import interleaved, median, run_study, verdict, write_result
 
 MODEL = "1b"
 #: Synthetic pretraining steps before decoding (models.gpt.pretrain; the first and last loss are in the result).
-TRAIN_STEPS = 100
+#: On an H200, 100 steps took the loss from 10.79 to 10.43 only; 300 to 8.18, with varied greedy tokens.
+TRAIN_STEPS = 300
 PROMPT_LEN = 512
 GEN_TOKENS = 32
 BATCHES: tuple[int, ...] = (1, 8, 64)

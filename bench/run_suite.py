@@ -62,13 +62,13 @@ STEPS: list[tuple[str, float, list[str]]] = [
     (
         "attention-all",
         60,
-        "bench/attention_study.py --trials 10 --minutes 0.35 --total-minutes 6.5 --rounds 2 --out {out}.json".split(),
+        "bench/attention_study.py --trials 16 --minutes 0.5 --total-minutes 8 --rounds 2 --out {out}.json".split(),
     ),
     (
         "quant-gemm-all",
         60,
-        "bench/quant_gemm_study.py --targets int4-m1 int8-m1 int8-m16 int4-m64 int8-m64 --trials 10 --minutes 0.3 "
-        "--rounds 3 --out {out}.json".split(),
+        "bench/quant_gemm_study.py --targets int4-m1 int8-m1 int4-m16 int8-m16 int4-m64 int8-m64 --trials 16 "
+        "--minutes 0.35 --rounds 3 --out {out}.json".split(),
     ),
     (
         "train-step",
@@ -79,7 +79,8 @@ STEPS: list[tuple[str, float, list[str]]] = [
     (
         "decode-step",
         90,
-        "bench/decode_step_study.py --trials 12 --minutes 0.6 --rounds 3 --out {out}.json".split(),
+        # 20 trials: a study enqueues seeds for a quarter of its trials, and the space has 5.
+        "bench/decode_step_study.py --trials 20 --minutes 1.2 --rounds 3 --train-steps 300 --out {out}.json".split(),
     ),
     # Two GPUs: NCCL settings per all-reduce size, then a data-parallel step (issue: multi-GPU trials).
     (
