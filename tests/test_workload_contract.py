@@ -58,6 +58,7 @@ CASES = [
         {"batch": 0, "head_dim": 96, "seq_len": -1},
         [{"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "precision": "fp16", "use_tma": False}],
         {"BLOCK_M": 48, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "precision": "fp16", "use_tma": False},
+        seed_args={"batch": 4, "heads": 16, "seq_len": 4096, "head_dim": 128},
     ),
     Case(
         "quant_gemm",
