@@ -70,6 +70,24 @@ GRIDS: dict[str, dict[str, Any]] = {
             "num_stages": [3, 4],
         },
     },
+    # Decode batch 64, where the quantized GEMM misses its target: row tiles 32 and 64, split-K up to 16,
+    # plain and swapped products.
+    "quant_gemm_m64": {
+        "workload": "quant_gemm",
+        "args": {"m": 64, "n": 8192, "k": 8192},
+        "grid": {
+            "bits": [4, 8],
+            "group_size": [128],
+            "precision": ["bf16"],
+            "BLOCK_M": [32, 64],
+            "BLOCK_N": [64, 128, 256],
+            "BLOCK_K": [64, 128],
+            "SPLIT_K": [2, 4, 8, 16],
+            "num_warps": [4, 8],
+            "num_stages": [3],
+            "SWAP_AB": [0, 1],
+        },
+    },
     **{
         family: {
             "workload": family,

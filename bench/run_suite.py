@@ -51,7 +51,7 @@ STEPS: list[tuple[str, float, list[str]]] = [
     ("landscape-gemm", 60, "bench/landscape.py gemm --rep-ms 20 --out {out}.jsonl".split()),
     *(
         (f"landscape-{family}", 60, f"bench/landscape.py {family} --rep-ms 20 --out {{out}}.jsonl".split())
-        for family in ("attention", "quant_gemm", "rmsnorm", "softmax")
+        for family in ("attention", "quant_gemm", "rmsnorm", "softmax", "quant_gemm_m64")
     ),
     (
         "gemm-targets-rest",

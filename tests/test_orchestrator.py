@@ -271,3 +271,56 @@ def test_warm_start_enqueues_seeds_for_a_quarter_of_the_budget_and_says_so(
     assert [t.params["x"] for t in trials[:2]] == [0.11, 0.22]  # 8 // 4 seeds, in the space's order
     assert not {0.33, 0.44} & {t.params["x"] for t in trials}
     assert "2 of 4 seed configs enqueued" in caplog.text
+
+
+def test_a_leased_study_is_refused_and_a_lapsed_lease_is_taken_held_and_released(db_url: str) -> None:
+    import datetime as dt
+
+    db = StudyDB(db_url)
+    spec = noop_spec("leased", budget={"trials": 4, "trial_timeout_s": 30})
+    first = run(spec, db, workers=1)
+    assert first.status == "completed"
+    # Another runner holds a live lease: a second `tuner run` of the same study is refused, untouched.
+    assert db.take_lease(first.study_id, "service runner A", lease_s=60)
+    more = {**spec, "budget": {"trials": 8, "trial_timeout_s": 30}}
+    with pytest.raises(StudyConflict, match="being run by service runner A"):
+        run(more, db, workers=1, lease_owner="cli")
+    assert db.get_study(first.study_id).status == "completed" and len(db.trials(first.study_id)) == 4
+    # The lease lapses (its runner died): the study is taken, its lease held while it runs, released after.
+    db.update_study(first.study_id, lease_expires_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=1))
+    seen = []
+    resumed = run(
+        more,
+        db,
+        workers=1,
+        lease_owner="cli",
+        progress=lambda p: seen.append(db.get_study(first.study_id).lease_owner),
+    )
+    assert resumed.status == "completed" and len(db.trials(first.study_id)) >= 8
+    assert seen and set(seen) == {"cli"}
+    row = db.get_study(first.study_id)
+    assert row.lease_owner is None and row.lease_expires_at is None
+
+
+def test_a_lease_held_by_a_dead_process_of_this_host_is_taken_at_once(db_url: str) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from tuner.service import lease_owner_name, owner_is_dead
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+    dead = f"tuner run {host}:{gone.pid}:0123abcd"
+    assert owner_is_dead(dead)
+    assert not owner_is_dead(lease_owner_name("tuner run"))  # this process
+    assert not owner_is_dead(f"runner elsewhere.example:{gone.pid}:0123abcd")  # another host: cannot tell
+    assert not owner_is_dead("service runner A") and not owner_is_dead(None)
+
+    db = StudyDB(db_url)
+    spec = noop_spec("dead-holder", budget={"trials": 3, "trial_timeout_s": 30})
+    first = run(spec, db, workers=1)
+    assert db.take_lease(first.study_id, dead, lease_s=600)  # live for 10 minutes, but its process is gone
+    resumed = run({**spec, "budget": {"trials": 5, "trial_timeout_s": 30}}, db, workers=1, lease_owner="cli")
+    assert resumed.status == "completed" and db.get_study(first.study_id).lease_owner is None

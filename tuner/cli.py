@@ -38,10 +38,16 @@ def _find(db: Any, ref: str) -> Any:
     return row
 
 
+#: Seconds a `tuner run` lease lasts unrenewed: long enough for worker start-up (the orchestrator renews
+#: it from its loop), short enough that a service runner resumes a crashed run's study soon after.
+CLI_LEASE_S = 120.0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tuner.orchestrator import Orchestrator, StudyConflict, StudyFailed
+    from tuner.service import lease_owner_name
     from tuner.spec import SpecError, load_spec
 
     try:
@@ -85,6 +91,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             workers=args.workers,
             trials_per_worker=args.trials_per_worker,
             progress=on_progress,
+            # Held while this command runs: a second `tuner run` or a service runner on the same
+            # database is refused instead of running the same study twice.
+            lease_owner=lease_owner_name("tuner run"),
+            lease_s=CLI_LEASE_S,
         )
         try:
             summary = orchestrator.run()

@@ -153,9 +153,17 @@ class Orchestrator:
         progress: Callable[[Progress], None] | None = None,
         heartbeat: Callable[[], None] | None = None,
         poll_s: float = 0.5,
+        lease_owner: str | None = None,
+        lease_s: float = 30.0,
     ) -> None:
         """``progress`` is called after each finished trial; ``heartbeat`` on every turn of the loop
-        (at least every ``poll_s`` seconds), where a service renews its lease and checks for stop requests."""
+        (at least every ``poll_s`` seconds), where a service renews its lease and checks for stop requests.
+
+        ``lease_owner``: hold the study's lease under this name while running (``tuner run`` does; a
+        service runner holds it itself). A study whose lease another owner holds is refused with
+        :class:`StudyConflict`; the lease is renewed every ``lease_s / 3`` seconds and released at the
+        end, so after a crash it lapses and a service runner on the same database may resume the study.
+        """
         self.compiled = compiled
         self.spec = compiled.spec
         self.db = db
@@ -165,6 +173,9 @@ class Orchestrator:
         self.progress = progress
         self.heartbeat = heartbeat
         self.poll_s = poll_s
+        self.lease_owner = lease_owner
+        self.lease_s = lease_s
+        self._lease_renewed = 0.0
         self.workload = compiled.workload_cls(**compiled.spec.args)
         self._gang = compiled.spec.resources.gpus_per_trial > 1  # trials of k ranks (tuner/gang.py)
         self._stop = False
@@ -224,6 +235,8 @@ class Orchestrator:
             self._workers.clear()
             elapsed = self._elapsed()
             self.db.update_study(self.study_id, status=status, elapsed_s=elapsed, message=message)
+            if self.lease_owner is not None:
+                self.db.release_lease(self.study_id, self.lease_owner)
         trials = self.db.trials(self.study_id)
         objectives = self.compiled.objectives
         summary = RunSummary(
@@ -270,8 +283,33 @@ class Orchestrator:
                 raise StudyConflict(
                     f"study {spec.name!r} exists with different {', '.join(changed)}; use a new study name"
                 )
+        if self.lease_owner is not None and not self.db.take_lease(row.id, self.lease_owner, self.lease_s):
+            from tuner.service import owner_is_dead
+
+            holder = self.db.get_study(row.id)
+            dead = holder.lease_owner if holder is not None and owner_is_dead(holder.lease_owner) else None
+            if dead is not None and self.db.take_lease(row.id, self.lease_owner, self.lease_s, steal_from=dead):
+                log.warning("study %s: took the lease of %s, whose process is gone", spec.name, dead)
+                holder = None
+            else:
+                until = holder.lease_expires_at if holder is not None else None
+                raise StudyConflict(
+                    f"study {spec.name!r} is being run by {holder.lease_owner if holder else '?'} (lease until "
+                    f"{until:%Y-%m-%d %H:%M:%S} UTC); stop that run or wait for it to end"
+                )
+        self._lease_renewed = time.monotonic()
         self.db.update_study(row.id, status="running", spec=spec_json, message=None, stop_requested=False)
         return row
+
+    def _beat(self) -> None:
+        """One turn of the loop: renew our lease when one is due, then the caller's heartbeat."""
+        if self.lease_owner is not None and time.monotonic() - self._lease_renewed >= self.lease_s / 3:
+            self._lease_renewed = time.monotonic()
+            if not self.db.renew_lease(self.study_id, self.lease_owner, self.lease_s):
+                log.warning("lost the lease of study %s to another runner; stopping", self.study_id)
+                self.stop()
+        if self.heartbeat is not None:
+            self.heartbeat()
 
     def _start_workers(self) -> None:
         import ray
@@ -443,8 +481,7 @@ class Orchestrator:
             for ref in ready:
                 self._handle_ready(ref)
             self._check_timeouts()
-            if self.heartbeat is not None:
-                self.heartbeat()
+            self._beat()
             if time.monotonic() - last_save > ELAPSED_SAVE_EVERY_S:
                 self.db.update_study(self.study_id, elapsed_s=self._elapsed())
                 last_save = time.monotonic()
@@ -701,8 +738,7 @@ class Orchestrator:
                 value = (result.get("metrics") or {}).get(metric)
                 if result.get("status") == TrialStatus.OK.value and _finite(value):
                     values[trial.number].append(float(value))
-                if self.heartbeat is not None:
-                    self.heartbeat()
+                self._beat()
         for number, measured in values.items():
             if measured:
                 data = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -21,6 +22,28 @@ from tuner.storage import StudyDB, StudyRow
 log = logging.getLogger("tuner.service")
 DEFAULT_LEASE_S = 30.0
 STOP_CHECK_S = 1.0  # how often a running study looks for a stop request
+
+
+def lease_owner_name(role: str) -> str:
+    """A lease owner's name: the role, this host and this process (what :func:`owner_is_dead` reads)."""
+    return f"{role} {socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def owner_is_dead(owner: str | None) -> bool:
+    """Whether a lease owner named by :func:`lease_owner_name` is a process of this host that no longer
+    runs: its lease can be taken at once instead of waiting for it to lapse. Unknown owners are alive."""
+    if not owner:
+        return False
+    match = re.search(r"(\S+):(\d+):[0-9a-f]{8}$", owner)
+    if match is None or match.group(1) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(match.group(2)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
 
 
 class StudyRunner:
@@ -41,7 +64,7 @@ class StudyRunner:
         self.poll_s = poll_s
         self.ray_address = ray_address
         self.workers = workers
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner or lease_owner_name("runner")
         self._stop = threading.Event()
 
     def stop(self) -> None:

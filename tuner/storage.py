@@ -266,6 +266,24 @@ class StudyDB:
                 return self.get_study(study_id)
         return None
 
+    def take_lease(self, study_id: int, owner: str, lease_s: float, *, steal_from: str | None = None) -> bool:
+        """Hold the study's lease unless another owner's lease is still live (a conditional UPDATE).
+
+        ``steal_from``: also take it from that owner, live or not (its process is known to be dead).
+        """
+        now = _now()
+        free = StudyRow.lease_owner.is_(None) | (StudyRow.lease_owner == owner)
+        if steal_from is not None:
+            free = free | (StudyRow.lease_owner == steal_from)
+        free = free | StudyRow.lease_expires_at.is_(None) | (StudyRow.lease_expires_at < now)
+        with self.Session.begin() as s:
+            result = s.execute(
+                update(StudyRow)
+                .where(StudyRow.id == study_id, free)
+                .values(lease_owner=owner, lease_expires_at=now + dt.timedelta(seconds=lease_s))
+            )
+        return result.rowcount == 1
+
     def renew_lease(self, study_id: int, owner: str, lease_s: float) -> bool:
         """Extend our lease; False when another orchestrator holds the study now."""
         with self.Session.begin() as s:
