@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import threading
@@ -150,6 +151,14 @@ def test_auth_size_validation_and_idempotency(client: TestClient) -> None:
     again = client.post("/api/studies", json=spec, headers={**AUTH, "Idempotency-Key": "k-1"})
     assert first.status_code == again.status_code == 202 and first.json()["id"] == again.json()["id"]
     assert client.post("/api/studies", json=spec, headers=AUTH).status_code == 409  # same name, no key
+    # The same key with another spec is refused; after 24 hours the key is free again.
+    other = client.post("/api/studies", json=noop_spec("idem-2"), headers={**AUTH, "Idempotency-Key": "k-1"})
+    assert other.status_code == 422 and "another spec" in other.json()["detail"]
+    db: StudyDB = client.app.state.db
+    db.update_study(first.json()["id"], created_at=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=25))
+    fresh = client.post("/api/studies", json=noop_spec("idem-2"), headers={**AUTH, "Idempotency-Key": "k-1"})
+    assert fresh.status_code == 202 and fresh.json()["id"] != first.json()["id"]
+    assert db.get_study(first.json()["id"]).idempotency_key is None  # the old study stays, without the key
 
     big = {**noop_spec("big"), "args": {"sleep_ms": 0, "faults": {str(i): "raise" for i in range(120_000)}}}
     response = client.post(

@@ -234,9 +234,16 @@ class StudyDB:
         with self.Session() as s:
             return s.get(StudyRow, study_id)
 
-    def find_by_idempotency_key(self, key: str) -> StudyRow | None:
+    def find_by_idempotency_key(self, key: str, max_age_s: float | None = None) -> StudyRow | None:
+        """The study a submit with this key made; with ``max_age_s``, a key older than that is released
+        (the study keeps running, the key is cleared) and None returned, so the key can be used again."""
         with self.Session() as s:
-            return s.scalar(select(StudyRow).where(StudyRow.idempotency_key == key))
+            row = s.scalar(select(StudyRow).where(StudyRow.idempotency_key == key))
+        if row is not None and max_age_s is not None and _now() - row.created_at > dt.timedelta(seconds=max_age_s):
+            with self.Session.begin() as s:
+                s.execute(update(StudyRow).where(StudyRow.id == row.id).values(idempotency_key=None))
+            return None
+        return row
 
     # leases ------------------------------------------------------------------
     def claim_next(self, owner: str, lease_s: float) -> StudyRow | None:

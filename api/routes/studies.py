@@ -60,6 +60,11 @@ def _spec_error(exc: SpecError) -> HTTPException:
         **ERRORS,
         400: {"model": ErrorOut, "description": "the body is not JSON"},
         409: {"model": ErrorOut, "description": "a study of that name exists"},
+        422: {
+            "model": ErrorOut,
+            "description": "an invalid spec (`detail[].loc` names the field), or an "
+            "Idempotency-Key already used for another spec",
+        },
         413: {"model": ErrorOut, "description": "the body is larger than 1 MiB"},
     },
 )
@@ -71,12 +76,18 @@ def submit_study(
 ) -> SubmitOut:
     """Queue a study (the same spec as ``tuner run``); an orchestrator picks it up.
 
-    A retried request with the same ``Idempotency-Key`` returns the study the first one made.
+    A retried request with the same ``Idempotency-Key`` returns the study the first one made; the
+    same key with a different spec is refused (422). A key is kept for 24 hours, then it may name a
+    new request.
     """
     if idempotency_key:
-        existing = db.find_by_idempotency_key(idempotency_key)
+        existing = db.find_by_idempotency_key(idempotency_key, max_age_s=IDEMPOTENCY_KEY_TTL_S)
         if existing is not None:
-            return _submitted(existing)
+            if _same_request(existing.spec, spec):
+                return _submitted(existing)
+            raise HTTPException(
+                422, f"Idempotency-Key {idempotency_key!r} was used for another spec (study {existing.name!r})"
+            )
     try:
         compiled = compile_study(spec)
     except SpecError as exc:
@@ -101,6 +112,18 @@ def submit_study(
         raise HTTPException(409, f"a study named {spec.name!r} exists") from None
     response.headers["Location"] = f"/api/studies/{row.id}"
     return _submitted(row)
+
+
+#: How long an Idempotency-Key names the study its first request made.
+IDEMPOTENCY_KEY_TTL_S = 24 * 3600
+
+
+def _same_request(stored: dict[str, Any], spec: StudySpec) -> bool:
+    """Whether a stored study's spec is the one this request submits (both normalised by the model)."""
+    try:
+        return StudySpec.model_validate(stored).model_dump(mode="json") == spec.model_dump(mode="json")
+    except ValueError:
+        return False
 
 
 def _submitted(row: Any) -> SubmitOut:
