@@ -121,3 +121,54 @@ def test_leases_let_one_runner_hold_a_study_and_another_take_over_when_it_lapses
     db.update_study(study_id, status="completed")
     assert db.claim_next("runner-c", lease_s=30) is None
     db.dispose()
+
+
+def test_a_database_of_an_earlier_version_gains_the_new_columns_and_keeps_its_rows(db_url: str) -> None:
+    """A database made before leases, idempotency keys and repeat detection existed still opens and works."""
+    from sqlalchemy import Column, ForeignKey, MetaData, Table, insert
+
+    from tuner.storage import Base, make_engine, resolve_url
+
+    dropped = {"tuner_studies": {"lease_owner", "lease_expires_at", "idempotency_key", "stop_requested"},
+               "tuner_trials": {"duplicate_of", "remeasured", "attempt"}}  # fmt: skip
+    old = MetaData()
+    for table in Base.metadata.sorted_tables:
+        columns = [
+            Column(
+                c.name, c.type, *[ForeignKey(fk.target_fullname) for fk in c.foreign_keys], primary_key=c.primary_key
+            )
+            for c in table.columns
+            if c.name not in dropped[table.name]
+        ]
+        Table(table.name, old, *columns)
+    engine = make_engine(resolve_url(db_url))
+    old.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(
+            insert(old.tables["tuner_studies"]).values(
+                name="before", workload="noop", status="completed", spec={}, space={}, space_hash="h",
+                optuna_name="tuner-1-before", elapsed_s=1.0,
+            )
+        )  # fmt: skip
+        study_id = conn.execute(old.tables["tuner_studies"].select()).first().id
+        conn.execute(
+            insert(old.tables["tuner_trials"]).values(
+                study_id=study_id, number=0, status="ok", params={"x": 1}, metrics={"score": 0.5}, samples_ms=[]
+            )
+        )
+    engine.dispose()
+
+    db = StudyDB(db_url)
+    db.create_tables()
+    assert db.add_missing_columns() == []  # nothing left to add: a second open changes nothing
+    row = db.find_study("before")
+    assert row.status == "completed" and row.stop_requested is False and row.lease_owner is None
+    (trial,) = db.trials(row.id)
+    assert trial.metrics == {"score": 0.5} and trial.attempt == 1 and trial.duplicate_of is None
+    # What the new columns serve works on the upgraded database.
+    assert db.take_lease(row.id, "me", 30) and not db.take_lease(row.id, "other", 30)
+    fresh = db.create_study(name="after", workload="noop", spec={}, space={}, space_hash="h", idempotency_key="key-1")
+    assert db.find_by_idempotency_key("key-1").id == fresh.id
+    with pytest.raises(IntegrityError):  # the key stays unique (a unique index on the added column)
+        db.create_study(name="again", workload="noop", spec={}, space={}, space_hash="h", idempotency_key="key-1")
+    db.dispose()

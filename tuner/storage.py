@@ -9,6 +9,7 @@ prefixed ``tuner_`` so the two never collide.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -36,6 +37,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
+
+log = logging.getLogger("tuner.storage")
 
 DEFAULT_DB_URL = "sqlite:///tuner.db"
 STUDY_STATUSES = ("queued", "running", "completed", "stopped", "failed")
@@ -188,7 +191,49 @@ class StudyDB:
         self.Session = sessionmaker(self.engine, expire_on_commit=False)
 
     def create_tables(self) -> None:
+        """Create the tables, and bring a database made by an earlier version up to date (see below)."""
         Base.metadata.create_all(self.engine)
+        added = self.add_missing_columns()
+        if added:
+            log.warning("study database %s upgraded: added columns %s", self.url, ", ".join(added))
+
+    def add_missing_columns(self) -> list[str]:
+        """Add the columns this version has and the database lacks; returns them as ``table.column``.
+
+        The schema only ever grows by columns, so an upgrade is additive: each missing column is added
+        nullable, rows already there get its default (a uniqueness constraint becomes a unique index),
+        and nothing stored is rewritten or dropped.
+        """
+        from sqlalchemy import inspect, text
+
+        added: list[str] = []
+        inspector = inspect(self.engine)
+        for table in Base.metadata.sorted_tables:
+            present = {column["name"] for column in inspector.get_columns(table.name)}
+            for column in table.columns:
+                if column.name in present:
+                    continue
+                kind = column.type.compile(dialect=self.engine.dialect)
+                with self.engine.begin() as conn:
+                    conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"))
+                    if column.unique:
+                        conn.execute(
+                            text(
+                                f"CREATE UNIQUE INDEX IF NOT EXISTS uq_{table.name}_{column.name} "
+                                f"ON {table.name} ({column.name})"
+                            )
+                        )
+                    default = column.default
+                    if default is not None and getattr(default, "is_scalar", False):
+                        value = default.arg
+                    elif default is not None and getattr(default, "is_callable", False):
+                        value = default.arg(None)
+                    else:
+                        value = None
+                    if value is not None:
+                        conn.execute(update(table).where(column.is_(None)).values({column.name: value}))
+                added.append(f"{table.name}.{column.name}")
+        return added
 
     def dispose(self) -> None:
         self.engine.dispose()
