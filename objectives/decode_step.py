@@ -2,7 +2,8 @@
 
 Knobs (``search_spaces/decode_step.yaml``): ``batch`` (sequences decoded together; a knob unless
 the ``batch`` arg fixes it), ``weight_bits`` (16: bf16 ``nn.Linear``; 8 / 4: weight-only
-quantized :class:`models.quant_linear.QuantLinear` with ``group_size`` 32 / 64 / 128),
+quantized :class:`models.quant_linear.QuantLinear` with ``group_size`` 32 / 64 / 128;
+with int4, ``int8_first_blocks`` keeps the first 0 / 1 / 2 blocks in int8, optional, 0 when absent),
 ``kv_dtype`` (``bf16`` or ``fp8_e4m3`` with one scale per layer and tensor, calibrated by the
 prefill), ``attention`` (``sdpa`` or ``math``) and ``cuda_graphs`` (replay one captured decode
 step instead of launching its kernels one by one; GPU only).
@@ -293,6 +294,11 @@ class DecodeStep(Workload):
             for name, k in (("d_model", self.cfg.d_model), ("d_ff", self.cfg.ff)):
                 if k % group:
                     return f"group_size={group} does not divide {name}={k} (the K of a quantized Linear)"
+        keep = config.get("int8_first_blocks") or 0
+        if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep <= self.cfg.n_layers:
+            return f"int8_first_blocks must be an int in [0, {self.cfg.n_layers}] (the model's blocks), got {keep!r}"
+        if keep and bits != 4:
+            return f"int8_first_blocks applies to int4 weights, weight_bits is {bits}"
         if config["kv_dtype"] not in KV_DTYPES:
             return f"kv_dtype must be one of {KV_DTYPES}, got {config['kv_dtype']!r}"
         attention = config["attention"]
@@ -327,7 +333,9 @@ class DecodeStep(Workload):
         bits = int(config["weight_bits"])
         if bits == 16:
             return 2 * n
-        return n * bits // 8 + 2 * n // int(config["group_size"])
+        scales = 2 * n // int(config["group_size"])
+        int8 = n * int(config.get("int8_first_blocks") or 0) // self.cfg.n_layers
+        return (n - int8) * bits // 8 + int8 + scales
 
     def kv_bytes(self, config: dict[str, Any]) -> int:
         """Bytes of the whole KV cache (k and v of every layer, ``max_len`` positions)."""
@@ -536,17 +544,19 @@ class DecodeStep(Workload):
             self._bases[key] = model
         return model
 
-    def _variant(self, attention: str, bits: int, group: int | None, torch_device: str) -> tuple[Any, int]:
+    def _variant(
+        self, attention: str, bits: int, group: int | None, torch_device: str, int8_first_blocks: int = 0
+    ) -> tuple[Any, int]:
         """The model of a config and its parameter bytes: the base, or a quantized copy sharing its other tensors."""
-        from models.quant_linear import parameter_bytes, quantize_linears
+        from models.quant_linear import parameter_bytes, quantize_decoder
 
         base = self._base(attention, torch_device)
         if bits == 16:
             return base, parameter_bytes(base)
-        key = (torch_device, attention, bits, group)
+        key = (torch_device, attention, bits, group, int8_first_blocks)
         entry = self._variants.get(key)
         if entry is None:
-            model = quantize_linears(base, bits, int(group))  # type: ignore[arg-type]
+            model = quantize_decoder(base, bits, int(group), int8_first_blocks)  # type: ignore[arg-type]
             entry = (model, parameter_bytes(model))
             self._variants[key] = entry
             while len(self._variants) > MAX_VARIANTS:
@@ -603,7 +613,17 @@ class DecodeStep(Workload):
         torch_device = "cuda" if device.is_gpu else "cpu"
         batch = self._batch(config)
         bits, group = int(config["weight_bits"]), config.get("group_size")
-        key = (torch_device, batch, bits, group, config["kv_dtype"], config["attention"], bool(config["cuda_graphs"]))
+        keep = int(config.get("int8_first_blocks") or 0)
+        key = (
+            torch_device,
+            batch,
+            bits,
+            group,
+            keep,
+            config["kv_dtype"],
+            config["attention"],
+            bool(config["cuda_graphs"]),
+        )
         case = self._cases.get(key)
         if case is not None:
             self._cases.move_to_end(key)
@@ -611,7 +631,7 @@ class DecodeStep(Workload):
         while len(self._cases) >= MAX_CASES:  # free the oldest cache and graph before allocating
             self._cases.popitem(last=False)
         ref = self._reference(batch, torch_device)
-        model, model_bytes = self._variant(config["attention"], bits, group, torch_device)
+        model, model_bytes = self._variant(config["attention"], bits, group, torch_device, keep)
         if bits != 16 and device.is_gpu:
             from models.quant_linear import autotune_tiles
 
@@ -640,6 +660,7 @@ class DecodeStep(Workload):
             "batch": self._batch(config),
             "weight_bits": bits,
             "group_size": None if bits == 16 else int(config["group_size"]),
+            "int8_first_blocks": int(config.get("int8_first_blocks") or 0),
             "kv_cache_dtype": f"torch.{KV_TORCH_DTYPES[config['kv_dtype']]}",
             "attention": config["attention"],
             "cuda_graphs": bool(config["cuda_graphs"]),
@@ -653,7 +674,7 @@ class DecodeStep(Workload):
             "import torch",
             "",
             "from models.gpt import make_model, resolve_config",
-            "from models.quant_linear import autotune_tiles, quantize_linears",
+            "from models.quant_linear import autotune_tiles, quantize_decoder",
             "",
             f"# decode_step: batch {e['batch']}, {weights} weights, {e['kv_cache_dtype']} KV cache, "
             f"{e['attention']} attention, CUDA graphs {'on' if e['cuda_graphs'] else 'off'}",
@@ -661,7 +682,10 @@ class DecodeStep(Workload):
             f"model = make_model(cfg, seed=0, device='cuda', dtype=torch.bfloat16, attention={e['attention']!r})",
         ]
         if e["weight_bits"] != 16:
-            lines.append(f"model = quantize_linears(model, bits={e['weight_bits']}, group_size={e['group_size']})")
+            lines.append(
+                f"model = quantize_decoder(model, bits={e['weight_bits']}, group_size={e['group_size']}, "
+                f"int8_first_blocks={e['int8_first_blocks']})"
+            )
             lines.append(f"autotune_tiles(model, m={e['batch']})  # times kernel tiles per Linear shape (GPU only)")
         lines += [
             f"batch, kv_dtype, cuda_graphs = {e['batch']}, {e['kv_cache_dtype']}, {e['cuda_graphs']}",

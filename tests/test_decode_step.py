@@ -183,19 +183,21 @@ def test_space_seeds_and_the_batch_arg(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     knob = DecodeStep(model="1b", prompt_len=128, gen_tokens=32)
     space = compile_space(knob.space_document())
-    assert "batch" in space.params and len(space.seeds) == 5
-    assert {(s["weight_bits"], s.get("group_size")) for s in space.seeds} == {
-        (16, None),
-        (4, 128),
-        (4, 64),
-        (4, 32),
-        (8, 128),
-    }
+    assert "batch" in space.params and len(space.seeds) == 7
+    assert [(s["weight_bits"], s.get("group_size"), s.get("int8_first_blocks")) for s in space.seeds] == [
+        (16, None, None),
+        (4, 128, 1),
+        (4, 128, 0),
+        (4, 64, 1),
+        (4, 64, 0),
+        (4, 32, 0),
+        (8, 128, None),
+    ]
     for seed in space.seeds:
         assert space.static_violation(seed, H200.to_dict()) is None and knob.static_check(seed, H200) is None
     fixed = DecodeStep(model="1b", prompt_len=128, gen_tokens=32, batch=8)
     fixed_space = compile_space(fixed.space_document())
-    assert "batch" not in fixed_space.params and len(fixed_space.seeds) == 5
+    assert "batch" not in fixed_space.params and len(fixed_space.seeds) == 7
     assert all(fixed.static_check(s, H200) is None for s in fixed_space.seeds)
     assert "fixed to 8" in fixed.static_check({**fixed_space.seeds[0], "batch": 4}, H200)
     assert fixed.static_check({**fixed_space.seeds[0], "batch": 8}, H200) is None
@@ -211,6 +213,8 @@ def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.Mon
         "weight_bits must be": (_cfg(bits=2, group=32), CPU),
         "attention='triton'": (_cfg(attention="triton"), CPU),
         "kv_dtype must be": (_cfg(kv_dtype="fp16"), CPU),
+        "applies to int4": (_cfg(bits=8, group=32, int8_first_blocks=1), CPU),
+        "int8_first_blocks must be an int in [0, 2]": (_cfg(bits=4, group=32, int8_first_blocks=3), CPU),
         "config lacks batch": ({k: v for k, v in _cfg().items() if k != "batch"}, CPU),
         "compute capability": (_cfg(), DeviceInfo(kind="cuda", name="T4", compute_capability=(7, 5))),
         "GB": (_cfg(batch=64), DeviceInfo(kind="cuda", name="small", total_memory_bytes=10_000)),
@@ -335,6 +339,14 @@ def test_pretraining_gives_margins_that_int4_keeps_and_is_cached_on_disk(
     for metric in ("top1_agreement", "max_logit_error", "mean_logit_error"):
         assert repeat[metric] == result.metrics[metric], metric
     assert again.pretrain_losses == losses and cached.exists()
+    # Block 0 in int8: its Linears are int8, the others int4; closer to the bf16 model.
+    first_int8 = trained.run({**int4, "int8_first_blocks": 1}, CPU, TrialContext())
+    model, _ = trained._variant("sdpa", 4, 128, "cpu", 1)
+    bits = {name: m.bits for name, m in model.named_modules() if isinstance(m, QuantLinear)}
+    assert {b for n, b in bits.items() if n.startswith("blocks.0.")} == {8}
+    assert {b for n, b in bits.items() if not n.startswith("blocks.0.")} == {4}
+    assert first_int8.metrics["mean_logit_error"] < result.metrics["mean_logit_error"]
+    assert first_int8.metrics["peak_mem_gb"] > result.metrics["peak_mem_gb"]
 
 
 def test_a_decode_that_writes_nothing_or_disagrees_is_numerics_fail(
