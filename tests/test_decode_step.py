@@ -139,6 +139,15 @@ def test_quantize_linears_copies_only_the_linears() -> None:
     assert parameter_bytes(q) < parameter_bytes(base)
     x = torch.randint(0, 256, (2, 8))
     assert torch.isfinite(q(x).float()).all()
+    # quantize_decoder: the first blocks in int8, the rest in the asked bit width; only under int4.
+    from models.quant_linear import quantize_decoder
+
+    mixed = quantize_decoder(base, 4, 32, int8_first_blocks=1)
+    assert [m.bits for m in mixed.blocks[0].modules() if isinstance(m, QuantLinear)] == [8] * 4
+    assert [m.bits for m in mixed.blocks[1].modules() if isinstance(m, QuantLinear)] == [4] * 4
+    assert parameter_bytes(q) < parameter_bytes(mixed) < parameter_bytes(base)
+    with pytest.raises(ValueError, match="int4"):
+        quantize_decoder(base, 8, 32, int8_first_blocks=1)
 
 
 # --------------------------------------------------------------------------- workload: args, space, static
