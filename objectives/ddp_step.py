@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -50,6 +49,7 @@ from objectives.collective import (
     set_nccl_env,
     slowest,
 )
+from tuner.measure import step_intervals_ms, timed_steps
 from tuner.workload import (
     DeviceInfo,
     MetricSpec,
@@ -190,7 +190,7 @@ class DDPStep(RankWorkload):
             if compile_failure_status(exc) is None:
                 raise
             return compile_failure_result(exc, comparable)
-        samples_ms = self._samples_ms(case, device.is_gpu)
+        samples_ms = step_intervals_ms(case.marks, device.is_gpu) or [math.nan]
         final = float(case.final_loss)
         checksum = self._checksum(case)
         case = None
@@ -292,30 +292,8 @@ class DDPStep(RankWorkload):
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
         """The ``steps`` timed steps, back to back, with a timing mark between consecutive steps; writes the
         last step's loss into ``case.final_loss``. The only place ``run`` times training."""
-        cuda = case.device.type == "cuda"
-        if cuda:
-            import torch
-
-            case.marks = [torch.cuda.Event(enable_timing=True) for _ in range(self.steps + 1)]
-            case.marks[0].record()
-        else:
-            case.marks = [time.perf_counter()]
-        for i in range(self.steps):
-            case.losses.append(self._step(case))
-            if cuda:
-                case.marks[i + 1].record()
-            else:
-                case.marks.append(time.perf_counter())
+        case.marks = timed_steps(lambda: case.losses.append(self._step(case)), self.steps, case.device.type == "cuda")
         case.final_loss = case.losses[-1]
-
-    @staticmethod
-    def _samples_ms(case: _Case, cuda: bool) -> list[float]:
-        marks = case.marks
-        if len(marks) < 2:
-            return [math.nan]
-        if cuda:
-            return [marks[i].elapsed_time(marks[i + 1]) for i in range(len(marks) - 1)]
-        return [(marks[i + 1] - marks[i]) * 1e3 for i in range(len(marks) - 1)]
 
     @staticmethod
     def _checksum(case: _Case) -> float:

@@ -51,12 +51,12 @@ import contextlib
 import gc
 import math
 import statistics
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from models.config import PRESETS, GPTConfig, model_flops_per_token, resolve_config
+from tuner.measure import step_intervals_ms, timed_steps
 from tuner.workload import (
     DeviceInfo,
     MetricSpec,
@@ -366,7 +366,7 @@ class TrainStep(Workload):
                 self._launch(config, case)
                 if on_gpu:
                     torch.cuda.synchronize()
-                samples_ms = self._samples_ms(case, on_gpu)
+                samples_ms = step_intervals_ms(case.marks, on_gpu)
                 losses = (
                     [float(x) for x in torch.stack([t.float() for t in case.losses]).tolist()] if case.losses else []
                 )
@@ -443,29 +443,8 @@ class TrainStep(Workload):
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
         """The ``steps`` timed optimizer steps, back to back, with a timing mark between consecutive steps;
         writes the last step's loss into ``case.final_loss``. The only place ``run`` times training."""
-        cuda = case.device.type == "cuda"
-        if cuda:
-            import torch
-
-            case.marks = [torch.cuda.Event(enable_timing=True) for _ in range(self.steps + 1)]
-            case.marks[0].record()
-        else:
-            case.marks = [time.perf_counter()]
-        for i in range(self.steps):
-            loss = self._step(case)
-            case.losses.append(loss)
-            if cuda:
-                case.marks[i + 1].record()
-            else:
-                case.marks.append(time.perf_counter())
+        case.marks = timed_steps(lambda: case.losses.append(self._step(case)), self.steps, case.device.type == "cuda")
         case.final_loss = case.losses[-1]
-
-    @staticmethod
-    def _samples_ms(case: _Case, cuda: bool) -> list[float]:
-        marks = case.marks
-        if cuda:
-            return [marks[i].elapsed_time(marks[i + 1]) for i in range(len(marks) - 1)]
-        return [(marks[i + 1] - marks[i]) * 1e3 for i in range(len(marks) - 1)]
 
     # ------------------------------------------------------------------ exports and work
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tuner.measure import Timing, median_ci95, rel_ci_half_width, time_fn
+from tuner.measure import Timing, median_ci95, rel_ci_half_width, step_intervals_ms, time_fn, timed_steps
 from tuner.workload import DeviceInfo
 
 CPU = DeviceInfo()
@@ -84,6 +84,15 @@ def test_the_time_cap_stops_adaptive_rounds(clock: FakeClock) -> None:
     )
     # Rounds of 6, 6 and 12 samples (3.5 ms each on average): 84 ms of timed calls, past the 60 ms cap.
     assert timing.reps == 24 and timing.extra["converged"] is False
+
+
+def test_timed_steps_mark_each_step_and_give_one_interval_per_step(clock: FakeClock) -> None:
+    calls = []
+    step = _sleeper([3.0, 5.0, 7.0], clock)
+    marks = timed_steps(lambda: calls.append(step()), 3, cuda=False)
+    assert len(calls) == 3 and len(marks) == 4
+    assert step_intervals_ms(marks, cuda=False) == pytest.approx([3.0, 5.0, 7.0])
+    assert step_intervals_ms(marks[:1], cuda=False) == []
 
 
 def test_bad_options_are_refused() -> None:

@@ -117,6 +117,37 @@ GPU_TIMING: dict[str, Any] = {
 }
 
 
+def timed_steps(step: Callable[[], Any], steps: int, cuda: bool) -> list[Any]:
+    """Call ``step`` ``steps`` times back to back with a timing mark before the first call and after each.
+
+    Marks are CUDA events recorded on the current stream when ``cuda`` (read them after a
+    synchronize), ``time.perf_counter`` values otherwise; :func:`step_intervals_ms` turns them into
+    one sample per step. For workloads whose unit of work is a whole step (training, DDP), timed in
+    place rather than by :func:`time_fn`.
+    """
+    if cuda:
+        import torch
+
+        marks: list[Any] = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+        marks[0].record()
+        for i in range(steps):
+            step()
+            marks[i + 1].record()
+        return marks
+    marks = [time.perf_counter()]
+    for _ in range(steps):
+        step()
+        marks.append(time.perf_counter())
+    return marks
+
+
+def step_intervals_ms(marks: list[Any], cuda: bool) -> list[float]:
+    """Milliseconds between consecutive marks of :func:`timed_steps` (empty with fewer than two)."""
+    if cuda:
+        return [marks[i].elapsed_time(marks[i + 1]) for i in range(len(marks) - 1)]
+    return [(marks[i + 1] - marks[i]) * 1e3 for i in range(len(marks) - 1)]
+
+
 def timing_options(comparable: bool) -> dict[str, Any]:
     """The :func:`time_fn` options workloads use: ``GPU_TIMING`` on a real GPU, ``CPU_TIMING`` otherwise."""
     return dict(GPU_TIMING if comparable else CPU_TIMING)
