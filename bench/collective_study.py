@@ -23,7 +23,7 @@ import math
 import time
 from typing import Any
 
-from bench.common import interleaved, median, run_study, verdict, write_result
+from bench.common import gang_backend, interleaved, median, run_study, verdict, write_result
 from objectives.collective import DEFAULT, NCCL_KNOBS, render_size_table, size_table
 from tuner.gang import run_gang
 
@@ -50,7 +50,7 @@ def busbw(size: int, config: dict[str, Any], args: argparse.Namespace) -> float:
         workload_args(size, args),
         config,
         2,
-        backend=_backend(),
+        backend=gang_backend(),
         trial_timeout_s=TRIAL_TIMEOUT_S,
     )
     value = (out.get("metrics") or {}).get("busbw_gbps")
@@ -68,13 +68,6 @@ def winner_row(study: str, size: int, best: Any, args: argparse.Namespace) -> di
         "params": best.params,
         "metrics": best.metrics,
     }
-
-
-def _backend() -> str:
-    """nccl on GPUs; gloo on a CPU (a smoke run: the NCCL knobs are then inert)."""
-    import torch
-
-    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def main() -> None:

@@ -106,6 +106,14 @@ def run_study(spec: dict[str, Any], *, db_path: str | None = None, quiet: bool =
     return StudyRun(spec, summary, db.trials(summary.study_id), compiled.space.size(), time.time() - start)
 
 
+def gang_backend() -> str:
+    """The process-group backend of a multi-GPU benchmark: nccl on GPUs; gloo on a CPU (a smoke run:
+    the NCCL knobs are then inert)."""
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
 def interleaved(candidates: dict[str, Callable[[], float]], rounds: int = 3) -> dict[str, list[float]]:
     """Call each candidate in turn, ``rounds`` times (A B C A B C ...); every value it returned, by name."""
     values: dict[str, list[float]] = {name: [] for name in candidates}

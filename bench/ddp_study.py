@@ -21,7 +21,7 @@ import math
 import time
 from typing import Any
 
-from bench.common import interleaved, median, run_study, verdict, write_result
+from bench.common import gang_backend, interleaved, median, run_study, verdict, write_result
 from objectives.collective import DEFAULT, NCCL_KNOBS
 from tuner.gang import run_gang
 from tuner.measure import median_ci95
@@ -38,16 +38,9 @@ TRIAL_TIMEOUT_S = 180
 
 
 def step_ms(workload_args: dict[str, Any], config: dict[str, Any]) -> float:
-    out = run_gang("ddp_step", workload_args, config, 2, backend=_backend(), trial_timeout_s=TRIAL_TIMEOUT_S)
+    out = run_gang("ddp_step", workload_args, config, 2, backend=gang_backend(), trial_timeout_s=TRIAL_TIMEOUT_S)
     value = (out.get("metrics") or {}).get("step_ms")
     return float(value) if out["status"] == "ok" and value is not None else math.nan
-
-
-def _backend() -> str:
-    """nccl on GPUs; gloo on a CPU (a smoke run: the NCCL knobs are then inert)."""
-    import torch
-
-    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def main() -> None:

@@ -200,11 +200,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 err.print(f"[red]{response.status_code}[/red] {response.text}")
                 return 2
             text = response.text
-        if args.output:
-            Path(args.output).write_text(text)
-        else:
-            sys.stdout.write(text)
-        return 0
+        return _emit(text, args.output)
     db = _db(args)
     row = _find(db, args.study)
     try:
@@ -212,9 +208,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     except ExportError as exc:
         err.print(f"[red]{exc}[/red]")
         return 2
-    if args.output:
-        Path(args.output).write_text(text)
-        err.print(f"wrote {args.output}")
+    return _emit(text, args.output)
+
+
+def _emit(text: str, output: str | None) -> int:
+    """Write an export to ``output`` (saying so on stderr) or to stdout; the command's exit code."""
+    if output:
+        Path(output).write_text(text)
+        err.print(f"wrote {output}")
     else:
         sys.stdout.write(text)
     return 0
@@ -235,12 +236,7 @@ def cmd_collective_table(args: argparse.Namespace) -> int:
         err.print("[red]no collective study with a successful trial[/red]")
         return 2
     text = render_size_table(rows, args.format)
-    if args.output:
-        Path(args.output).write_text(text)
-        err.print(f"wrote {args.output}")
-    else:
-        sys.stdout.write(text)
-    return 0
+    return _emit(text, args.output)
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:
