@@ -324,3 +324,33 @@ def test_a_lease_held_by_a_dead_process_of_this_host_is_taken_at_once(db_url: st
     assert db.take_lease(first.study_id, dead, lease_s=600)  # live for 10 minutes, but its process is gone
     resumed = run({**spec, "budget": {"trials": 5, "trial_timeout_s": 30}}, db, workers=1, lease_owner="cli")
     assert resumed.status == "completed" and db.get_study(first.study_id).lease_owner is None
+
+
+def test_dispatch_order_runs_turns_by_number_and_passes_on_after_a_failure() -> None:
+    import threading
+    import time
+
+    from tuner.worker import DispatchOrder
+
+    order, ran = DispatchOrder(), []
+
+    def trial(seq: int) -> None:
+        try:
+            with order.turn(seq):
+                ran.append(seq)
+                if seq == 1:
+                    raise RuntimeError("a failing trial")
+        except RuntimeError:
+            pass
+
+    threads = [threading.Thread(target=trial, args=(seq,)) for seq in (2, 1, 3, 0)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.02)  # arrive out of order
+    for thread in threads:
+        thread.join(timeout=10)
+    assert ran == [0, 1, 2, 3]
+    order.reset(10)
+    with order.turn(10):
+        ran.append(10)
+    assert ran[-1] == 10

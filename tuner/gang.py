@@ -39,13 +39,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from tuner.registry import workload_class
-from tuner.worker import MAX_ERROR_CHARS
+from tuner.worker import MAX_ERROR_CHARS, DispatchOrder
 from tuner.workload import DeviceInfo, TrialStatus
 
 #: Seconds the other ranks get to finish after one rank failed, before they are killed.
@@ -299,8 +298,7 @@ class GangWorker:
             if visible < self.world_size:
                 raise RuntimeError(f"gang of {self.world_size} ranks sees {visible} GPU(s)")
         self.fingerprint = {**fingerprint(), "world_size": self.world_size, "backend": self.backend}
-        self._turn = threading.Condition()
-        self._next_seq = 0
+        self._order = DispatchOrder()
 
     def describe(self) -> dict[str, Any]:
         note = None
@@ -317,16 +315,11 @@ class GangWorker:
         }
 
     def reset_sequence(self, next_seq: int) -> None:
-        with self._turn:
-            self._next_seq = next_seq
-            self._turn.notify_all()
+        self._order.reset(next_seq)
 
     def run_trial(self, config: dict[str, Any], trial_number: int, attempt: int, seq: int) -> dict[str, Any]:
         started = time.time()
-        with self._turn:
-            while self._next_seq != seq:
-                self._turn.wait()
-        try:
+        with self._order.turn(seq):
             reason = self.workload.static_check(config, self.device)
             if reason is not None:
                 out: dict[str, Any] = {
@@ -348,10 +341,6 @@ class GangWorker:
                     trial_timeout_s=self.trial_timeout_s,
                     workload=self.workload,
                 )
-        finally:
-            with self._turn:
-                self._next_seq = seq + 1
-                self._turn.notify_all()
         out["worker"] = self.label
         out["duration_s"] = time.time() - started
         out["replace_worker"] = False  # the ranks were fresh processes; nothing of the trial stays here

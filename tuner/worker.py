@@ -13,17 +13,44 @@ after a trial says so (``replace_worker``) and the orchestrator replaces it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from tuner.registry import workload_class
 from tuner.workload import DeviceInfo, TrialContext, TrialResult, TrialStatus, classify_exception
 
 MAX_ERROR_CHARS = 4000
+
+
+class DispatchOrder:
+    """Lets a worker's trials run in the order the orchestrator numbered them (``seq``), whichever order
+    their threads arrive in: a trial waits for its turn, and its turn passes on when it ends, raise or not."""
+
+    def __init__(self) -> None:
+        self._turn = threading.Condition()
+        self._next_seq = 0
+
+    def reset(self, next_seq: int) -> None:
+        """The next turn is ``next_seq`` (a new orchestrator numbers from there)."""
+        with self._turn:
+            self._next_seq = next_seq
+            self._turn.notify_all()
+
+    @contextlib.contextmanager
+    def turn(self, seq: int) -> Iterator[None]:
+        with self._turn:
+            while self._next_seq != seq:
+                self._turn.wait()
+        try:
+            yield
+        finally:
+            self.reset(seq + 1)
 
 
 class TrialWorker:
@@ -41,8 +68,7 @@ class TrialWorker:
             from tuner.roofline import describe_roofline, measure_copy_bandwidth_gbps
 
             self.roofline = describe_roofline(self.device.name, measure_copy_bandwidth_gbps())
-        self._turn = threading.Condition()
-        self._next_seq = 0
+        self._order = DispatchOrder()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -55,9 +81,7 @@ class TrialWorker:
         }
 
     def reset_sequence(self, next_seq: int) -> None:
-        with self._turn:
-            self._next_seq = next_seq
-            self._turn.notify_all()
+        self._order.reset(next_seq)
 
     def run_trial(self, config: dict[str, Any], trial_number: int, attempt: int, seq: int) -> dict[str, Any]:
         """Prepare (concurrently), then run in dispatch order. Returns a plain dict (see ``result_to_dict``)."""
@@ -68,10 +92,7 @@ class TrialWorker:
             self.workload.prepare(config, self.device)
         except Exception as exc:
             prepare_error, prepare_tb = exc, traceback.format_exc()
-        with self._turn:
-            while self._next_seq != seq:
-                self._turn.wait()
-        try:
+        with self._order.turn(seq):
             if prepare_error is not None:
                 status = classify_exception(prepare_error)
                 if status == TrialStatus.RUNTIME_ERROR:
@@ -79,10 +100,6 @@ class TrialWorker:
                 result = TrialResult(status=status, error=_short(prepare_tb))
             else:
                 result = self._run(config, TrialContext(trial_number=trial_number, attempt=attempt))
-        finally:
-            with self._turn:
-                self._next_seq = seq + 1
-                self._turn.notify_all()
         if result.ok and self.device.is_gpu:
             result.metrics.update(self._position(config, result.metrics))
         out = result_to_dict(result)
