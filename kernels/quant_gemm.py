@@ -81,6 +81,41 @@ INT4_OFFSET = 8
 
 
 @triton.jit
+def _tile_coords(M, K, BLOCK_M: tl.constexpr, SPLIT_K: tl.constexpr):
+    """This program's (pid_m, pid_n, k_begin, k_per_split): M tiles fastest, so that the programs
+    sharing a weight tile run together and the weights come from HBM once."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    k_per_split = K // SPLIT_K
+    return pid % num_pid_m, pid // num_pid_m, tl.program_id(1) * k_per_split, k_per_split
+
+
+@triton.jit
+def _decode_int4(stored, dtype: tl.constexpr, MAGIC: tl.constexpr, MAGIC_OFFSET: tl.constexpr):
+    """The low and high nibbles of packed int4 bytes as exact ``dtype`` integers (the exponent trick)."""
+    u = stored.to(tl.uint8, bitcast=True).to(tl.int16)
+    lo = ((u & 15) | MAGIC).to(tl.int16)
+    hi = ((u >> 4) | MAGIC).to(tl.int16)
+    return (lo.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype), (hi.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype)
+
+
+@triton.jit
+def _write_tile(
+    acc, y_ptr, ws_ptr, rows, cols, row_bound, col_bound, y_row_stride, y_col_stride, ws_row_stride, ws_col_stride,
+    SPLIT_K: tl.constexpr,
+):  # fmt: skip
+    """Store a finished tile into Y, or with split-K add it into the fp32 workspace the wrapper zeroed
+    (a contiguous (M, N) buffer); ``rows``/``cols`` index the tile's two axes."""
+    mask = (rows[:, None] < row_bound) & (cols[None, :] < col_bound)
+    if SPLIT_K == 1:
+        y_ptrs = y_ptr + rows[:, None] * y_row_stride + cols[None, :] * y_col_stride
+        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws_ptrs = ws_ptr + rows[:, None] * ws_row_stride + cols[None, :] * ws_col_stride
+        tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+
+
+@triton.jit
 def quant_matmul_kernel(
     x_ptr,
     w_ptr,
@@ -116,19 +151,13 @@ def quant_matmul_kernel(
             MAGIC_OFFSET,
         )  # fmt: skip
     else:
-        pid = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        num_pid_m = tl.cdiv(M, BLOCK_M)
-        pid_m = pid % num_pid_m  # M tiles fastest: programs sharing a weight tile run together
-        pid_n = pid // num_pid_m
+        pid_m, pid_n, k_begin, k_per_split = _tile_coords(M, K, BLOCK_M, SPLIT_K)
         PACK: tl.constexpr = 8 // BITS  # K rows per stored byte
         ROWS: tl.constexpr = BLOCK_K // PACK  # stored rows per K tile
 
         offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
         offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
         offs_r = tl.arange(0, ROWS)
-        k_per_split = K // SPLIT_K
-        k_begin = pid_k * k_per_split
         offs_k = tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_begin + offs_k)[None, :] * stride_xk
         w_ptrs = w_ptr + (k_begin // PACK + offs_r)[:, None] * stride_wk + offs_n[None, :] * stride_wn
@@ -145,11 +174,7 @@ def quant_matmul_kernel(
             else:
                 # Even and odd K columns of X meet the low and high nibbles (loaded contiguous, split in registers).
                 x0, x1 = tl.split(tl.reshape(x, (BLOCK_M, ROWS, 2)))
-                u = stored.to(tl.uint8, bitcast=True).to(tl.int16)
-                lo = ((u & 15) | MAGIC).to(tl.int16)
-                hi = ((u >> 4) | MAGIC).to(tl.int16)
-                q0 = (lo.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype)
-                q1 = (hi.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype)
+                q0, q1 = _decode_int4(stored, dtype, MAGIC, MAGIC_OFFSET)
             if BLOCK_K <= GROUP_SIZE:
                 # The whole K tile is one group: exact integer weights, one scale per column after the dot.
                 scale = tl.load(s_ptr + (k0 // GROUP_SIZE) * stride_sg + offs_n * stride_sn).to(tl.float32)
@@ -169,14 +194,7 @@ def quant_matmul_kernel(
 
         offs_ym = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_yn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask = (offs_ym[:, None] < M) & (offs_yn[None, :] < N)
-        if SPLIT_K == 1:
-            y_ptrs = y_ptr + offs_ym[:, None] * stride_ym + offs_yn[None, :] * stride_yn
-            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-        else:
-            # The workspace is a contiguous (M, N) fp32 buffer the wrapper zeroed.
-            ws_ptrs = ws_ptr + offs_ym[:, None] * N + offs_yn[None, :]
-            tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+        _write_tile(acc, y_ptr, ws_ptr, offs_ym, offs_yn, M, N, stride_ym, stride_yn, N, 1, SPLIT_K)
 
 
 @triton.jit
@@ -209,19 +227,13 @@ def _quant_matmul_tile_swapped(
     """The tile as ``Y^T = dequant(W)^T @ X^T`` (``SWAP_AB``): the decoded weights are the dot's first
     operand, which Hopper's wgmma reads from registers, and X^T (small at decode shapes) the second,
     staged through shared memory; the accumulator is (BLOCK_N, BLOCK_M)."""
-    pid = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    pid_m = pid % num_pid_m
-    pid_n = pid // num_pid_m
+    pid_m, pid_n, k_begin, k_per_split = _tile_coords(M, K, BLOCK_M, SPLIT_K)
     PACK: tl.constexpr = 8 // BITS
     ROWS: tl.constexpr = BLOCK_K // PACK
 
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     offs_r = tl.arange(0, ROWS)
-    k_per_split = K // SPLIT_K
-    k_begin = pid_k * k_per_split
     # X^T rows: K row PACK * r (+ 1 for the high nibbles) of each stored weight row r.
     xt_ptrs = x_ptr + (k_begin + offs_r * PACK)[:, None] * stride_xk + offs_m[None, :] * stride_xm
     wt_ptrs = w_ptr + (k_begin // PACK + offs_r)[None, :] * stride_wk + offs_n[:, None] * stride_wn
@@ -236,11 +248,7 @@ def _quant_matmul_tile_swapped(
             q0 = stored.to(dtype)
         else:
             x1 = tl.load(xt_ptrs + stride_xk)
-            u = stored.to(tl.uint8, bitcast=True).to(tl.int16)
-            lo = ((u & 15) | MAGIC).to(tl.int16)
-            hi = ((u >> 4) | MAGIC).to(tl.int16)
-            q0 = (lo.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype)
-            q1 = (hi.to(dtype, bitcast=True) - MAGIC_OFFSET).to(dtype)
+            q0, q1 = _decode_int4(stored, dtype, MAGIC, MAGIC_OFFSET)
         if BLOCK_K <= GROUP_SIZE:
             scale = tl.load(s_ptr + (k0 // GROUP_SIZE) * stride_sg + offs_n * stride_sn).to(tl.float32)
             part = tl.dot(q0, x0)
@@ -258,13 +266,7 @@ def _quant_matmul_tile_swapped(
 
     offs_ym = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_yn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (offs_yn[:, None] < N) & (offs_ym[None, :] < M)
-    if SPLIT_K == 1:
-        y_ptrs = y_ptr + offs_yn[:, None] * stride_yn + offs_ym[None, :] * stride_ym
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
-    else:
-        ws_ptrs = ws_ptr + offs_ym[None, :] * N + offs_yn[:, None]
-        tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+    _write_tile(acc, y_ptr, ws_ptr, offs_yn, offs_ym, N, M, stride_yn, stride_ym, 1, N, SPLIT_K)
 
 
 @triton.jit
