@@ -112,19 +112,11 @@ def _candidate_tiles(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]:
 
     tiles: list[dict[str, int]] = []
     if m <= 8:
-        for block_n in (16, 32, 64, 128):
-            for block_k in (128, 256):
-                for split in (1, 2, 4, 8):
-                    tiles.append(
-                        {
-                            "BLOCK_M": 1,
-                            "BLOCK_N": block_n,
-                            "BLOCK_K": block_k,
-                            "SPLIT_K": split,
-                            "num_warps": 4,
-                            "num_stages": 3,
-                        }
-                    )
+        gemv = itertools.product((16, 32, 64, 128), (128, 256), (1, 2, 4, 8))
+        tiles += [
+            {"BLOCK_M": 1, "BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split, "num_warps": 4, "num_stages": 3}
+            for block_n, block_k, split in gemv
+        ]
     block_ms = sorted({16, min(64, max(16, 1 << (m - 1).bit_length()))})
     for block_m, block_n, block_k, split in itertools.product(block_ms, (32, 64, 128), (64, 128), (1, 2, 4, 8)):
         tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": max(block_k, MIN_BLOCK_K[bits]), "SPLIT_K": split}
