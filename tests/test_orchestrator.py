@@ -307,7 +307,7 @@ def test_a_lease_held_by_a_dead_process_of_this_host_is_taken_at_once(db_url: st
     import subprocess
     import sys
 
-    from tuner.service import lease_owner_name, owner_is_dead
+    from tuner.storage import lease_owner_name, owner_is_dead
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

@@ -47,8 +47,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tuner.orchestrator import Orchestrator, StudyConflict, StudyFailed
-    from tuner.service import lease_owner_name
     from tuner.spec import SpecError, load_spec
+    from tuner.storage import lease_owner_name
 
     try:
         compiled = load_spec(Path(args.spec))

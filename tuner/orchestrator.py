@@ -41,6 +41,7 @@ from tuner.storage import (
     TrialRow,
     TrialWrite,
     measured_count,
+    owner_is_dead,
     tune_sqlite_engine,
 )
 from tuner.workload import DeviceInfo, TrialStatus
@@ -157,12 +158,13 @@ class Orchestrator:
         lease_s: float = 30.0,
     ) -> None:
         """``progress`` is called after each finished trial; ``heartbeat`` on every turn of the loop
-        (at least every ``poll_s`` seconds), where a service renews its lease and checks for stop requests.
+        (at least every ``poll_s`` seconds), where a service checks for stop requests.
 
-        ``lease_owner``: hold the study's lease under this name while running (``tuner run`` does; a
-        service runner holds it itself). A study whose lease another owner holds is refused with
-        :class:`StudyConflict`; the lease is renewed every ``lease_s / 3`` seconds and released at the
-        end, so after a crash it lapses and a service runner on the same database may resume the study.
+        ``lease_owner``: hold the study's lease under this name while running (``tuner run`` passes one;
+        a service runner passes the name it claimed the study with). A study whose lease another owner
+        holds is refused with :class:`StudyConflict`, unless that owner is a dead process of this host;
+        the lease is renewed every ``lease_s / 3`` seconds and released at the end, so after a crash it
+        lapses and a service runner on the same database may resume the study.
         """
         self.compiled = compiled
         self.spec = compiled.spec
@@ -284,8 +286,6 @@ class Orchestrator:
                     f"study {spec.name!r} exists with different {', '.join(changed)}; use a new study name"
                 )
         if self.lease_owner is not None and not self.db.take_lease(row.id, self.lease_owner, self.lease_s):
-            from tuner.service import owner_is_dead
-
             holder = self.db.get_study(row.id)
             dead = holder.lease_owner if holder is not None and owner_is_dead(holder.lease_owner) else None
             if dead is not None and self.db.take_lease(row.id, self.lease_owner, self.lease_s, steal_from=dead):

@@ -10,40 +10,14 @@ over and resumes it. Stop requests arrive through the database too.
 from __future__ import annotations
 
 import logging
-import os
-import re
-import socket
 import threading
 import time
-import uuid
 
-from tuner.storage import StudyDB, StudyRow
+from tuner.storage import StudyDB, StudyRow, lease_owner_name
 
 log = logging.getLogger("tuner.service")
 DEFAULT_LEASE_S = 30.0
 STOP_CHECK_S = 1.0  # how often a running study looks for a stop request
-
-
-def lease_owner_name(role: str) -> str:
-    """A lease owner's name: the role, this host and this process (what :func:`owner_is_dead` reads)."""
-    return f"{role} {socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def owner_is_dead(owner: str | None) -> bool:
-    """Whether a lease owner named by :func:`lease_owner_name` is a process of this host that no longer
-    runs: its lease can be taken at once instead of waiting for it to lapse. Unknown owners are alive."""
-    if not owner:
-        return False
-    match = re.search(r"(\S+):(\d+):[0-9a-f]{8}$", owner)
-    if match is None or match.group(1) != socket.gethostname():
-        return False
-    try:
-        os.kill(int(match.group(2)), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's live process
-        return False
-    return False
 
 
 class StudyRunner:
@@ -93,20 +67,15 @@ class StudyRunner:
             self.db.release_lease(row.id, self.owner)
             return
         orchestrator: Orchestrator | None = None
-        last_renewal = last_check = time.monotonic()
+        last_check = time.monotonic()
 
         def heartbeat() -> None:
-            nonlocal last_renewal, last_check
+            # The orchestrator renews the lease this runner claimed (and stops if it is lost).
+            nonlocal last_check
             if self._stop.is_set():
                 orchestrator.stop()
                 return
             now = time.monotonic()
-            if now - last_renewal >= self.lease_s / 3:
-                last_renewal = now
-                if not self.db.renew_lease(row.id, self.owner, self.lease_s):
-                    log.warning("runner %s lost the lease of study %s; stopping", self.owner, row.id)
-                    orchestrator.stop()
-                    return
             if now - last_check >= STOP_CHECK_S:
                 last_check = now
                 current = self.db.get_study(row.id)
@@ -114,7 +83,13 @@ class StudyRunner:
                     orchestrator.stop()
 
         orchestrator = Orchestrator(
-            compiled, self.db, ray_address=self.ray_address, workers=self.workers, heartbeat=heartbeat
+            compiled,
+            self.db,
+            ray_address=self.ray_address,
+            workers=self.workers,
+            heartbeat=heartbeat,
+            lease_owner=self.owner,
+            lease_s=self.lease_s,
         )
         try:
             orchestrator.run()

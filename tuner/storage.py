@@ -12,6 +12,9 @@ import datetime as dt
 import logging
 import math
 import os
+import re
+import socket
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,6 +173,28 @@ def clean_number(value: Any) -> float | None:
 
 def clean_metrics(metrics: Mapping[str, Any]) -> dict[str, float | None]:
     return {str(k): clean_number(v) for k, v in metrics.items()}
+
+
+def lease_owner_name(role: str) -> str:
+    """A lease owner's name: the role, this host and this process (what :func:`owner_is_dead` reads)."""
+    return f"{role} {socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def owner_is_dead(owner: str | None) -> bool:
+    """Whether a lease owner named by :func:`lease_owner_name` is a process of this host that no longer
+    runs: its lease can be taken at once instead of waiting for it to lapse. Unknown owners are alive."""
+    if not owner:
+        return False
+    match = re.search(r"(\S+):(\d+):[0-9a-f]{8}$", owner)
+    if match is None or match.group(1) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(match.group(2)), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's live process
+        return False
+    return False
 
 
 @dataclass(frozen=True)
