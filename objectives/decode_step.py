@@ -150,6 +150,11 @@ def resolve_model(model: Any) -> GPTConfig:
 # ------------------------------------------------------------------------------------------ per-trial state
 
 
+def _int8_first_blocks(config: dict[str, Any]) -> int:
+    """The config's ``int8_first_blocks`` (optional: 0 when absent), once ``static_check`` accepted it."""
+    return int(config.get("int8_first_blocks") or 0)
+
+
 @dataclass
 class _Reference:
     """The bf16 model's greedy decode of one batch: what every config is compared with."""
@@ -334,7 +339,7 @@ class DecodeStep(Workload):
         if bits == 16:
             return 2 * n
         scales = 2 * n // int(config["group_size"])
-        int8 = n * int(config.get("int8_first_blocks") or 0) // self.cfg.n_layers
+        int8 = n * _int8_first_blocks(config) // self.cfg.n_layers
         return (n - int8) * bits // 8 + int8 + scales
 
     def kv_bytes(self, config: dict[str, Any]) -> int:
@@ -613,7 +618,7 @@ class DecodeStep(Workload):
         torch_device = "cuda" if device.is_gpu else "cpu"
         batch = self._batch(config)
         bits, group = int(config["weight_bits"]), config.get("group_size")
-        keep = int(config.get("int8_first_blocks") or 0)
+        keep = _int8_first_blocks(config)
         key = (
             torch_device,
             batch,
@@ -660,7 +665,7 @@ class DecodeStep(Workload):
             "batch": self._batch(config),
             "weight_bits": bits,
             "group_size": None if bits == 16 else int(config["group_size"]),
-            "int8_first_blocks": int(config.get("int8_first_blocks") or 0),
+            "int8_first_blocks": _int8_first_blocks(config),
             "kv_cache_dtype": f"torch.{KV_TORCH_DTYPES[config['kv_dtype']]}",
             "attention": config["attention"],
             "cuda_graphs": bool(config["cuda_graphs"]),
