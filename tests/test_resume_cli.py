@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tuner.spec import load_spec
 from tuner.storage import StudyDB
 
 pytestmark = pytest.mark.timeout(400)
@@ -192,8 +193,6 @@ def test_serve_submit_wait_and_export_over_http(tmp_path: Path) -> None:
 
 
 def test_a_runner_shut_down_mid_study_queues_it_again_and_the_next_runner_finishes_it(tmp_path: Path) -> None:
-    from tuner.spec import load_spec
-
     db_path = tmp_path / "runner.db"
     db = StudyDB(str(db_path))
     db.create_tables()
@@ -236,6 +235,40 @@ def test_a_runner_shut_down_mid_study_queues_it_again_and_the_next_runner_finish
     assert [t.number for t in trials] == list(range(len(trials)))
     assert sum(t.status == "ok" and t.duplicate_of is None for t in trials) == 12
     assert all(next(t for t in trials if t.number == n).metrics == m for n, m in done_by_first.items())
+    db.dispose()
+
+
+def test_a_runner_whose_ray_dies_with_it_hands_its_study_back_at_once(tmp_path: Path) -> None:
+    """Ctrl-C or a service manager signals the runner's whole process group: its local Ray dies too.
+
+    The trial in flight takes a minute and can no longer finish; the runner must not wait on Ray (it
+    would block, then abort after 60 s with the study still leased) but queue the study again.
+    """
+    db_path = tmp_path / "runner.db"
+    db = StudyDB(str(db_path))
+    db.create_tables()
+    spec = dict(SPEC, name="long", args={"sleep_ms": 60_000}, budget={"trials": 4})
+    compiled = load_spec(spec)
+    study = db.create_study(
+        name="long",
+        workload="noop",
+        spec=compiled.spec.model_dump(mode="json"),
+        space=compiled.space.canonical,
+        space_hash=compiled.space.hash,
+    )
+    runner = tuner("worker", "--db", str(db_path), "--workers", "1", cwd=tmp_path, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while not db.trials(study.id):  # the first trial is in flight
+        assert runner.poll() is None and time.monotonic() < deadline, runner.stdout.read()
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(runner.pid, signal.SIGTERM)
+    assert runner.wait(timeout=45) == 0
+    output = runner.stdout.read()
+    assert "control store is gone" in output, output[-4000:]
+    row = db.get_study(study.id)
+    assert (row.status, row.lease_owner) == ("queued", None) and "queued again" in row.message
+    assert {t.status for t in db.trials(study.id)} == {"running"}  # re-sent by the next runner
     db.dispose()
 
 

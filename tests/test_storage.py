@@ -116,6 +116,12 @@ def test_leases_let_one_runner_hold_a_study_and_another_take_over_when_it_lapses
     taken = db.claim_next("runner-b", lease_s=30)
     assert taken is not None and taken.id == study_id and taken.lease_owner == "runner-b"
     assert not db.renew_lease(study_id, "runner-a", 30)  # the old owner learns it lost the study
+    assert not db.hand_back(study_id, "runner-a", "queued again")  # not a's any more
+    assert db.hand_back(study_id, "runner-b", "queued again")
+    row = db.get_study(study_id)
+    assert (row.status, row.message, row.lease_owner, row.lease_expires_at) == ("queued", "queued again", None, None)
+    assert not db.hand_back(study_id, "runner-b", "queued again")  # handed back once
+    assert db.claim_next("runner-b", lease_s=30).id == study_id
     db.release_lease(study_id, "runner-b")
     assert db.get_study(study_id).lease_owner is None
     db.update_study(study_id, status="completed")

@@ -18,6 +18,7 @@ from tuner.storage import StudyDB, StudyRow, lease_owner_name
 log = logging.getLogger("tuner.service")
 DEFAULT_LEASE_S = 30.0
 STOP_CHECK_S = 1.0  # how often a running study looks for a stop request
+REQUEUED = "runner shut down; queued again"
 
 
 class StudyRunner:
@@ -40,9 +41,20 @@ class StudyRunner:
         self.workers = workers
         self.owner = owner or lease_owner_name("runner")
         self._stop = threading.Event()
+        self._current: int | None = None  # the study in hand
 
     def stop(self) -> None:
         self._stop.set()
+
+    def hand_back(self) -> None:
+        """Queue the study in hand again without Ray, for a shutdown that took Ray's processes with it.
+
+        Every finished trial is already in the database (the orchestrator writes before it waits on
+        Ray); trials that were in flight are re-sent by the next runner.
+        """
+        study_id = self._current
+        if study_id is not None and self.db.hand_back(study_id, self.owner, REQUEUED):
+            log.warning("study %s queued again for the next runner; its trials in flight will be re-sent", study_id)
 
     def run_forever(self) -> None:
         self.db.create_tables()
@@ -66,6 +78,7 @@ class StudyRunner:
             self.db.update_study(row.id, status="failed", message=f"invalid spec: {exc}")
             self.db.release_lease(row.id, self.owner)
             return
+        self._current = row.id
         orchestrator: Orchestrator | None = None
         last_check = time.monotonic()
 
@@ -96,7 +109,7 @@ class StudyRunner:
             current = self.db.get_study(row.id)
             if self._stop.is_set() and current is not None and current.status == "stopped":
                 if not current.stop_requested:  # we are shutting down, nobody asked: the next runner goes on
-                    self.db.update_study(row.id, status="queued", message="runner shut down; queued again")
+                    self.db.update_study(row.id, status="queued", message=REQUEUED)
         except (StudyConflict, StudyFailed) as exc:
             log.warning("study %s failed: %s", row.id, exc)
             self.db.update_study(row.id, status="failed", message=str(exc))
@@ -105,3 +118,4 @@ class StudyRunner:
             self.db.update_study(row.id, status="failed", message=f"orchestrator error: {exc}")
         finally:
             self.db.release_lease(row.id, self.owner)
+            self._current = None

@@ -379,6 +379,16 @@ class StudyDB:
                 .values(lease_owner=None, lease_expires_at=None)
             )
 
+    def hand_back(self, study_id: int, owner: str, message: str) -> bool:
+        """Queue a study we run again and drop our lease; False when it is no longer ours or running."""
+        with self.Session.begin() as s:
+            result = s.execute(
+                update(StudyRow)
+                .where(StudyRow.id == study_id, StudyRow.lease_owner == owner, StudyRow.status == "running")
+                .values(status="queued", message=message, lease_owner=None, lease_expires_at=None, updated_at=_now())
+            )
+        return result.rowcount == 1
+
     def update_study(self, study_id: int, **fields: Any) -> None:
         with self.Session.begin() as s:
             s.execute(update(StudyRow).where(StudyRow.id == study_id).values(**fields, updated_at=_now()))
