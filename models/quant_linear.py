@@ -361,17 +361,21 @@ def quantize_linears(
     scale_dtype: torch.dtype = torch.bfloat16,
     use_kernel: bool | None = None,
     clip_search: bool = True,
+    prebuilt: dict[str, QuantLinear] | None = None,
 ) -> nn.Module:
     """A copy of ``model`` with the selected ``nn.Linear`` modules replaced by :class:`QuantLinear`.
 
-    ``select(qualified_name, linear)`` picks the layers (default: every ``nn.Linear``). Every other
+    ``select(qualified_name, linear)`` picks the layers (default: every ``nn.Linear``); a layer named
+    in ``prebuilt`` becomes that module (quantized elsewhere, e.g. by :mod:`models.gptq`). Every other
     parameter and buffer is the original tensor, shared, not copied; only the module objects are new.
     The original is left unchanged. A linear whose weight is also used elsewhere (tied to an
     embedding) is quantized in this copy only; the other user keeps the unquantized tensor.
     """
     memo: dict[int, Any] = {}
     for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and (select is None or select(name, module)):
+        if isinstance(module, nn.Linear) and prebuilt and name in prebuilt:
+            memo[id(module)] = prebuilt[name]
+        elif isinstance(module, nn.Linear) and (select is None or select(name, module)):
             memo[id(module)] = QuantLinear.from_linear(module, bits, group_size, scale_dtype, use_kernel, clip_search)
     for tensor in [*model.parameters(), *model.buffers()]:
         memo.setdefault(id(tensor), tensor)
