@@ -50,7 +50,7 @@ def gptq_quantize(
     round-to-nearest's. Raises ValueError for shapes that do not match or a group size that does not
     divide ``K``.
     """
-    from kernels.quant_gemm import BITS, QMAX, CLIP_RATIOS, QuantizedWeights, pack_int4
+    from kernels.quant_gemm import BITS, CLIP_RATIOS, QMAX, QuantizedWeights, pack_int4
 
     if bits not in BITS:
         raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
@@ -73,8 +73,9 @@ def gptq_quantize(
     q_all = torch.zeros_like(weight)
     scales = torch.empty((k // group_size, n), dtype=scale_dtype, device=weight.device)
     group_scale = torch.empty(n, device=weight.device)
-    for start in range(0, k, BLOCK):
-        end = min(start + BLOCK, k)
+    step = max(BLOCK, group_size)  # powers of two: every group lies inside one lazy block
+    for start in range(0, k, step):
+        end = min(start + step, k)
         block = weight[:, start:end].clone()
         errors = torch.zeros_like(block)
         h_block = h_inv[start:end, start:end]
@@ -82,7 +83,7 @@ def gptq_quantize(
             col = start + i
             if col % group_size == 0:
                 # The group's scales, from the weights the earlier errors have moved.
-                group = torch.cat((block[:, i:], weight[:, end:]), dim=1)[:, :group_size].t()
+                group = block[:, i : i + group_size].t()
                 s = _group_scales(group, qmax, tiny, scale_dtype, clip_search, CLIP_RATIOS)
                 scales[col // group_size] = s
                 group_scale = s.to(torch.float32)
@@ -125,6 +126,69 @@ def _group_scales(
     return best
 
 
+def gptq_layers(
+    model: nn.Module,
+    bits: int,
+    group_size: int,
+    calibration: torch.Tensor,
+    int8_first_blocks: int = 0,
+    scale_dtype: torch.dtype = torch.bfloat16,
+) -> dict[str, Any]:
+    """GPTQ of a GPT's block Linears on ``calibration`` tokens ``[B, S]``: ``{qualified name: QuantLinear}``.
+
+    Blocks are done in order; each block's Linears get their Hessians from a forward pass of a copy
+    of the model whose earlier blocks already carry their quantized weights, so later blocks correct
+    for the error of earlier ones (GPTQ's sequential mode, one pass per block). The first
+    ``int8_first_blocks`` blocks are quantized to int8, as in
+    :func:`models.quant_linear.quantize_decoder`. ``model`` is left unchanged.
+    """
+    from models.quant_linear import QuantLinear
+
+    if int8_first_blocks and bits != 4:
+        raise ValueError(f"int8_first_blocks applies to int4 weights, got bits={bits}")
+    if calibration.ndim != 2:
+        raise ValueError(f"calibration must be tokens [B, S], got shape {tuple(calibration.shape)}")
+    work = copy.deepcopy(model)  # its Linears take the quantized-then-dequantized weights as we go
+    layers: dict[str, QuantLinear] = {}
+    for index, block in enumerate(work.blocks):
+        block_bits = 8 if index < int8_first_blocks else bits
+        linears = {name: m for name, m in block.named_modules() if isinstance(m, nn.Linear)}
+        hessians = _input_hessians(work, linears, calibration)
+        for name, linear in linears.items():
+            with torch.no_grad():
+                w = linear.weight.detach().t().to(torch.float32)
+                weights = gptq_quantize(w, hessians.pop(name), block_bits, group_size, scale_dtype)
+                bias = None if linear.bias is None else linear.bias.detach().to(scale_dtype).clone()
+                layers[f"blocks.{index}.{name}"] = QuantLinear(
+                    weights.qweight, weights.scales, bias, block_bits, group_size
+                )
+                linear.weight.copy_(weights.dequantize().t().to(linear.weight.dtype))
+    return layers
+
+
+def _input_hessians(
+    model: nn.Module, linears: dict[str, nn.Module], calibration: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The input Hessian of each of ``linears`` over one forward pass of ``model`` on ``calibration``."""
+    hessians: dict[str, torch.Tensor] = {}
+
+    def record(name: str) -> Any:
+        def hook(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            h = hessian_of(args[0])
+            hessians[name] = h if name not in hessians else hessians[name] + h
+
+        return hook
+
+    handles = [m.register_forward_pre_hook(record(name)) for name, m in linears.items()]
+    try:
+        with torch.no_grad():
+            model(calibration)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return hessians
+
+
 def gptq_decoder(
     model: nn.Module,
     bits: int,
@@ -133,54 +197,9 @@ def gptq_decoder(
     int8_first_blocks: int = 0,
     scale_dtype: torch.dtype = torch.bfloat16,
 ) -> nn.Module:
-    """A copy of a GPT with its block Linears quantized by GPTQ on ``calibration`` tokens ``[B, S]``.
+    """A copy of a GPT with its block Linears quantized by GPTQ (:func:`gptq_layers`); every other
+    parameter is shared with ``model``, which is left unchanged."""
+    from models.quant_linear import quantize_linears
 
-    Blocks are done in order; each block's Linears get their Hessians from a forward pass of the model
-    whose earlier blocks already carry their quantized weights, so later blocks correct for the error
-    of earlier ones (GPTQ's sequential mode, one pass per block). The first ``int8_first_blocks``
-    blocks are quantized to int8, as in :func:`models.quant_linear.quantize_decoder`. The original
-    model is left unchanged; every other parameter is shared with it.
-    """
-    from models.quant_linear import QuantLinear, quantize_linears
-
-    if int8_first_blocks and bits != 4:
-        raise ValueError(f"int8_first_blocks applies to int4 weights, got bits={bits}")
-    if calibration.ndim != 2:
-        raise ValueError(f"calibration must be tokens [B, S], got shape {tuple(calibration.shape)}")
-    work = copy.deepcopy(model)  # its Linears take the quantized-then-dequantized weights as we go
-    quantized: dict[str, QuantLinear] = {}
-    for index, block in enumerate(work.blocks):
-        block_bits = 8 if index < int8_first_blocks else bits
-        linears = {name: m for name, m in block.named_modules() if isinstance(m, nn.Linear)}
-        hessians: dict[str, torch.Tensor] = {}
-
-        def record(name: str):
-            def hook(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
-                h = hessian_of(args[0])
-                hessians[name] = h if name not in hessians else hessians[name] + h
-
-            return hook
-
-        handles = [m.register_forward_pre_hook(record(name)) for name, m in linears.items()]
-        try:
-            with torch.no_grad():
-                work(calibration)
-        finally:
-            for handle in handles:
-                handle.remove()
-        for name, linear in linears.items():
-            with torch.no_grad():
-                weights = gptq_quantize(
-                    linear.weight.detach().t().to(torch.float32),
-                    hessians[name],
-                    block_bits,
-                    group_size,
-                    scale_dtype,
-                )
-                bias = None if linear.bias is None else linear.bias.detach().to(scale_dtype).clone()
-                layer = QuantLinear(weights.qweight, weights.scales, bias, block_bits, group_size)
-                linear.weight.copy_(weights.dequantize().t().to(linear.weight.dtype))
-            quantized[f"blocks.{index}.{name}"] = layer
-    del work
-    # The quantized layers into a copy of the original, as quantize_linears builds it.
-    return quantize_linears(model, bits, group_size, select=lambda name, _: name in quantized, prebuilt=quantized)
+    layers = gptq_layers(model, bits, group_size, calibration, int8_first_blocks, scale_dtype)
+    return quantize_linears(model, bits, group_size, select=lambda name, _: name in layers, prebuilt=layers)

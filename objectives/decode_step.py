@@ -3,7 +3,9 @@
 Knobs (``search_spaces/decode_step.yaml``): ``batch`` (sequences decoded together; a knob unless
 the ``batch`` arg fixes it), ``weight_bits`` (16: bf16 ``nn.Linear``; 8 / 4: weight-only
 quantized :class:`models.quant_linear.QuantLinear` with ``group_size`` 32 / 64 / 128;
-with int4, ``int8_first_blocks`` keeps the first 0 / 1 / 2 blocks in int8, optional, 0 when absent),
+with int4, ``int8_first_blocks`` keeps the first 0 / 1 / 2 blocks in int8, optional, 0 when absent;
+``quantizer``: ``rtn`` rounds each weight to nearest with a clipped per-group scale, ``gptq``
+runs :mod:`models.gptq` on synthetic calibration tokens, optional, ``rtn`` when absent),
 ``kv_dtype`` (``bf16`` or ``fp8_e4m3`` with one scale per layer and tensor, calibrated by the
 prefill), ``attention`` (``sdpa`` or ``math``) and ``cuda_graphs`` (replay one captured decode
 step instead of launching its kernels one by one; GPU only).
@@ -76,6 +78,7 @@ WEIGHT_BITS: tuple[int, ...] = (16, 8, 4)
 KV_DTYPES: tuple[str, ...] = ("bf16", "fp8_e4m3")
 ATTENTION: tuple[str, ...] = ("sdpa", "math")
 PARAMS: tuple[str, ...] = ("weight_bits", "kv_dtype", "attention", "cuda_graphs")
+QUANTIZERS: tuple[str, ...] = ("rtn", "gptq")
 #: Default floor of ``top1_agreement`` below which a config is a NUMERICS_FAIL (see the module docstring).
 MIN_TOP1_AGREEMENT = 0.5
 #: Bytes per KV-cache element per ``kv_dtype``.
@@ -114,10 +117,7 @@ def pretrained_state(cfg: GPTConfig, seed: int, steps: int, torch_device: str) -
 
     from models.gpt import make_model, pretrain
 
-    key = json.dumps(
-        {"cfg": cfg.to_dict(), "seed": seed, "steps": steps, "mb": PRETRAIN_MICRO_BATCH, "lr": PRETRAIN_LR},
-        sort_keys=True,
-    )
+    key = json.dumps(_pretrain_key(cfg, seed, steps), sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     path = pretrain_cache_dir() / f"gpt-{digest}-{torch.device(torch_device).type}.pt"
     if path.exists():
@@ -132,6 +132,72 @@ def pretrained_state(cfg: GPTConfig, seed: int, steps: int, torch_device: str) -
     torch.save({"state": state, "losses": torch.tensor(losses)}, tmp)
     os.replace(tmp, path)
     return state, losses
+
+
+#: GPTQ calibration: sequences of uniform synthetic tokens (the prompts' distribution, another seed)
+#: and their length (at most the model's ``seq_len``).
+CALIBRATION_SEQUENCES = 16
+CALIBRATION_LEN = 512
+
+
+def _pretrain_key(cfg: GPTConfig, seed: int, steps: int) -> dict[str, Any]:
+    return {"cfg": cfg.to_dict(), "seed": seed, "steps": steps, "mb": PRETRAIN_MICRO_BATCH, "lr": PRETRAIN_LR}
+
+
+def calibration_tokens(cfg: GPTConfig, seed: int, torch_device: str) -> Any:
+    """The GPTQ calibration tokens ``[CALIBRATION_SEQUENCES, min(seq_len, CALIBRATION_LEN)]`` of ``seed``."""
+    import torch
+
+    generator = torch.Generator(device="cpu").manual_seed(seed + 2000)
+    shape = (CALIBRATION_SEQUENCES, min(cfg.seq_len, CALIBRATION_LEN))
+    return torch.randint(0, cfg.vocab_size, shape, generator=generator).to(torch_device)
+
+
+def gptq_model(
+    base: Any, cfg: GPTConfig, seed: int, train_steps: int, bits: int, group: int, int8_first_blocks: int
+) -> Any:
+    """A copy of ``base`` (the seeded model after ``train_steps``) quantized by GPTQ (:mod:`models.gptq`).
+
+    The quantized layers are computed once per (weights, bits, group, int8 blocks, device type) and
+    kept on disk beside the pretrained weights (:func:`pretrain_cache_dir`): GPTQ of the 1B preset
+    takes seconds of GPU time per Linear, and every study's worker decodes the same layers.
+    """
+    import torch
+
+    from models.gptq import gptq_layers
+    from models.quant_linear import QuantLinear, quantize_linears
+
+    device = next(base.parameters()).device
+    key = json.dumps(
+        {
+            "weights": _pretrain_key(cfg, seed, train_steps),
+            "bits": bits,
+            "group": group,
+            "int8_first_blocks": int8_first_blocks,
+            "calibration": [CALIBRATION_SEQUENCES, CALIBRATION_LEN, seed + 2000],
+        },
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    path = pretrain_cache_dir().parent / "gptq" / f"gptq-{digest}-{device.type}.pt"
+    if path.exists():
+        saved = torch.load(path, map_location=device, weights_only=True)
+        layers = {
+            name: QuantLinear(t["qweight"], t["scales"], t.get("bias"), int(t["bits"]), group)
+            for name, t in saved.items()
+        }
+    else:
+        layers = gptq_layers(base, bits, group, calibration_tokens(cfg, seed, str(device)), int8_first_blocks)
+        saved = {}
+        for name, m in layers.items():
+            saved[name] = {"qweight": m.qweight, "scales": m.scales, "bits": torch.tensor(m.bits)}
+            if m.bias is not None:
+                saved[name]["bias"] = m.bias
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        torch.save(saved, tmp)
+        os.replace(tmp, path)
+    return quantize_linears(base, bits, group, select=lambda name, _: name in layers, prebuilt=layers)
 
 
 # ------------------------------------------------------------------------------------------ model shape
@@ -153,6 +219,13 @@ def resolve_model(model: Any) -> GPTConfig:
 def _int8_first_blocks(config: dict[str, Any]) -> int:
     """The config's ``int8_first_blocks`` (optional: 0 when absent), once ``static_check`` accepted it."""
     return int(config.get("int8_first_blocks") or 0)
+
+
+def _quantizer(config: dict[str, Any]) -> str | None:
+    """The config's ``quantizer`` (optional: ``rtn`` when absent); None for bf16 weights."""
+    if int(config["weight_bits"]) == 16:
+        return None
+    return str(config.get("quantizer") or "rtn")
 
 
 @dataclass
@@ -304,6 +377,11 @@ class DecodeStep(Workload):
             return f"int8_first_blocks must be an int in [0, {self.cfg.n_layers}] (the model's blocks), got {keep!r}"
         if keep and bits != 4:
             return f"int8_first_blocks applies to int4 weights, weight_bits is {bits}"
+        quantizer = config.get("quantizer")
+        if quantizer is not None and quantizer not in QUANTIZERS:
+            return f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}"
+        if quantizer is not None and bits == 16:
+            return "quantizer applies to quantized weights only (weight_bits < 16)"
         if config["kv_dtype"] not in KV_DTYPES:
             return f"kv_dtype must be one of {KV_DTYPES}, got {config['kv_dtype']!r}"
         attention = config["attention"]
@@ -550,7 +628,13 @@ class DecodeStep(Workload):
         return model
 
     def _variant(
-        self, attention: str, bits: int, group: int | None, torch_device: str, int8_first_blocks: int = 0
+        self,
+        attention: str,
+        bits: int,
+        group: int | None,
+        torch_device: str,
+        int8_first_blocks: int = 0,
+        quantizer: str | None = "rtn",
     ) -> tuple[Any, int]:
         """The model of a config and its parameter bytes: the base, or a quantized copy sharing its other tensors."""
         from models.quant_linear import parameter_bytes, quantize_decoder
@@ -558,10 +642,13 @@ class DecodeStep(Workload):
         base = self._base(attention, torch_device)
         if bits == 16:
             return base, parameter_bytes(base)
-        key = (torch_device, attention, bits, group, int8_first_blocks)
+        key = (torch_device, attention, bits, group, int8_first_blocks, quantizer)
         entry = self._variants.get(key)
         if entry is None:
-            model = quantize_decoder(base, bits, int(group), int8_first_blocks)  # type: ignore[arg-type]
+            if quantizer == "gptq":
+                model = gptq_model(base, self.cfg, self.seed, self.train_steps, bits, int(group), int8_first_blocks)
+            else:
+                model = quantize_decoder(base, bits, int(group), int8_first_blocks)  # type: ignore[arg-type]
             entry = (model, parameter_bytes(model))
             self._variants[key] = entry
             while len(self._variants) > MAX_VARIANTS:
@@ -618,13 +705,14 @@ class DecodeStep(Workload):
         torch_device = "cuda" if device.is_gpu else "cpu"
         batch = self._batch(config)
         bits, group = int(config["weight_bits"]), config.get("group_size")
-        keep = _int8_first_blocks(config)
+        keep, quantizer = _int8_first_blocks(config), _quantizer(config)
         key = (
             torch_device,
             batch,
             bits,
             group,
             keep,
+            quantizer,
             config["kv_dtype"],
             config["attention"],
             bool(config["cuda_graphs"]),
@@ -636,7 +724,7 @@ class DecodeStep(Workload):
         while len(self._cases) >= MAX_CASES:  # free the oldest cache and graph before allocating
             self._cases.popitem(last=False)
         ref = self._reference(batch, torch_device)
-        model, model_bytes = self._variant(config["attention"], bits, group, torch_device, keep)
+        model, model_bytes = self._variant(config["attention"], bits, group, torch_device, keep, quantizer)
         if bits != 16 and device.is_gpu:
             from models.quant_linear import autotune_tiles
 
@@ -666,13 +754,14 @@ class DecodeStep(Workload):
             "weight_bits": bits,
             "group_size": None if bits == 16 else int(config["group_size"]),
             "int8_first_blocks": _int8_first_blocks(config),
+            "quantizer": _quantizer(config),
             "kv_cache_dtype": f"torch.{KV_TORCH_DTYPES[config['kv_dtype']]}",
             "attention": config["attention"],
             "cuda_graphs": bool(config["cuda_graphs"]),
         }
 
     def export_python(self, config: dict[str, Any]) -> str:
-        """Python that builds the tuned decoder with ``models.gpt`` and ``models.quant_linear``."""
+        """Python that builds the tuned decoder with ``models.gpt``, ``models.quant_linear`` (and ``models.gptq``)."""
         e = self.export_config(config)
         weights = "bf16" if e["weight_bits"] == 16 else f"int{e['weight_bits']}"
         lines = [
@@ -686,11 +775,23 @@ class DecodeStep(Workload):
             f"cfg = resolve_config({e['model']!r})",
             f"model = make_model(cfg, seed=0, device='cuda', dtype=torch.bfloat16, attention={e['attention']!r})",
         ]
-        if e["weight_bits"] != 16:
+        if e["quantizer"] == "gptq":
+            lines += [
+                "from models.gptq import gptq_decoder",
+                "",
+                f"# GPTQ calibrates on tokens [B, S]: the study used {CALIBRATION_SEQUENCES} sequences of "
+                f"{CALIBRATION_LEN} synthetic tokens; use text of your own",
+                f"calibration = torch.randint(0, cfg.vocab_size, ({CALIBRATION_SEQUENCES}, "
+                f"min(cfg.seq_len, {CALIBRATION_LEN})), device='cuda')",
+                f"model = gptq_decoder(model, bits={e['weight_bits']}, group_size={e['group_size']}, "
+                f"calibration=calibration, int8_first_blocks={e['int8_first_blocks']})",
+            ]
+        elif e["weight_bits"] != 16:
             lines.append(
                 f"model = quantize_decoder(model, bits={e['weight_bits']}, group_size={e['group_size']}, "
                 f"int8_first_blocks={e['int8_first_blocks']})"
             )
+        if e["weight_bits"] != 16:
             lines.append(f"autotune_tiles(model, m={e['batch']})  # times kernel tiles per Linear shape (GPU only)")
         lines += [
             f"batch, kv_dtype, cuda_graphs = {e['batch']}, {e['kv_cache_dtype']}, {e['cuda_graphs']}",

@@ -193,14 +193,17 @@ def test_space_seeds_and_the_batch_arg(monkeypatch: pytest.MonkeyPatch) -> None:
     knob = DecodeStep(model="1b", prompt_len=128, gen_tokens=32)
     space = compile_space(knob.space_document())
     assert "batch" in space.params and len(space.seeds) == 7
-    assert [(s["weight_bits"], s.get("group_size"), s.get("int8_first_blocks")) for s in space.seeds] == [
-        (16, None, None),
-        (4, 128, 1),
-        (4, 128, 0),
-        (4, 64, 1),
-        (4, 64, 0),
-        (4, 32, 0),
-        (8, 128, None),
+    seeds = [
+        (s["weight_bits"], s.get("group_size"), s.get("int8_first_blocks"), s.get("quantizer")) for s in space.seeds
+    ]
+    assert seeds == [
+        (16, None, None, None),
+        (4, 128, 1, "gptq"),
+        (4, 128, 0, "gptq"),
+        (4, 128, 1, "rtn"),
+        (4, 64, 1, "gptq"),
+        (4, 32, 0, "gptq"),
+        (8, 128, None, "rtn"),
     ]
     for seed in space.seeds:
         assert space.static_violation(seed, H200.to_dict()) is None and knob.static_check(seed, H200) is None
@@ -224,6 +227,8 @@ def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.Mon
         "kv_dtype must be": (_cfg(kv_dtype="fp16"), CPU),
         "applies to int4": (_cfg(bits=8, group=32, int8_first_blocks=1), CPU),
         "int8_first_blocks must be an int in [0, 2]": (_cfg(bits=4, group=32, int8_first_blocks=3), CPU),
+        "quantizer must be one of": (_cfg(bits=4, group=32, quantizer="awq"), CPU),
+        "quantizer applies to quantized weights only": (_cfg(quantizer="gptq"), CPU),
         "config lacks batch": ({k: v for k, v in _cfg().items() if k != "batch"}, CPU),
         "compute capability": (_cfg(), DeviceInfo(kind="cuda", name="T4", compute_capability=(7, 5))),
         "GB": (_cfg(batch=64), DeviceInfo(kind="cuda", name="small", total_memory_bytes=10_000)),
@@ -257,6 +262,11 @@ def test_work_exports_and_registry() -> None:
     assert json.loads(json.dumps(exported))["kv_cache_dtype"] == "torch.float8_e4m3fn"
     compile(w.export_python(config), "<export>", "exec")
     compile(w.export_python(_cfg()), "<export>", "exec")
+    gptq = w.export_python({**config, "quantizer": "gptq"})
+    compile(gptq, "<export>", "exec")
+    assert "gptq_decoder(model, bits=4, group_size=32, calibration=calibration" in gptq
+    assert "quantize_decoder(model" not in gptq and "quantize_decoder(model" in w.export_python(config)
+    assert w.export_config(config)["quantizer"] == "rtn" and w.export_config(_cfg())["quantizer"] is None
     assert all(isinstance(v, str) for v in w.export_env(config).values())
     assert workload_class("decode_step") is DecodeStep
 
@@ -356,6 +366,14 @@ def test_pretraining_gives_margins_that_int4_keeps_and_is_cached_on_disk(
     assert {b for n, b in bits.items() if not n.startswith("blocks.0.")} == {4}
     assert first_int8.metrics["mean_logit_error"] < result.metrics["mean_logit_error"]
     assert first_int8.metrics["peak_mem_gb"] > result.metrics["peak_mem_gb"]
+    # GPTQ: the same format and bytes, closer to the bf16 model; its layers are kept on disk too.
+    gptq = trained.run({**int4, "quantizer": "gptq"}, CPU, TrialContext())
+    assert gptq.status == TrialStatus.OK and gptq.metrics["peak_mem_gb"] == result.metrics["peak_mem_gb"]
+    assert gptq.metrics["mean_logit_error"] < 0.9 * result.metrics["mean_logit_error"]
+    (stored,) = (tmp_path / "gptq").iterdir()
+    monkeypatch.setattr("models.gptq.gptq_layers", lambda *a, **k: pytest.fail("quantized again"))
+    loaded = again.run({**int4, "quantizer": "gptq"}, CPU, TrialContext()).metrics
+    assert loaded["mean_logit_error"] == gptq.metrics["mean_logit_error"] and stored.exists()
 
 
 def test_a_decode_that_writes_nothing_or_disagrees_is_numerics_fail(
