@@ -528,6 +528,14 @@ def test_decode_on_gpu_graphs_match_eager_and_quantization_is_faster(batch: int)
             "attention": "sdpa",
             "cuda_graphs": True,
         },
+        "int4-gptq-graphs": {
+            "weight_bits": 4,
+            "group_size": 128,
+            "quantizer": "gptq",
+            "kv_dtype": "bf16",
+            "attention": "sdpa",
+            "cuda_graphs": True,
+        },
         "int8-fp8kv-math": {
             "weight_bits": 8,
             "group_size": 64,
@@ -549,3 +557,5 @@ def test_decode_on_gpu_graphs_match_eager_and_quantization_is_faster(batch: int)
     assert results["int4-graphs"]["peak_mem_gb"] < results["bf16-graphs"]["peak_mem_gb"]
     assert results["int8-fp8kv-math"]["top1_agreement"] >= 0.95
     assert results["int4-graphs"]["top1_agreement"] >= 0.9
+    assert results["int4-gptq-graphs"]["mean_logit_error"] < results["int4-graphs"]["mean_logit_error"]
+    assert results["int4-gptq-graphs"]["peak_mem_gb"] == pytest.approx(results["int4-graphs"]["peak_mem_gb"], rel=0.01)
