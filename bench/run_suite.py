@@ -73,7 +73,8 @@ STEPS: list[tuple[str, float, list[str]]] = [
     (
         "train-step",
         120,
-        "bench/train_step_study.py --trials 24 --minutes 3 --constrained-trials 8 --constrained-minutes 1 "
+        # 4.5 minutes: compiled trials take 30-60 s, and 3 minutes measured 7 configs (a 3-point front).
+        "bench/train_step_study.py --trials 30 --minutes 4.5 --constrained-trials 8 --constrained-minutes 0.8 "
         "--rounds 2 --out {out}.json".split(),
     ),
     (
