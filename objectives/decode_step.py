@@ -685,6 +685,23 @@ class DecodeStep(Workload):
         self._refs[key] = ref
         return ref
 
+    def prepare_weights(self, config: dict[str, Any], device: DeviceInfo) -> float:
+        """Quantize a GPTQ config's weights now, outside any trial, and return the seconds it took.
+
+        The layers go to the disk cache of :func:`gptq_model`, so the trials that use them load them
+        instead of spending their study's budget on GPTQ. Other configs have nothing to prepare (0.0).
+        """
+        import time
+
+        if _quantizer(config) != "gptq":
+            return 0.0
+        start = time.perf_counter()
+        torch_device = "cuda" if device.is_gpu else "cpu"
+        base = self._base(config["attention"], torch_device)
+        bits, group = int(config["weight_bits"]), int(config["group_size"])
+        gptq_model(base, self.cfg, self.seed, self.train_steps, bits, group, _int8_first_blocks(config))
+        return time.perf_counter() - start
+
     def reference_tokens(self, batch: int, device: DeviceInfo) -> dict[str, Any]:
         """The bf16 model's greedy tokens at ``batch`` (the tokens top-1 agreement is measured on) and how
         diverse they are: a model that repeats one token agrees with anything that repeats it too."""

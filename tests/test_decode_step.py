@@ -376,6 +376,19 @@ def test_pretraining_gives_margins_that_int4_keeps_and_is_cached_on_disk(
     assert loaded["mean_logit_error"] == gptq.metrics["mean_logit_error"] and stored.exists()
 
 
+def test_gptq_weights_are_prepared_ahead_of_the_trials_that_use_them(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    config = _cfg(bits=4, group=32, quantizer="gptq", int8_first_blocks=1)
+    assert DecodeStep(**ARGS).prepare_weights(_cfg(bits=4, group=32), CPU) == 0.0  # round-to-nearest: nothing
+    assert not (tmp_path / "gptq").exists()
+    assert DecodeStep(**ARGS).prepare_weights(config, CPU) > 0.0
+    monkeypatch.setattr("models.gptq.gptq_layers", lambda *a, **k: pytest.fail("quantized in the trial"))
+    result = DecodeStep(**ARGS).run(config, CPU, TrialContext())
+    assert result.status == TrialStatus.OK and result.metrics["top1_agreement"] > 0.5
+
+
 def test_a_decode_that_writes_nothing_or_disagrees_is_numerics_fail(
     workload: DecodeStep, monkeypatch: pytest.MonkeyPatch
 ) -> None:
