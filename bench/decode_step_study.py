@@ -246,6 +246,12 @@ def main() -> None:
             f"({time.time() - started:.0f} s so far)",
             flush=True,
         )
+        done = len(results) == len(args.batches)
+        # After every batch: a run stopped at a deadline still leaves the batches it finished.
+        write_result(result_document(args, results, started, partial=not done), args.out)
+
+
+def result_document(args: argparse.Namespace, results: dict[str, Any], started: float, partial: bool) -> dict[str, Any]:
     summary = {
         name: {
             "int4_vs_bf16_ratio": r["int4_vs_bf16"]["ratio"],
@@ -259,16 +265,16 @@ def main() -> None:
         }
         for name, r in results.items()
     }
-    write_result(
-        {
-            "benchmark": f"GPT decode ({args.model}) tuned with decode_step vs the bf16 model, per batch size",
-            "timing": TIMING_NOTE,
-            "wall_s": round(time.time() - started, 1),
-            "summary": summary,
-            "batches": results,
-        },
-        args.out,
-    )
+    document: dict[str, Any] = {
+        "benchmark": f"GPT decode ({args.model}) tuned with decode_step vs the bf16 model, per batch size",
+        "timing": TIMING_NOTE,
+        "wall_s": round(time.time() - started, 1),
+        "summary": summary,
+        "batches": results,
+    }
+    if partial:
+        document["partial"] = f"batches {', '.join(results)} of {len(args.batches)}: the run stopped before the rest"
+    return document
 
 
 if __name__ == "__main__":

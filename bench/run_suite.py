@@ -81,7 +81,7 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "decode-step",
         90,
         # 20 trials: a study enqueues seeds for a quarter of its trials (5 of the space's 7).
-        "bench/decode_step_study.py --trials 20 --minutes 1.2 --rounds 3 --train-steps 300 --out {out}.json".split(),
+        "bench/decode_step_study.py --trials 20 --minutes 1.0 --rounds 3 --train-steps 300 --out {out}.json".split(),
     ),
     # Two GPUs: NCCL settings per all-reduce size, then a data-parallel step (issue: multi-GPU trials).
     (
