@@ -124,44 +124,8 @@ def test_cli_lists_workloads(tmp_path: Path) -> None:
 
 
 def test_serve_submit_wait_and_export_over_http(tmp_path: Path) -> None:
-    import socket
-
-    import httpx
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    env_token = {"TUNER_API_TOKEN": "cli-token"}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tuner.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--db",
-            str(tmp_path / "svc.db"),
-            "--workers",
-            "1",
-        ],
-        cwd=tmp_path,
-        env={**os.environ, **env_token},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    server, url = start_server(tmp_path / "svc.db", token="cli-token")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and server.poll() is None, "the server did not start"
-            time.sleep(0.3)
         spec = dict(SPEC, name="over-http", args={"sleep_ms": 10}, budget={"trials": 5})
         path = tmp_path / "spec.yaml"
         path.write_text(yaml.safe_dump(spec))
@@ -190,6 +154,74 @@ def test_serve_submit_wait_and_export_over_http(tmp_path: Path) -> None:
             server.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
+
+
+def start_server(db_path: Path, token: str) -> tuple[subprocess.Popen, str]:
+    """``tuner serve`` (API and a one-worker runner) on a free port, once its health check answers."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "tuner.cli", "serve", "--port", str(port), "--db", str(db_path), "--workers", "1"]
+    server = subprocess.Popen(
+        command,
+        cwd=db_path.parent,
+        env={**os.environ, "TUNER_API_TOKEN": token},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return server, url
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or server.poll() is not None:
+            os.killpg(server.pid, signal.SIGKILL)
+            raise AssertionError("the server did not start")
+        time.sleep(0.3)
+
+
+def test_stopping_the_server_stops_its_runner_and_queues_the_study_again(tmp_path: Path) -> None:
+    import httpx
+
+    db_path = tmp_path / "svc.db"
+    server, url = start_server(db_path, token="t")
+    try:
+        spec = dict(SPEC, name="interrupted", args={"sleep_ms": 1500}, budget={"trials": 40})
+        answer = httpx.post(f"{url}/api/studies", json=spec, headers={"Authorization": "Bearer t"}, timeout=30)
+        assert answer.status_code in (200, 201, 202), answer.text
+        db = StudyDB(str(db_path))
+        study_id = db.find_study("interrupted").id
+        deadline = time.monotonic() + 120
+        while not any(t.status == "ok" for t in db.trials(study_id)):
+            assert time.monotonic() < deadline and server.poll() is None
+            time.sleep(0.3)
+        server.send_signal(signal.SIGTERM)  # the server process alone, as `kill PID` does
+        assert server.wait(timeout=120) == 0
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+    row = db.get_study(study_id)
+    assert (row.status, row.lease_owner) == ("queued", None) and "queued again" in row.message
+    trials = db.trials(study_id)
+    assert all(t.status == "ok" for t in trials) and len(trials) < 40  # trials in flight finished
+    leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(db_path) in _cmdline(p)]
+    assert not leftovers, "the runner outlived the server"
+    db.dispose()
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_a_runner_shut_down_mid_study_queues_it_again_and_the_next_runner_finishes_it(tmp_path: Path) -> None:
