@@ -152,6 +152,7 @@ def attention_fwd_kernel(
     K,
     V,
     Out,
+    Lse,
     desc_q,
     desc_k,
     desc_v,
@@ -164,8 +165,13 @@ def attention_fwd_kernel(
     EVEN_M: tl.constexpr,
     EVEN_N: tl.constexpr,
     USE_TMA: tl.constexpr,
+    STORE_LSE: tl.constexpr,
 ):
-    """One program: BLOCK_M query rows of one (batch, head); grid = (cdiv(SEQ_LEN, BLOCK_M), B * H)."""
+    """One program: BLOCK_M query rows of one (batch, head); grid = (cdiv(SEQ_LEN, BLOCK_M), B * H).
+
+    ``STORE_LSE``: also store each row's log-sum-exp of the scaled scores, in base 2
+    (``m_i + log2(l_i)``), into ``Lse`` ``[B*H*S]`` fp32, for the backward pass.
+    """
     if CAUSAL:
         # Longest rows first: the grid's last wave is made of the short ones.
         start_m = (SEQ_LEN + BLOCK_M - 1) // BLOCK_M - 1 - tl.program_id(0)
@@ -224,6 +230,8 @@ def attention_fwd_kernel(
                 qk_scale, SEQ_LEN, HEAD_DIM, BLOCK_N, True, False, EVEN_N, USE_TMA,
             )  # fmt: skip
 
+    if STORE_LSE:
+        tl.store(Lse + row0 + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < SEQ_LEN)
     acc = acc / l_i[:, None]
     o_ptrs = Out + row0 * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     if EVEN_M:
@@ -250,6 +258,7 @@ def _meta_args(
     BLOCK_N: int,
     num_warps: int,
     num_stages: int,
+    store_lse: bool = False,
 ) -> dict[str, Any]:
     """The kernel's constexpr and launch arguments for one config (shared by launch and warm-up)."""
     return {
@@ -261,6 +270,7 @@ def _meta_args(
         "EVEN_M": seq_len % BLOCK_M == 0,
         "EVEN_N": seq_len % BLOCK_N == 0,
         "USE_TMA": bool(use_tma),
+        "STORE_LSE": bool(store_lse),
         "num_warps": num_warps,
         "num_stages": num_stages,
     }
@@ -296,12 +306,15 @@ def attention(
     use_tma: bool = False,
     sm_scale: float | None = None,
     out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``softmax(Q K^T * sm_scale [+ causal mask]) V`` with one tile config.
 
     ``q``, ``k``, ``v``: ``[B, H, S, D]`` contiguous, one dtype (bf16 or fp16),
     D a power of two in [16, 256]. ``sm_scale`` defaults to ``1/sqrt(D)``;
-    ``out`` (same shape and dtype) is written in place when given. The causal
+    ``out`` (same shape and dtype) is written in place when given; ``lse``
+    (``[B, H, S]`` fp32, contiguous) receives each row's base-2 log-sum-exp of the
+    scaled scores when given (what :mod:`kernels.attention_grad` needs). The causal
     mask keeps key j for query i when ``j <= i`` (SDPA's ``is_causal``).
     Returns the output; launches asynchronously on the current stream.
     """
@@ -323,6 +336,8 @@ def attention(
         raise ValueError(f"out must be contiguous {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
     if use_tma and not tma_available():
         raise ValueError("use_tma needs triton.tools.tensor_descriptor (Triton >= 3.3)")
+    if lse is not None and (lse.shape != q.shape[:3] or lse.dtype != torch.float32 or not lse.is_contiguous()):
+        raise ValueError(f"lse must be contiguous {tuple(q.shape[:3])} float32, got {tuple(lse.shape)} {lse.dtype}")
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     desc_q = desc_k = desc_v = None
     if use_tma:
@@ -335,11 +350,12 @@ def attention(
         k,
         v,
         out,
+        lse,
         desc_q,
         desc_k,
         desc_v,
         scale,
-        **_meta_args(seq_len, head_dim, causal, use_tma, BLOCK_M, BLOCK_N, num_warps, num_stages),
+        **_meta_args(seq_len, head_dim, causal, use_tma, BLOCK_M, BLOCK_N, num_warps, num_stages, lse is not None),
     )
     return out
 
@@ -389,6 +405,7 @@ def compile_only(
         k,
         v,
         out,
+        None,
         desc_q,
         desc_k,
         desc_v,
@@ -430,16 +447,7 @@ def compile_for_target(
     raised as they are.
     """
     _check_precision(precision)
-    kernel = attention_fwd_kernel
-    try:
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource, make_backend
-        from triton.runtime.jit import MockTensor, create_function_from_signature
-    except ImportError as exc:
-        raise NotImplementedError(f"this Triton lacks the ahead-of-time compile internals: {exc}") from None
-    if not isinstance(kernel, triton.runtime.JITFunction) or not hasattr(kernel, "_pack_args"):
-        raise NotImplementedError("the kernel is interpreted (TRITON_INTERPRET=1) or this Triton has no _pack_args")
-    target = GPUTarget("cuda", capability, 32)
+    MockTensor = mock_tensor_class()
     dtype = DTYPES[precision]
     shape = [batch, heads, seq_len, head_dim]
     q, k, v, out = (MockTensor(dtype, shape) for _ in range(4))
@@ -449,11 +457,42 @@ def compile_for_target(
         flat = [MockTensor(dtype, [rows, head_dim]) for _ in range(3)]
         desc_q, desc_k, desc_v = _descriptors(*flat, rows, head_dim, BLOCK_M, BLOCK_N)
     kwargs = _meta_args(seq_len, head_dim, causal, use_tma, BLOCK_M, BLOCK_N, num_warps, num_stages)
-    kwargs["debug"] = False
+    args = (q, k, v, out, None, desc_q, desc_k, desc_v, 1 / math.sqrt(head_dim))
+    return compile_jit_for_target(attention_fwd_kernel, args, kwargs, capability)
+
+
+def mock_tensor_class() -> Any:
+    """Triton's placeholder tensor (dtype and shape, no memory) for ahead-of-time compiles."""
+    try:
+        from triton.runtime.jit import MockTensor
+    except ImportError as exc:
+        raise NotImplementedError(f"this Triton has no MockTensor: {exc}") from None
+    return MockTensor
+
+
+def compile_jit_for_target(kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any], capability: int = 90) -> Any:
+    """``triton.compile`` of a ``@triton.jit`` kernel for ``GPUTarget("cuda", capability, 32)``, no GPU needed.
+
+    ``args`` and ``kwargs`` are those of a launch (placeholder ``MockTensor``s for tensors; constexprs
+    and ``num_warps``/``num_stages`` in ``kwargs``), bound with the runtime's own argument binder so
+    the signature and the divisibility specializations are those of a launch. Relies on Triton runtime
+    internals (as in Triton 3.9): raises ``NotImplementedError`` where they are missing or when the
+    kernel is interpreted (``TRITON_INTERPRET=1``); compile errors are raised as they are.
+    """
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource, make_backend
+        from triton.runtime.jit import create_function_from_signature
+    except ImportError as exc:
+        raise NotImplementedError(f"this Triton lacks the ahead-of-time compile internals: {exc}") from None
+    if not isinstance(kernel, triton.runtime.JITFunction) or not hasattr(kernel, "_pack_args"):
+        raise NotImplementedError("the kernel is interpreted (TRITON_INTERPRET=1) or this Triton has no _pack_args")
+    target = GPUTarget("cuda", capability, 32)
+    kwargs = {**kwargs, "debug": False}
     try:
         backend = make_backend(target)
         binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-        bound, specialization, options = binder(q, k, v, out, desc_q, desc_k, desc_v, 1 / math.sqrt(head_dim), **kwargs)
+        bound, specialization, options = binder(*args, **kwargs)
         options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as exc:  # other internals
         raise NotImplementedError(f"cannot bind the kernel's arguments in this Triton: {exc!r}") from None

@@ -18,8 +18,9 @@ forward through ``torch._scaled_mm``) for training, weight-only quantized Linear
 Attention implementations (``attention=``): ``"sdpa"`` (:func:`torch.nn.functional.scaled_dot_product_attention`
 with ``is_causal=True``; the caller picks the backend with ``torch.nn.attention.sdpa_kernel``),
 ``"math"`` (explicit ``softmax(QK^T/sqrt(D)) V`` in the activations' dtype, softmax in fp32) and
-``"triton"`` (the project's flash forward kernel, :func:`kernels.attention.attention`, bf16/fp16
-only; it has no backward, so it refuses inputs that need a gradient).
+``"triton"`` (the project's flash kernel, :func:`kernels.attention.attention`, bf16/fp16 only;
+where a gradient is needed, through :func:`kernels.attention_grad.flash_attention` and its
+backward kernels).
 
 KV-cache decoding: :meth:`GPT.init_cache` allocates a :class:`KVCache` (per layer ``k`` and ``v``
 of ``[B, H, max_len, D]`` in bf16/fp16/fp32 or ``float8_e4m3fn`` with a per-layer scale),
@@ -251,14 +252,13 @@ class CausalSelfAttention(nn.Module):
             mask = torch.ones(seq, seq, dtype=torch.bool, device=q.device).tril()
             scores = scores.masked_fill(~mask, float("-inf"))
             return torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype) @ v
-        # "triton": forward-only flash kernel
-        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            raise RuntimeError(
-                "attention='triton' uses kernels.attention's forward-only kernel: it has no backward, "
-                "so it cannot run where a gradient is needed (use sdpa or math for training)"
-            )
+        # "triton": the project's flash kernel; differentiable when a gradient is needed
         if q.dtype not in (torch.bfloat16, torch.float16):
             raise RuntimeError(f"attention='triton' needs bf16/fp16 activations, got {q.dtype}")
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+            from kernels.attention_grad import flash_attention
+
+            return flash_attention(q, k, v, causal=True, **TRITON_ATTENTION_CONFIG)
         from kernels.attention import attention as triton_attention
 
         return triton_attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, **TRITON_ATTENTION_CONFIG)

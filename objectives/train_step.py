@@ -6,7 +6,8 @@ null, else ``global_batch / micro_batch``), ``precision`` (fp32 IEEE, tf32, bf16
 autocast with ``torch.amp.GradScaler``, fp8 block Linears through ``torch._scaled_mm`` with bf16
 backward -- :class:`models.gpt.Fp8Linear`), ``checkpoint`` (activation checkpointing of every k-th
 block, 0 = none), ``compile`` (``torch.compile`` mode or "off"), ``attention`` (SDPA with torch's
-pick, SDPA with one forced backend, or the explicit "math" softmax) and ``optimizer`` (AdamW with
+pick, SDPA with one forced backend, the explicit "math" softmax, or "triton": the project's flash
+kernel with its backward, ``kernels/attention_grad.py``) and ``optimizer`` (AdamW with
 ``foreach=True`` or ``fused=True``).
 
 One trial: a fresh model from ``seed`` and its optimizer; ``warmup_steps`` untimed steps (they
@@ -78,6 +79,7 @@ ATTENTION: dict[str, tuple[str, str | None]] = {
     "sdpa_cudnn": ("sdpa", "CUDNN_ATTENTION"),
     "sdpa_efficient": ("sdpa", "EFFICIENT_ATTENTION"),
     "math": ("math", None),
+    "triton": ("triton", None),
 }
 COMPILE_MODES: tuple[str, ...] = ("off", "default", "max-autotune-no-cudagraphs")
 OPTIMIZERS: tuple[str, ...] = ("adamw_foreach", "adamw_fused")
@@ -85,7 +87,7 @@ KNOBS: tuple[str, ...] = ("micro_batch", "precision", "checkpoint", "compile", "
 #: Compute capability each precision needs on a GPU (bf16/TF32 tensor cores: Ampere; fp8: Ada/Hopper).
 MIN_CAPABILITY: dict[str, tuple[int, int]] = {"tf32": (8, 0), "bf16": (8, 0), "fp8": (8, 9)}
 #: SDPA backends that need Ampere (FlashAttention-2 and cuDNN fused attention in torch).
-MIN_CAPABILITY_ATTENTION: dict[str, tuple[int, int]] = {"sdpa_flash": (8, 0), "sdpa_cudnn": (8, 0)}
+MIN_CAPABILITY_ATTENTION: dict[str, tuple[int, int]] = {"sdpa_flash": (8, 0), "sdpa_cudnn": (8, 0), "triton": (8, 0)}
 #: Micro-batch of the fp32 reference run (or the largest power of two dividing the global batch below it).
 REFERENCE_MICRO_BATCH = 4
 #: Bytes the allocator may still hold after a trial was freed before the worker is declared leaky
@@ -281,11 +283,6 @@ class TrainStep(Workload):
         precision, attention, mode = config["precision"], config["attention"], config["compile"]
         if precision not in PRECISIONS:
             return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
-        if attention == "triton":
-            return (
-                "attention 'triton' (kernels/attention.py) is a forward-only kernel with no backward pass: "
-                "it cannot train (use it for decoding)"
-            )
         if attention not in ATTENTION:
             return f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}"
         if mode not in COMPILE_MODES:
@@ -297,6 +294,9 @@ class TrainStep(Workload):
             return f"checkpoint must be an int >= 0 (checkpoint every k-th block), got {every!r}"
         if mode != "off" and self.warmup_steps < 1:
             return "torch.compile needs warmup_steps >= 1, or the compilation would be timed"
+        head_dim = self.cfg.head_dim
+        if attention == "triton" and not (16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0):
+            return f"attention 'triton' needs a head_dim that is a power of two in [16, 256], the model has {head_dim}"
         if not device.is_gpu:
             if mode != "off":
                 return "torch.compile is refused off the GPU (a CPU compile costs minutes and is not what is tuned)"
@@ -304,8 +304,10 @@ class TrainStep(Workload):
                 return f"{precision} is a GPU tensor-core mode: refused on {device.name}"
             if attention in ("sdpa_cudnn", "sdpa_efficient"):
                 return f"{attention} is a CUDA SDPA backend: refused on {device.name}"
+            if attention == "triton":
+                return f"attention 'triton' runs compiled Triton kernels on a CUDA GPU: refused on {device.name}"
         else:
-            if attention in ("sdpa_flash", "sdpa_cudnn") and precision in ("fp32", "tf32"):
+            if attention in ("sdpa_flash", "sdpa_cudnn", "triton") and precision in ("fp32", "tf32"):
                 return f"{attention} takes fp16/bf16 inputs only, precision {precision} gives fp32 attention"
             cc = tuple(device.compute_capability) if device.compute_capability else None
             needs = [(precision, MIN_CAPABILITY.get(precision)), (attention, MIN_CAPABILITY_ATTENTION.get(attention))]

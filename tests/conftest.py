@@ -15,7 +15,7 @@ if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -106,3 +106,34 @@ def interpreter() -> None:
 
     if type(matmul_kernel).__name__ != "InterpretedFunction":
         pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: kernels compile, not interpret")
+
+
+@pytest.fixture
+def aot_child() -> Callable[..., list[dict]]:
+    """Run a Python script in a child process without TRITON_INTERPRET (kernels compile, not interpret).
+
+    The script prints one JSON object per line; a first line ``{"skip": reason}`` (this Triton cannot
+    compile ahead of time, no ptxas) skips the test. Returns the parsed lines once the child exited 0.
+    """
+    import json
+    import subprocess
+    import sys
+
+    def run(script: str, *args: str, timeout: float) -> list[dict]:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; 1 is the default
+        proc = subprocess.run(
+            [sys.executable, "-c", script, *args],
+            cwd=Path(__file__).resolve().parent.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        if lines and "skip" in lines[0]:
+            pytest.skip(f"no ahead-of-time compilation: {lines[0]['skip']}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return lines
+
+    return run

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from typing import Any
 
 import pytest
 
@@ -287,7 +288,7 @@ for job in jobs:
 
 
 @pytest.mark.timeout(90)
-def test_seeds_compile_for_sm90_within_the_shared_memory_estimate() -> None:
+def test_seeds_compile_for_sm90_within_the_shared_memory_estimate(aot_child: Any) -> None:
     """Compile every seed for an H200 (sm_90) ahead of time and compare its shared memory with the estimate.
 
     At D=128 (the largest tiles) causal (two key loops: the most TMA barriers) and at D=64 with a
@@ -295,31 +296,14 @@ def test_seeds_compile_for_sm90_within_the_shared_memory_estimate() -> None:
     tight (the seeds use wgmma with >= 2 stages, where it is exact up to TMA's 1024 bytes); the
     seeds must use Hopper's wgmma, and TMA exactly when they ask for it.
     """
-    import subprocess
-    import sys
-    from pathlib import Path
-
     from objectives.flash_attention import TMA_SHARED_OVERHEAD_BYTES, FlashAttention, smem_estimate_bytes
     from tuner.space import compile_space, load_space_file
 
     seeds = compile_space(load_space_file(FlashAttention.space_file)).seeds
     shapes = (((2, 16, 4096, 128), True), ((2, 16, 1000, 64), False))
     jobs = [{"shape": list(shape), "causal": causal, "config": seed} for shape, causal in shapes for seed in seeds]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; 1 is the default
-    proc = subprocess.run(
-        [sys.executable, "-c", _AOT_SCRIPT, json.dumps(jobs)],
-        cwd=Path(__file__).resolve().parent.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=85,
-    )
-    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    if lines and "skip" in lines[0]:
-        pytest.skip(f"no ahead-of-time compilation: {lines[0]['skip']}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert len(lines) == len(jobs), proc.stderr[-3000:]
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=85)
+    assert len(lines) == len(jobs), lines
     for result in lines:
         assert "error" not in result, result
         config, head_dim = result["config"], result["shape"][3]

@@ -99,15 +99,21 @@ def test_forward_shapes_causality_and_attention_modes_agree() -> None:
         GPT(TINY, checkpoint_every=-1)
 
 
-def test_triton_attention_forward_matches_sdpa_and_refuses_gradients(interpreter: None) -> None:
-    """The project's flash kernel (fp16 under the interpreter) inside the model, forward only."""
-    tokens = _tokens(1, TINY.seq_len)
+def test_triton_attention_matches_sdpa_forward_and_backward(interpreter: None) -> None:
+    """The project's flash kernel (fp16 under the interpreter) inside the model: logits and gradients."""
+    tokens, targets = synthetic_batch(TINY, 2, seed=3, device="cpu")
     ref = make_model(TINY, seed=2, device="cpu", dtype=torch.float16)
     tri = make_model(TINY, seed=2, device="cpu", dtype=torch.float16, attention="triton")
     with torch.no_grad():
         torch.testing.assert_close(tri(tokens).float(), ref(tokens).float(), rtol=2e-2, atol=2e-2)
-    with pytest.raises(RuntimeError, match="no backward"):
-        tri(tokens)
+    for model in (ref, tri):
+        lm_loss(model(tokens), targets).backward()
+    for (name, a), b in zip(tri.named_parameters(), ref.parameters(), strict=True):
+        assert (
+            float((a.grad.float() - b.grad.float()).abs().max()) <= 0.02 * float(b.grad.float().abs().max()) + 1e-3
+        ), name
+    with pytest.raises(RuntimeError, match="bf16/fp16"):
+        make_model(TINY, seed=2, device="cpu", attention="triton")(tokens)  # fp32 activations
 
 
 def test_checkpointing_gives_the_same_loss_and_gradients() -> None:

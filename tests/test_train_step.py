@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from models.config import PRESETS
 from objectives.train_step import LEAK_TOLERANCE_BYTES, TrainStep, estimate_peak_bytes, fp8_mixed_peak
 from tuner.space import compile_space
 from tuner.workload import DeviceInfo, TrialContext, TrialStatus
@@ -86,7 +87,11 @@ def test_space_and_seeds_pass_static_check_on_an_h200(global_batch: int | None, 
 
 def test_static_check_refusals() -> None:
     w = TrainStep(model="tiny", global_batch=8)
-    assert "backward" in w.static_check(_config(attention="triton"), H200)
+    assert "CUDA GPU" in w.static_check(_config(attention="triton"), CPU)
+    assert "fp16/bf16" in w.static_check(_config(attention="triton"), H200)  # fp32
+    assert w.static_check(_config(attention="triton", precision="bf16"), H200) is None
+    odd_heads = TrainStep(model={**PRESETS["tiny"].to_dict(), "d_model": 96, "n_heads": 2}, global_batch=8)
+    assert "power of two" in odd_heads.static_check(_config(attention="triton", precision="bf16"), H200)
     assert "divide" in w.static_check(_config(micro=3), CPU)
     assert "contradicts" in w.static_check(_config(micro=2, grad_accum=2), CPU)
     assert w.static_check(_config(micro=2, grad_accum=4), CPU) is None
@@ -129,7 +134,7 @@ def test_static_check_needs_no_torch() -> None:
 def test_infeasible_config_is_not_launched(tiny: TrainStep, monkeypatch) -> None:
     monkeypatch.setattr(tiny, "_case", lambda *a, **k: pytest.fail("built a model for an infeasible config"))
     result = _run(tiny, _config(attention="triton"))
-    assert result.status == TrialStatus.INFEASIBLE_STATIC and "backward" in result.error
+    assert result.status == TrialStatus.INFEASIBLE_STATIC and "CUDA GPU" in result.error
 
 
 # --------------------------------------------------------------------------- numerics and metrics
@@ -352,8 +357,19 @@ SMALL_GPU_MODEL = {"vocab_size": 8192, "n_layers": 4, "d_model": 512, "n_heads":
         {"precision": "bf16", "attention": "sdpa_cudnn", "compile": "default", "optimizer": "adamw_fused"},
         {"precision": "fp8", "attention": "sdpa_flash", "optimizer": "adamw_fused"},
         {"precision": "fp8", "attention": "sdpa_flash", "compile": "default", "checkpoint": 1},
+        {"precision": "bf16", "attention": "triton", "checkpoint": 2, "optimizer": "adamw_fused"},
+        {"precision": "bf16", "attention": "triton", "compile": "default"},
     ],
-    ids=["bf16-flash", "fp16-efficient-ckpt", "tf32", "bf16-cudnn-compile", "fp8", "fp8-compile-ckpt"],
+    ids=[
+        "bf16-flash",
+        "fp16-efficient-ckpt",
+        "tf32",
+        "bf16-cudnn-compile",
+        "fp8",
+        "fp8-compile-ckpt",
+        "bf16-triton-ckpt",
+        "bf16-triton-compile",
+    ],
 )
 def test_training_on_gpu(changes: dict[str, Any]) -> None:
     from tuner.fingerprint import device_info
