@@ -43,6 +43,17 @@ BACKWARD_TILES: dict[int, dict[str, int]] = {
 
 
 @triton.jit
+def _load_query_rows(Q, DO, Lse, Delta, row0, offs_m, offs_d, m_valid, HEAD_DIM: tl.constexpr):
+    """Q and dO rows ``offs_m`` of one (batch, head), and their log-sum-exp and delta (zeros past S)."""
+    offsets = (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
+    q = tl.load(Q + offsets, mask=m_valid[:, None], other=0.0)
+    do = tl.load(DO + offsets, mask=m_valid[:, None], other=0.0)
+    lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
+    delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
+    return q, do, lse, delta
+
+
+@triton.jit
 def _attn_bwd_dkdv(
     Q,
     K,
@@ -77,11 +88,7 @@ def _attn_bwd_dkdv(
     for start_m in range(lo, SEQ_LEN, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_valid = offs_m < SEQ_LEN
-        q_offsets = (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
-        q = tl.load(Q + q_offsets, mask=m_valid[:, None], other=0.0)
-        do = tl.load(DO + q_offsets, mask=m_valid[:, None], other=0.0)
-        lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
-        delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
+        q, do, lse, delta = _load_query_rows(Q, DO, Lse, Delta, row0, offs_m, offs_d, m_valid, HEAD_DIM)
         # Transposed blocks [BLOCK_N, BLOCK_M]: the keys are this program's rows.
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])
         keep = n_valid[:, None] & m_valid[None, :]
@@ -120,11 +127,7 @@ def _attn_bwd_dq(
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     m_valid = offs_m < SEQ_LEN
-    q_offsets = (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
-    q = tl.load(Q + q_offsets, mask=m_valid[:, None], other=0.0)
-    do = tl.load(DO + q_offsets, mask=m_valid[:, None], other=0.0)
-    lse = tl.load(Lse + row0 + offs_m, mask=m_valid, other=0.0)
-    delta = tl.load(Delta + row0 + offs_m, mask=m_valid, other=0.0)
+    q, do, lse, delta = _load_query_rows(Q, DO, Lse, Delta, row0, offs_m, offs_d, m_valid, HEAD_DIM)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     hi = SEQ_LEN
     if CAUSAL:
@@ -143,6 +146,7 @@ def _attn_bwd_dq(
         ds = p * (tl.dot(do, tl.trans(v)) - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq)
     dq = dq * sm_scale
+    q_offsets = (row0 + offs_m[:, None]) * HEAD_DIM + offs_d[None, :]
     tl.store(DQ + q_offsets, dq.to(DQ.dtype.element_ty), mask=m_valid[:, None])
 
 
