@@ -196,26 +196,84 @@ def attention_backward(
     return dq, dk, dv
 
 
-class _FlashAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, tiles: dict) -> torch.Tensor:
-        lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
-        out = attention(q, k, v, causal=causal, lse=lse, **tiles)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal = causal
-        return out
+# The forward and backward as torch custom ops: opaque to torch.compile (no tracing into the Triton
+# launchers), with fake implementations for its shape propagation and the autograd formula below.
+@torch.library.custom_op("gpu_tuner::flash_attention_fwd", mutates_args=())
+def _flash_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    block_m: int,
+    block_n: int,
+    num_warps: int,
+    num_stages: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    lse = torch.empty(q.shape[:3], device=q.device, dtype=torch.float32)
+    out = attention(
+        q, k, v, causal=causal, lse=lse, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=num_stages
+    )
+    return out, lse
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = attention_backward(q, k, v, out, lse, grad_out.contiguous(), causal=ctx.causal)
-        return dq, dk, dv, None, None
+
+@_flash_fwd.register_fake
+def _fake_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *tiles: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, **tiles: int) -> torch.Tensor:
-    """Differentiable :func:`kernels.attention.attention` (forward tiles ``tiles``; backward
-    :func:`attention_backward` with :data:`BACKWARD_TILES`). Inputs as the forward's."""
-    return _FlashAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), causal, tiles)
+@torch.library.custom_op("gpu_tuner::flash_attention_bwd", mutates_args=())
+def _flash_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return attention_backward(q, k, v, out, lse, grad_out.contiguous(), causal=causal)
+
+
+@_flash_bwd.register_fake
+def _fake_bwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *rest: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _save_for_backward(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, torch.Tensor]) -> None:
+    q, k, v, causal = inputs[:4]
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.causal = causal
+
+
+def _flash_grad(ctx: Any, grad_out: torch.Tensor, _grad_lse: torch.Tensor | None) -> tuple[Any, ...]:
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _flash_bwd(q, k, v, out, lse, grad_out, ctx.causal)
+    return dq, dk, dv, None, None, None, None, None
+
+
+_flash_fwd.register_autograd(_flash_grad, setup_context=_save_for_backward)
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    BLOCK_M: int,
+    BLOCK_N: int,
+    num_warps: int,
+    num_stages: int,
+) -> torch.Tensor:
+    """Differentiable :func:`kernels.attention.attention` (forward tiles as given; backward
+    :func:`attention_backward` with :data:`BACKWARD_TILES`). Inputs as the forward's. A torch custom
+    op (``torch.ops.gpu_tuner.flash_attention_fwd``), so ``torch.compile`` keeps it whole."""
+    out, _ = _flash_fwd(q.contiguous(), k.contiguous(), v.contiguous(), causal, BLOCK_M, BLOCK_N, num_warps, num_stages)
+    return out
 
 
 def compile_backward_for_target(

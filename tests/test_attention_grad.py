@@ -69,6 +69,16 @@ def test_gradients_match_sdpa_in_fp32(
         assert relative(grad, ref) < 5e-3, name
 
 
+def test_the_custom_ops_pass_torch_opcheck(interpreter: None) -> None:
+    """Schema, autograd registration, fake tensors (what torch.compile propagates) and AOT dispatch."""
+    import kernels.attention_grad  # noqa: F401  (registers the ops)
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 32, 16, generator=gen).to(torch.float16).requires_grad_(True) for _ in range(3))
+    report = torch.library.opcheck(torch.ops.gpu_tuner.flash_attention_fwd.default, (q, k, v, True, 16, 16, 4, 1))
+    assert set(report.values()) == {"SUCCESS"}, report
+
+
 def test_the_stored_log_sum_exp_is_that_of_the_scaled_scores(interpreter: None) -> None:
     from kernels.attention import attention
 
