@@ -94,7 +94,7 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "gpu-tests-steps",
         30,
         "-m pytest -m gpu -q -p no:cacheprovider --timeout 300 tests/test_train_step.py tests/test_decode_step.py "
-        "tests/test_gpt_model.py".split(),
+        "tests/test_gpt_model.py tests/test_attention_grad.py".split(),
     ),
     (
         "gpu-tests",
