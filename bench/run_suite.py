@@ -70,6 +70,7 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/quant_gemm_study.py --targets int4-m1 int8-m1 int4-m16 int8-m16 int4-m64 int8-m64 --trials 16 "
         "--minutes 0.35 --rounds 3 --out {out}.json".split(),
     ),
+    ("attention-backward", 30, "bench/attention_backward.py --rounds 3 --out {out}.json".split()),
     (
         "train-step",
         120,
