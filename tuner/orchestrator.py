@@ -127,17 +127,23 @@ class _Worker:
 
 
 def ensure_ray(address: str | None = None, min_cpus: int = 2) -> None:
-    """Join ``address`` or start a local Ray (sized to the machine) unless Ray is already up."""
+    """Join ``address`` (else ``$RAY_ADDRESS``) or start a local Ray sized to the machine, unless Ray is up.
+
+    The local Ray is a new instance even when a cluster started with ``ray start`` runs on this
+    machine (``address="local"``): without an address, ``ray.init`` would join that cluster, and
+    refuse the CPU count.
+    """
     import ray
 
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
+    address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=max(os.cpu_count() or 1, min_cpus) + 1, **kwargs)
+        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus) + 1, **kwargs)
 
 
 class Orchestrator:
