@@ -144,6 +144,33 @@ def test_api_and_a_runner_on_a_ray_cluster_run_a_submitted_study(
     db.dispose()
 
 
+def test_a_local_run_starts_its_own_ray_beside_a_running_cluster(
+    ray_cluster: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """Without an address, ``ray.init`` would join the machine's ``ray start`` cluster (and refuse the
+    CPU count asked for a local one): ``tuner run`` starts its own local Ray instead."""
+    import yaml
+
+    from tuner.storage import StudyDB
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(dict(SPEC, name="local-beside-cluster", budget={"trials": 3})))
+    db_path = tmp_path / "local.db"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    run = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "run", str(spec), "--db", str(db_path), "--workers", "1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    db = StudyDB(str(db_path))
+    assert db.find_study("local-beside-cluster").status == "completed"
+    db.dispose()
+
+
 REPO = Path(__file__).resolve().parent.parent
 
 
