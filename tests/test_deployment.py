@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import signal
 import socket
 import subprocess
@@ -189,22 +190,29 @@ def test_the_compose_file_runs_commands_that_exist_on_the_image_it_builds() -> N
     ray_help = subprocess.run(
         [str(Path(sys.executable).with_name("ray")), "start", "--help"], capture_output=True, text=True, check=True
     ).stdout
+    commands = {}
     for name, service in services.items():
-        command = service.get("command")
         if name == "postgres":
             continue
         env = service["environment"]
         assert env["RAY_AUTH_MODE"] == "token" and "RAY_AUTH_TOKEN" in env, name
         assert env["TUNER_DB_URL"].startswith("postgresql+psycopg://tuner:"), name
-        if command[0] == "tuner":
-            build_parser().parse_args(command[1:])  # exits on an unknown flag
-        else:
-            assert command[:2] == ["ray", "start"], name
-            for flag in command[2:]:
-                assert flag.split("=")[0] in ray_help, (name, flag)
+        command = service["command"]
+        steps = [shlex.split(step) for step in command[2].split("&&")] if command[:2] == ["sh", "-c"] else [command]
+        commands[name] = steps
+        for step in steps:
+            step = step[1:] if step[0] == "exec" else step
+            if step[0] == "tuner":
+                build_parser().parse_args(step[1:])  # exits on an unknown flag
+            else:
+                assert step[:2] == ["ray", "start"], (name, step)
+                for flag in step[2:]:
+                    assert flag.split("=")[0] in ray_help, (name, flag)
     assert "TUNER_API_TOKEN" in services["api"]["environment"]  # it binds beyond loopback
     assert "--no-runner" in services["api"]["command"]
-    runner = services["runner"]["command"]
+    # The runner's host joins the cluster (a driver needs a local Ray node), then drives it.
+    join, runner = commands["runner"]
+    assert join[:3] == ["ray", "start", "--address=ray-head:6379"] and "--num-gpus=0" in join
     assert runner[runner.index("--ray-address") + 1] == "ray-head:6379"
     assert services["ray-gpu-worker"]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
     # The image holds every package the project installs.
