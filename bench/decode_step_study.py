@@ -143,7 +143,11 @@ def run_batch(batch: int, args: argparse.Namespace) -> dict[str, Any]:
     from tuner.fingerprint import device_info
 
     tokens = workload.reference_tokens(batch, device_info())
-    print(f"   bf16 greedy tokens: {tokens['distinct']} distinct of {tokens['tokens']}", flush=True)
+    print(
+        f"   bf16 greedy tokens: {tokens['distinct']} distinct of {tokens['tokens']}; top-1 margins "
+        f"{tokens['top1_margin_logits']}",
+        flush=True,
+    )
     gptq_s = prepare_seeds(workload)
     spec = make_spec(batch, args)
     study = run_study(spec)

@@ -705,14 +705,27 @@ class DecodeStep(Workload):
     def reference_tokens(self, batch: int, device: DeviceInfo) -> dict[str, Any]:
         """The bf16 model's greedy tokens at ``batch`` (the tokens top-1 agreement is measured on) and how
         diverse they are: a model that repeats one token agrees with anything that repeats it too."""
+        import torch
+
         torch_device = "cuda" if device.is_gpu else "cpu"
-        teacher = self._reference(batch, torch_device).teacher  # (gen_tokens, batch)
+        ref = self._reference(batch, torch_device)
+        teacher = ref.teacher  # (gen_tokens, batch)
         per_sequence = [int(teacher[:, b].unique().numel()) for b in range(teacher.shape[1])]
+        # How far the greedy choice stands above the runner-up: small margins are what quantization flips.
+        top2 = ref.logits.topk(2, dim=-1).values
+        margins = (top2[..., 0] - top2[..., 1]).flatten().float().cpu()
+        quantiles = torch.quantile(margins, torch.tensor([0.05, 0.25, 0.5]))
         return {
             "tokens": int(teacher.numel()),
             "distinct": int(teacher.unique().numel()),
             "distinct_per_sequence_mean": sum(per_sequence) / len(per_sequence),
             "first_sequence": teacher[:, 0].tolist(),
+            "top1_margin_logits": {
+                "p05": round(float(quantiles[0]), 4),
+                "p25": round(float(quantiles[1]), 4),
+                "median": round(float(quantiles[2]), 4),
+                "below_0.1": round(float((margins < 0.1).float().mean()), 4),
+            },
         }
 
     def _get_case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:

@@ -310,6 +310,10 @@ def test_run_bf16_is_exactly_the_reference(workload: DecodeStep) -> None:
     assert stats["tokens"] == tokens and 1 <= stats["distinct"] <= tokens
     assert len(stats["first_sequence"]) == ARGS["gen_tokens"]
     assert 1 <= stats["distinct_per_sequence_mean"] <= ARGS["gen_tokens"]
+    margins = stats["top1_margin_logits"]
+    assert 0 <= margins["p05"] <= margins["p25"] <= margins["median"] and 0 <= margins["below_0.1"] <= 1
+    ref = workload._reference(4, "cpu").logits.sort(dim=-1, descending=True).values
+    assert margins["median"] == pytest.approx(float((ref[..., 0] - ref[..., 1]).median()), abs=0.05)
 
 
 def test_quantized_weights_and_fp8_cache_trade_accuracy(workload: DecodeStep) -> None:
