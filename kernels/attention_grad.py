@@ -150,6 +150,16 @@ def _attn_bwd_dq(
     tl.store(DQ + q_offsets, dq.to(DQ.dtype.element_ty), mask=m_valid[:, None])
 
 
+def _backward_meta(seq_len: int, head_dim: int, causal: bool, tiles: dict[str, int] | None) -> dict[str, Any]:
+    """The backward kernels' constexprs and launch options: ``tiles`` or :data:`BACKWARD_TILES` for ``D``."""
+    return {
+        "SEQ_LEN": seq_len,
+        "HEAD_DIM": head_dim,
+        "CAUSAL": bool(causal),
+        **(tiles or BACKWARD_TILES[head_dim]),
+    }
+
+
 def attention_backward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -173,24 +183,15 @@ def attention_backward(
             raise ValueError(f"{name} must be contiguous {tuple(q.shape)} {q.dtype}, got {tuple(t.shape)} {t.dtype}")
     if lse.shape != q.shape[:3] or lse.dtype != torch.float32:
         raise ValueError(f"lse must be {tuple(q.shape[:3])} float32, got {tuple(lse.shape)} {lse.dtype}")
-    tiles = dict(tiles or BACKWARD_TILES[head_dim])
-    block_m, block_n = tiles.pop("BLOCK_M"), tiles.pop("BLOCK_N")
+    meta = _backward_meta(seq_len, head_dim, causal, tiles)
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     delta = (out.to(torch.float32) * grad_out.to(torch.float32)).sum(dim=-1).contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    meta: dict[str, Any] = {
-        "SEQ_LEN": seq_len,
-        "HEAD_DIM": head_dim,
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
-        "CAUSAL": bool(causal),
-        **tiles,
-    }
     lse = lse.contiguous()
-    _attn_bwd_dkdv[(triton.cdiv(seq_len, block_n), batch * heads)](
+    _attn_bwd_dkdv[(triton.cdiv(seq_len, meta["BLOCK_N"]), batch * heads)](
         q, k, v, grad_out, lse, delta, dk, dv, scale, scale * LOG2E, **meta
     )
-    _attn_bwd_dq[(triton.cdiv(seq_len, block_m), batch * heads)](
+    _attn_bwd_dq[(triton.cdiv(seq_len, meta["BLOCK_M"]), batch * heads)](
         q, k, v, grad_out, lse, delta, dq, scale, scale * LOG2E, **meta
     )
     return dq, dk, dv
@@ -292,14 +293,12 @@ def compile_backward_for_target(
     from kernels.attention import DTYPES, compile_jit_for_target, mock_tensor_class
 
     MockTensor = mock_tensor_class()
-    tiles = dict(tiles or BACKWARD_TILES[head_dim])
-    block_m, block_n = tiles.pop("BLOCK_M"), tiles.pop("BLOCK_N")
     shape, rows = [batch, heads, seq_len, head_dim], [batch, heads, seq_len]
     dtype = DTYPES[precision]
     q, k, v, do, dq, dk, dv = (MockTensor(dtype, shape) for _ in range(7))
     lse, delta = MockTensor(torch.float32, rows), MockTensor(torch.float32, rows)
     scale = 1.0 / math.sqrt(head_dim)
-    meta = {"SEQ_LEN": seq_len, "HEAD_DIM": head_dim, "BLOCK_M": block_m, "BLOCK_N": block_n, "CAUSAL": causal, **tiles}
+    meta = _backward_meta(seq_len, head_dim, causal, tiles)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv, scale, scale * LOG2E)
     dq_args = (q, k, v, do, lse, delta, dq, scale, scale * LOG2E)
     return {
