@@ -636,8 +636,23 @@ def quantize_weights(
         raise ValueError(f"group_size must be an even power of two dividing K={k}, got {group_size!r}")
     if scale_dtype not in ACT_DTYPES.values():
         raise ValueError(f"scale_dtype must be bfloat16 or float16, got {scale_dtype}")
-    qmax = QMAX[bits]
     groups = w.to(torch.float32).reshape(k // group_size, group_size, n)
+    scales, q = quantize_groups(groups, bits, scale_dtype, clip_search)
+    q = q.to(torch.int8).reshape(k, n)
+    qweight = q.contiguous() if bits == 8 else pack_int4(q).contiguous()
+    return QuantizedWeights(qweight, scales.contiguous(), bits, group_size)
+
+
+def quantize_groups(
+    groups: torch.Tensor, bits: int, scale_dtype: torch.dtype, clip_search: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales and rounded values of fp32 weight groups ``(G, group_size, N)``, as :func:`quantize_weights`
+    makes them: ``(scales (G, N) in scale_dtype, q (G, group_size, N) fp32 integers)``.
+
+    ``scale = r * max|w| / QMAX`` for ``r = 1``, or with ``clip_search`` the ratio of :data:`CLIP_RATIOS`
+    with the least squared error per group and column; ``q = clamp(round(w / scale))`` with the rounded scale.
+    """
+    qmax = QMAX[bits]
     tiny = torch.finfo(scale_dtype).tiny
     amax = groups.abs().amax(dim=1)
 
@@ -656,9 +671,7 @@ def quantize_weights(
             best_error = torch.where(better, error, best_error)
             scales = torch.where(better, cand_scales, scales)
             q = torch.where(better[:, None, :], cand_q, q)
-    q = q.to(torch.int8).reshape(k, n)
-    qweight = q.contiguous() if bits == 8 else pack_int4(q).contiguous()
-    return QuantizedWeights(qweight, scales.contiguous(), bits, group_size)
+    return scales, q
 
 
 def reference_quant_matmul(x: torch.Tensor, weights: QuantizedWeights) -> torch.Tensor:

@@ -50,7 +50,7 @@ def gptq_quantize(
     round-to-nearest's. Raises ValueError for shapes that do not match or a group size that does not
     divide ``K``.
     """
-    from kernels.quant_gemm import BITS, CLIP_RATIOS, QMAX, QuantizedWeights, pack_int4
+    from kernels.quant_gemm import BITS, QMAX, QuantizedWeights, pack_int4, quantize_groups
 
     if bits not in BITS:
         raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
@@ -60,7 +60,6 @@ def gptq_quantize(
     if group_size < 2 or group_size & (group_size - 1) or k % group_size:
         raise ValueError(f"group_size must be an even power of two dividing K={k}, got {group_size!r}")
     qmax = QMAX[bits]
-    tiny = torch.finfo(scale_dtype).tiny
     # GPTQ works on rows of output channels: W is (N, K) here, columns are input features.
     weight = w.t().to(torch.float32).clone()
     h = hessian.to(device=weight.device, dtype=torch.float32).clone()
@@ -84,7 +83,7 @@ def gptq_quantize(
             if col % group_size == 0:
                 # The group's scales, from the weights the earlier errors have moved.
                 group = block[:, i : i + group_size].t()
-                s = _group_scales(group, qmax, tiny, scale_dtype, clip_search, CLIP_RATIOS)
+                s = quantize_groups(group[None], bits, scale_dtype, clip_search)[0][0]
                 scales[col // group_size] = s
                 group_scale = s.to(torch.float32)
             column = block[:, i]
@@ -97,33 +96,6 @@ def gptq_quantize(
     q_int = q_all.t().contiguous().to(torch.int8)
     qweight = q_int if bits == 8 else pack_int4(q_int).contiguous()
     return QuantizedWeights(qweight, scales.contiguous(), bits, group_size)
-
-
-def _group_scales(
-    group: torch.Tensor,
-    qmax: int,
-    tiny: float,
-    scale_dtype: torch.dtype,
-    clip_search: bool,
-    ratios: tuple[float, ...],
-) -> torch.Tensor:
-    """Per-column scales of one ``(group_size, N)`` group: ``max|w| / qmax``, or its least-error clipping."""
-    amax = group.abs().amax(dim=0)
-
-    def scaled(ratio: float) -> tuple[torch.Tensor, torch.Tensor]:
-        s = (amax * ratio / qmax).clamp(min=tiny).to(scale_dtype)
-        sf = s.to(torch.float32)
-        error = ((torch.round(group / sf).clamp(-qmax, qmax) * sf - group) ** 2).sum(dim=0)
-        return s, error
-
-    best, best_error = scaled(1.0)
-    if clip_search:
-        for ratio in ratios[1:]:
-            s, error = scaled(ratio)
-            better = error < best_error
-            best = torch.where(better, s, best)
-            best_error = torch.where(better, error, best_error)
-    return best
 
 
 def gptq_layers(
