@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tuner.spec import load_spec
-from tuner.storage import StudyDB
+from tuner.storage import StudyDB, StudyRow
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -226,17 +226,7 @@ def _cmdline(proc: Path) -> str:
 
 def test_a_runner_shut_down_mid_study_queues_it_again_and_the_next_runner_finishes_it(tmp_path: Path) -> None:
     db_path = tmp_path / "runner.db"
-    db = StudyDB(str(db_path))
-    db.create_tables()
-    spec = dict(SPEC, name="handover", args={"sleep_ms": 300}, budget={"trials": 12})
-    compiled = load_spec(spec)
-    study = db.create_study(
-        name="handover",
-        workload="noop",
-        spec=compiled.spec.model_dump(mode="json"),
-        space=compiled.space.canonical,
-        space_hash=compiled.space.hash,
-    )
+    db, study = queued_study(db_path, name="handover", args={"sleep_ms": 300}, budget={"trials": 12})
 
     def start_runner() -> subprocess.Popen:
         return tuner("worker", "--db", str(db_path), "--workers", "1", cwd=tmp_path, start_new_session=True)
@@ -246,7 +236,7 @@ def test_a_runner_shut_down_mid_study_queues_it_again_and_the_next_runner_finish
     while len(finished_rows_of(db, study.id)) < 3:
         assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()
         time.sleep(0.2)
-    os.killpg(first.pid, signal.SIGTERM)  # what `tuner serve` does to its runner when it shuts down
+    os.killpg(first.pid, signal.SIGTERM)  # the whole group, its local Ray too: Ctrl-C, a service manager
     assert first.wait(timeout=120) == 0, first.stdout.read()[-6000:]
     after_first = db.get_study(study.id)
     assert after_first.status == "queued" and "queued again" in after_first.message
@@ -277,17 +267,7 @@ def test_a_runner_whose_ray_dies_with_it_hands_its_study_back_at_once(tmp_path: 
     would block, then abort after 60 s with the study still leased) but queue the study again.
     """
     db_path = tmp_path / "runner.db"
-    db = StudyDB(str(db_path))
-    db.create_tables()
-    spec = dict(SPEC, name="long", args={"sleep_ms": 60_000}, budget={"trials": 4})
-    compiled = load_spec(spec)
-    study = db.create_study(
-        name="long",
-        workload="noop",
-        spec=compiled.spec.model_dump(mode="json"),
-        space=compiled.space.canonical,
-        space_hash=compiled.space.hash,
-    )
+    db, study = queued_study(db_path, name="long", args={"sleep_ms": 60_000}, budget={"trials": 4})
     runner = tuner("worker", "--db", str(db_path), "--workers", "1", cwd=tmp_path, start_new_session=True)
     deadline = time.monotonic() + 180
     while not db.trials(study.id):  # the first trial is in flight
@@ -302,6 +282,21 @@ def test_a_runner_whose_ray_dies_with_it_hands_its_study_back_at_once(tmp_path: 
     assert (row.status, row.lease_owner) == ("queued", None) and "queued again" in row.message
     assert {t.status for t in db.trials(study.id)} == {"running"}  # re-sent by the next runner
     db.dispose()
+
+
+def queued_study(db_path: Path, **changes: object) -> tuple[StudyDB, StudyRow]:
+    """A new SQLite study database at ``db_path`` holding ``SPEC`` with ``changes``, queued for a runner."""
+    db = StudyDB(str(db_path))
+    db.create_tables()
+    compiled = load_spec(dict(SPEC, **changes))
+    study = db.create_study(
+        name=compiled.spec.name,
+        workload=compiled.spec.workload,
+        spec=compiled.spec.model_dump(mode="json"),
+        space=compiled.space.canonical,
+        space_hash=compiled.space.hash,
+    )
+    return db, study
 
 
 def finished_rows_of(db: StudyDB, study_id: int) -> list:
