@@ -106,6 +106,22 @@ def pretrain_cache_dir() -> Path:
     return Path(root) / "pretrained"
 
 
+def _cache_file(directory: Path, prefix: str, key: dict[str, Any], device_type: str) -> Path:
+    """``directory/prefix-<digest of key>-<device type>.pt``: one file per distinct ``key``."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return directory / f"{prefix}-{digest}-{device_type}.pt"
+
+
+def _save_atomically(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary name, then rename: a process reading the cache never sees half a file."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
 def pretrained_state(cfg: GPTConfig, seed: int, steps: int, torch_device: str) -> tuple[dict[str, Any], list[float]]:
     """The bf16 state dict of the ``seed`` model after ``steps`` steps of :func:`models.gpt.pretrain`, and its losses.
 
@@ -117,9 +133,7 @@ def pretrained_state(cfg: GPTConfig, seed: int, steps: int, torch_device: str) -
 
     from models.gpt import make_model, pretrain
 
-    key = json.dumps(_pretrain_key(cfg, seed, steps), sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    path = pretrain_cache_dir() / f"gpt-{digest}-{torch.device(torch_device).type}.pt"
+    path = _cache_file(pretrain_cache_dir(), "gpt", _pretrain_key(cfg, seed, steps), torch.device(torch_device).type)
     if path.exists():
         saved = torch.load(path, map_location=torch_device, weights_only=True)
         return saved["state"], list(saved["losses"].tolist())
@@ -127,10 +141,7 @@ def pretrained_state(cfg: GPTConfig, seed: int, steps: int, torch_device: str) -
     losses = pretrain(model, steps, seed, micro_batch=PRETRAIN_MICRO_BATCH, lr=PRETRAIN_LR)
     state = {name: t.detach().to(torch.bfloat16) for name, t in model.state_dict().items()}
     del model
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    torch.save({"state": state, "losses": torch.tensor(losses)}, tmp)
-    os.replace(tmp, path)
+    _save_atomically({"state": state, "losses": torch.tensor(losses)}, path)
     return state, losses
 
 
@@ -138,6 +149,8 @@ def pretrained_state(cfg: GPTConfig, seed: int, steps: int, torch_device: str) -
 #: and their length (at most the model's ``seq_len``).
 CALIBRATION_SEQUENCES = 16
 CALIBRATION_LEN = 512
+#: The calibration tokens' generator seed is the workload's ``seed`` plus this (the prompts use ``seed``).
+CALIBRATION_SEED_OFFSET = 2000
 
 
 def _pretrain_key(cfg: GPTConfig, seed: int, steps: int) -> dict[str, Any]:
@@ -148,7 +161,7 @@ def calibration_tokens(cfg: GPTConfig, seed: int, torch_device: str) -> Any:
     """The GPTQ calibration tokens ``[CALIBRATION_SEQUENCES, min(seq_len, CALIBRATION_LEN)]`` of ``seed``."""
     import torch
 
-    generator = torch.Generator(device="cpu").manual_seed(seed + 2000)
+    generator = torch.Generator(device="cpu").manual_seed(seed + CALIBRATION_SEED_OFFSET)
     shape = (CALIBRATION_SEQUENCES, min(cfg.seq_len, CALIBRATION_LEN))
     return torch.randint(0, cfg.vocab_size, shape, generator=generator).to(torch_device)
 
@@ -168,18 +181,14 @@ def gptq_model(
     from models.quant_linear import QuantLinear, quantize_linears
 
     device = next(base.parameters()).device
-    key = json.dumps(
-        {
-            "weights": _pretrain_key(cfg, seed, train_steps),
-            "bits": bits,
-            "group": group,
-            "int8_first_blocks": int8_first_blocks,
-            "calibration": [CALIBRATION_SEQUENCES, CALIBRATION_LEN, seed + 2000],
-        },
-        sort_keys=True,
-    )
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    path = pretrain_cache_dir().parent / "gptq" / f"gptq-{digest}-{device.type}.pt"
+    key = {
+        "weights": _pretrain_key(cfg, seed, train_steps),
+        "bits": bits,
+        "group": group,
+        "int8_first_blocks": int8_first_blocks,
+        "calibration": [CALIBRATION_SEQUENCES, CALIBRATION_LEN, seed + CALIBRATION_SEED_OFFSET],
+    }
+    path = _cache_file(pretrain_cache_dir().parent / "gptq", "gptq", key, device.type)
     if path.exists():
         saved = torch.load(path, map_location=device, weights_only=True)
         layers = {
@@ -193,10 +202,7 @@ def gptq_model(
             saved[name] = {"qweight": m.qweight, "scales": m.scales, "bits": torch.tensor(m.bits)}
             if m.bias is not None:
                 saved[name]["bias"] = m.bias
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        torch.save(saved, tmp)
-        os.replace(tmp, path)
+        _save_atomically(saved, path)
     return quantize_linears(base, bits, group, select=lambda name, _: name in layers, prebuilt=layers)
 
 
