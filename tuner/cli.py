@@ -271,12 +271,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     runner = StudyRunner(_db(args), ray_address=args.ray_address, workers=args.workers)
     ensure_ray(args.ray_address, min_cpus=args.workers or 2)
     finishing = threading.Event()
+    watcher = threading.Thread(target=_watch_ray, args=(runner, finishing), name="ray-watch", daemon=True)
 
     def stop(*_: object) -> None:
         # A graceful stop: trials in flight finish, and the study is queued again for the next runner.
         runner.stop()
-        if not any(t.name == "ray-watch" for t in threading.enumerate()):
-            threading.Thread(target=_watch_ray, args=(runner, finishing), name="ray-watch", daemon=True).start()
+        if watcher.ident is None:  # started once, by the first stop
+            watcher.start()
 
     # After Ray's own handler: SIGTERM stops the runner instead of exiting in the middle of the loop.
     signal.signal(signal.SIGTERM, stop)
