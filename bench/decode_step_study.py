@@ -116,13 +116,12 @@ def best_int4(study: Any) -> Any | None:
     return max(pool, key=lambda t: t.metrics["tokens_per_s"]) if pool else None
 
 
-def prepare_seeds(workload: Any) -> dict[str, float]:
+def prepare_seeds(workload: Any, device: Any) -> dict[str, float]:
     """GPTQ of the space's GPTQ seeds before the study (kept on disk): one-off preparation, as the
     pretraining is, and not a cost of the study's search. Returns the seconds per seed (near 0 once cached)."""
-    from tuner.fingerprint import device_info
     from tuner.space import compile_space
 
-    seconds, device = {}, device_info()
+    seconds = {}
     for seed in compile_space(workload.space_document()).seeds:
         if seed.get("quantizer") == "gptq" and workload.static_check(seed, device) is None:
             name = f"int{seed['weight_bits']}-g{seed['group_size']}-int8-first-{seed.get('int8_first_blocks') or 0}"
@@ -142,13 +141,14 @@ def run_batch(batch: int, args: argparse.Namespace) -> dict[str, Any]:
     print(f"   bf16 baseline {baseline_before:.1f} tokens/s before the study", flush=True)
     from tuner.fingerprint import device_info
 
-    tokens = workload.reference_tokens(batch, device_info())
+    device = device_info()
+    tokens = workload.reference_tokens(batch, device)
     print(
         f"   bf16 greedy tokens: {tokens['distinct']} distinct of {tokens['tokens']}; top-1 margins "
         f"{tokens['top1_margin_logits']}",
         flush=True,
     )
-    gptq_s = prepare_seeds(workload)
+    gptq_s = prepare_seeds(workload, device)
     spec = make_spec(batch, args)
     study = run_study(spec)
     pick = study.summary.best
