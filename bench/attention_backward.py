@@ -37,7 +37,7 @@ def main() -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from kernels.attention import attention_flops
-    from kernels.attention_grad import flash_attention
+    from kernels.attention_grad import flash_attention, reference_attention_grads
     from models.gpt import TRITON_ATTENTION_CONFIG
     from tuner.fingerprint import device_info
     from tuner.measure import time_fn
@@ -69,15 +69,13 @@ def main() -> None:
         forward().backward(grad_out)
 
     # Gradient errors against fp32 math SDPA.
-    masters = [t.detach().float().requires_grad_(True) for t in inputs]
-    with sdpa_kernel([SDPBackend.MATH]):
-        torch.nn.functional.scaled_dot_product_attention(*masters, is_causal=causal).backward(grad_out.float())
+    _, *ref_grads = reference_attention_grads(*inputs, grad_out, causal)
     errors = {}
     for name, forward in forwards.items():
         step(forward)
         errors[name] = {
-            f"d{x}": float((leaf.grad.float() - ref.grad).abs().max() / ref.grad.abs().max())
-            for x, leaf, ref in zip("qkv", leaves, masters, strict=True)
+            f"d{x}": float((leaf.grad.float() - ref).abs().max() / ref.abs().max())
+            for x, leaf, ref in zip("qkv", leaves, ref_grads, strict=True)
         }
     flops = attention_flops(*shape, causal) * FWD_BWD_FACTOR
 

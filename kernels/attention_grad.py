@@ -277,6 +277,22 @@ def flash_attention(
     return out
 
 
+def reference_attention_grads(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, causal: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, dq, dk, dv)`` of SDPA's math backend in IEEE fp32 on the same inputs: the numerics
+    reference of the backward (as :func:`kernels.attention.reference_attention` is the forward's)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernels.attention import _ieee_fp32
+
+    leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    with sdpa_kernel(SDPBackend.MATH), _ieee_fp32():
+        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+        out.backward(grad_out.float())
+    return (out.detach(), *(t.grad for t in leaves))
+
+
 def compile_backward_for_target(
     batch: int,
     heads: int,

@@ -15,17 +15,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 
-def reference_grads(q, k, v, grad_out, causal: bool) -> tuple[torch.Tensor, ...]:
-    """Output and (dq, dk, dv) of SDPA (math) in fp32 for the same inputs."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
-    with sdpa_kernel(SDPBackend.MATH):
-        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
-    out.backward(grad_out.float())
-    return (out.detach(), *(t.grad for t in leaves))
-
-
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b).abs().max() / b.abs().max())
 
@@ -45,12 +34,12 @@ def test_gradients_match_sdpa_in_fp32(
     interpreter: None, shape: tuple[int, ...], forward: tuple[int, int], backward: tuple[int, int], causal: bool
 ) -> None:
     from kernels.attention import attention
-    from kernels.attention_grad import attention_backward, flash_attention
+    from kernels.attention_grad import attention_backward, flash_attention, reference_attention_grads
 
     gen = torch.Generator().manual_seed(sum(shape) + causal)
     q, k, v = (torch.randn(shape, generator=gen).to(torch.float16) for _ in range(3))
     grad_out = torch.randn(shape, generator=gen).to(torch.float16)
-    ref_out, *ref_grads = reference_grads(q, k, v, grad_out, causal)
+    ref_out, *ref_grads = reference_attention_grads(q, k, v, grad_out, causal)
     tiles = {"num_warps": 4, "num_stages": 1}
     # Through autograd (the forward's tiles; the backward's defaults for D).
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
@@ -149,14 +138,14 @@ def test_backward_kernels_compile_for_sm90_within_its_shared_memory(aot_child: A
 def test_bf16_gradients_at_a_training_shape_on_gpu(causal: bool) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from kernels.attention_grad import flash_attention
+    from kernels.attention_grad import flash_attention, reference_attention_grads
     from models.gpt import TRITON_ATTENTION_CONFIG
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     shape = (2, 16, 2048, 128)  # the 1b preset's heads at sequence 2048
     q, k, v = (torch.randn(shape, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
     grad_out = torch.randn(shape, device="cuda", generator=gen).to(torch.bfloat16)
-    ref_out, *ref_grads = reference_grads(q, k, v, grad_out, causal)
+    ref_out, *ref_grads = reference_attention_grads(q, k, v, grad_out, causal)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     out = flash_attention(*leaves, causal=causal, **TRITON_ATTENTION_CONFIG)
     out.backward(grad_out)
