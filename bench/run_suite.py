@@ -74,14 +74,15 @@ STEPS: list[tuple[str, float, list[str]]] = [
     (
         "train-step",
         120,
-        # 4.5 minutes: compiled trials take 30-60 s, and 3 minutes measured 7 configs (a 3-point front).
+        # 4.5 minutes: compiled trials take 30-60 s; 4.5 minutes measured 15 configs (a 10-point front).
         "bench/train_step_study.py --trials 30 --minutes 4.5 --constrained-trials 8 --constrained-minutes 0.8 "
         "--rounds 2 --out {out}.json".split(),
     ),
     (
         "decode-step",
         90,
-        # 20 trials: a study enqueues seeds for a quarter of its trials (5 of the space's 7).
+        # 20 trials: a study enqueues seeds for a quarter of its trials (5 of the space's 7). The three
+        # batches take ~10 minutes on a fresh machine (pretraining, GPTQ of 4 seed variants: ~170 s).
         "bench/decode_step_study.py --trials 20 --minutes 1.0 --rounds 3 --train-steps 300 --out {out}.json".split(),
     ),
     # Two GPUs: NCCL settings per all-reduce size, then a data-parallel step (issue: multi-GPU trials).

@@ -28,6 +28,9 @@ Metrics:
   run (IEEE fp32, every block checkpointed, foreach AdamW, the same seed and data) at the same step.
   Signed, as asked: a run that happens to end lower scores below 0. The reference runs once per
   global batch and device and is cached in the workload (one per worker).
+- ``loss_error`` = ``|loss_delta|``: the accuracy objective to minimize. A run that ends below the
+  reference has not trained better, it has drifted from it (after a few steps on synthetic data the
+  sign is noise), so minimizing the signed delta would reward the drift.
 
 Timing: a training step changes the model, so the stopwatch repetitions of
 :func:`tuner.measure.time_fn` (adaptive count, L2 flushes) do not fit; instead the ``steps`` timed
@@ -190,6 +193,7 @@ class TrainStep(Workload):
             "nats",
             "loss at step reference_steps minus the fp32 reference's loss at that step (same seed and data)",
         ),
+        MetricSpec("loss_error", "minimize", "nats", "|loss_delta|: the drift from the fp32 reference either way"),
         MetricSpec("step_ms", "minimize", "ms", "median time of one optimizer step (grad_accum micro-batches)"),
     )
     description = (
@@ -433,6 +437,7 @@ class TrainStep(Workload):
                 "mfu": self._mfu(tokens_per_s, config["precision"], device),
                 "peak_mem_gb": peak_gb,
                 "loss_delta": losses[index] - reference[index],
+                "loss_error": abs(losses[index] - reference[index]),
                 "step_ms": step_ms,
                 # not declared: the key the worker's roofline position reads (with work())
                 "latency_ms": step_ms,

@@ -29,7 +29,7 @@ H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), sm
 A100 = DeviceInfo(kind="cuda", name="NVIDIA A100", compute_capability=(8, 0), smem_per_block_bytes=166912)
 T4 = DeviceInfo(kind="cuda", name="Tesla T4", compute_capability=(7, 5), smem_per_block_bytes=65536)
 BASE = {"precision": "fp32", "checkpoint": 0, "compile": "off", "attention": "sdpa", "optimizer": "adamw_foreach"}
-METRICS = ("tokens_per_s", "mfu", "peak_mem_gb", "loss_delta", "step_ms")
+METRICS = ("tokens_per_s", "mfu", "peak_mem_gb", "loss_delta", "loss_error", "step_ms")
 
 
 def _config(micro: int = 2, **changes: Any) -> dict[str, Any]:
@@ -156,6 +156,7 @@ def test_every_cpu_precision_trains_close_to_the_fp32_reference(tiny: TrainStep,
     assert abs(ref[0] - math.log(256)) < 0.2  # the untrained model is near uniform
     assert abs(result.metrics["loss_delta"]) < bound
     assert result.metrics["loss_delta"] == pytest.approx(losses[-1] - ref[-1])
+    assert result.metrics["loss_error"] == abs(result.metrics["loss_delta"])
     assert result.metrics["step_ms"] == pytest.approx(sorted(result.samples_ms)[1])
     assert result.metrics["tokens_per_s"] == pytest.approx(4 * 32 / (result.metrics["step_ms"] * 1e-3))
 
@@ -311,7 +312,7 @@ def test_study_through_the_engine_then_resume(sqlite_url: str) -> None:
             "attention": {"choices": ["sdpa", "math"]},
             "compile": {"choices": ["off"]},
         },
-        "objectives": [{"metric": "tokens_per_s"}, {"metric": "peak_mem_gb"}, {"metric": "loss_delta"}],
+        "objectives": [{"metric": "tokens_per_s"}, {"metric": "peak_mem_gb"}, {"metric": "loss_error"}],
         "constraints": ["peak_mem_gb <= 0.01"],
         "budget": {"trials": 4, "trial_timeout_s": 120},
         "seed": 2,
