@@ -192,24 +192,27 @@ def test_space_seeds_and_the_batch_arg(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     knob = DecodeStep(model="1b", prompt_len=128, gen_tokens=32)
     space = compile_space(knob.space_document())
-    assert "batch" in space.params and len(space.seeds) == 7
+    assert "batch" in space.params and len(space.seeds) == 9
     seeds = [
-        (s["weight_bits"], s.get("group_size"), s.get("int8_first_blocks"), s.get("quantizer")) for s in space.seeds
+        (s["weight_bits"], s.get("group_size"), s.get("int8_first_blocks"), s.get("quantizer"), s["compile"])
+        for s in space.seeds
     ]
     assert seeds == [
-        (16, None, None, None),
-        (4, 128, 1, "gptq"),
-        (4, 128, 0, "gptq"),
-        (4, 128, 1, "rtn"),
-        (4, 64, 1, "gptq"),
-        (4, 32, 0, "gptq"),
-        (8, 128, None, "rtn"),
+        (16, None, None, None, "off"),
+        (4, 128, 1, "gptq", "default"),
+        (16, None, None, None, "default"),
+        (4, 128, 1, "gptq", "off"),
+        (4, 128, 0, "gptq", "default"),
+        (4, 128, 1, "rtn", "off"),
+        (4, 64, 1, "gptq", "off"),
+        (4, 32, 0, "gptq", "off"),
+        (8, 128, None, "rtn", "off"),
     ]
     for seed in space.seeds:
         assert space.static_violation(seed, H200.to_dict()) is None and knob.static_check(seed, H200) is None
     fixed = DecodeStep(model="1b", prompt_len=128, gen_tokens=32, batch=8)
     fixed_space = compile_space(fixed.space_document())
-    assert "batch" not in fixed_space.params and len(fixed_space.seeds) == 7
+    assert "batch" not in fixed_space.params and len(fixed_space.seeds) == 9
     assert all(fixed.static_check(s, H200) is None for s in fixed_space.seeds)
     assert "fixed to 8" in fixed.static_check({**fixed_space.seeds[0], "batch": 4}, H200)
     assert fixed.static_check({**fixed_space.seeds[0], "batch": 8}, H200) is None
@@ -229,6 +232,7 @@ def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.Mon
         "int8_first_blocks must be an int in [0, 2]": (_cfg(bits=4, group=32, int8_first_blocks=3), CPU),
         "quantizer must be one of": (_cfg(bits=4, group=32, quantizer="awq"), CPU),
         "quantizer applies to quantized weights only": (_cfg(quantizer="gptq"), CPU),
+        "compile must be one of ('off', 'default')": (_cfg(compile="max-autotune"), CPU),
         "config lacks batch": ({k: v for k, v in _cfg().items() if k != "batch"}, CPU),
         "compute capability": (_cfg(), DeviceInfo(kind="cuda", name="T4", compute_capability=(7, 5))),
         "GB": (_cfg(batch=64), DeviceInfo(kind="cuda", name="small", total_memory_bytes=10_000)),
@@ -268,6 +272,10 @@ def test_work_exports_and_registry() -> None:
     assert "quantize_decoder(model" not in gptq and "quantize_decoder(model" in w.export_python(config)
     assert w.export_config(config)["quantizer"] == "rtn" and w.export_config(_cfg())["quantizer"] is None
     assert all(isinstance(v, str) for v in w.export_env(config).values())
+    assert w.export_config(config)["compile"] == "off" and "decode = model.decode" in w.export_python(config)
+    compiled = w.export_python({**config, "compile": "default"})
+    compile(compiled, "<export>", "exec")
+    assert "decode = torch.compile(model.decode, mode='default', dynamic=False)" in compiled
     assert workload_class("decode_step") is DecodeStep
 
 
@@ -312,6 +320,7 @@ def test_run_bf16_is_exactly_the_reference(workload: DecodeStep) -> None:
     assert 1 <= stats["distinct_per_sequence_mean"] <= ARGS["gen_tokens"]
     margins = stats["top1_margin_logits"]
     assert 0 <= margins["p05"] <= margins["p25"] <= margins["median"] and 0 <= margins["below_0.1"] <= 1
+    assert 0 <= margins["tied"] <= margins["below_0.1"]
     ref = workload._reference(4, "cpu").logits.sort(dim=-1, descending=True).values
     assert margins["median"] == pytest.approx(float((ref[..., 0] - ref[..., 1]).median()), abs=0.05)
 
@@ -336,6 +345,24 @@ def test_quantized_weights_and_fp8_cache_trade_accuracy(workload: DecodeStep) ->
     assert 0 < m["fp8kv"]["max_logit_error"] < 0.05 and m["fp8kv"]["top1_agreement"] >= 0.95
     assert results["fp8kv"].extra["kv_cache_bytes"] * 2 == results["math"].extra["kv_cache_bytes"]
     assert m["math"]["max_logit_error"] < 0.05
+
+
+@pytest.mark.timeout(300)
+def test_compiled_decode_matches_eager_and_is_one_graph(workload: DecodeStep) -> None:
+    """``compile: default`` runs the step through torch.compile (inductor, here its CPU backend): the same
+    logits as the eager step up to fused-kernel rounding, every step through one compiled graph."""
+    from torch._dynamo.utils import counters
+
+    eager = workload.run(_cfg(bits=8, group=32), CPU, TrialContext())
+    counters.clear()
+    compiled = workload.run(_cfg(bits=8, group=32, compile="default"), CPU, TrialContext())
+    assert compiled.status == TrialStatus.OK, compiled.error
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    (case,) = [c for key, c in workload._cases.items() if key[-1] == "default"]
+    assert case.decode._torchdynamo_orig_callable == case.model.decode
+    for metric in ("top1_agreement", "max_logit_error", "mean_logit_error"):
+        assert compiled.metrics[metric] == pytest.approx(eager.metrics[metric], abs=0.02), metric
+    assert compiled.metrics["peak_mem_gb"] == eager.metrics["peak_mem_gb"]
 
 
 @pytest.mark.timeout(300)
@@ -404,6 +431,31 @@ def test_a_decode_that_writes_nothing_or_disagrees_is_numerics_fail(
     result = strict.run(_cfg(bits=4, group=64, attention="math"), CPU, TrialContext())
     assert result.status == TrialStatus.NUMERICS_FAIL and "top1_agreement" in (result.error or "")
     assert result.metrics["top1_agreement"] < 1.0
+
+
+def test_top1_agreement_counts_a_token_the_reference_ties_for_first() -> None:
+    """Reference logits of 2 steps x 2 sequences: at (0, 0) tokens 1 and 3 tie for first. A decode that
+    takes 3 there agrees (the reference's argmax took 1, the lowest index); taking 2 anywhere does not."""
+    from types import SimpleNamespace
+
+    from objectives.decode_step import _Reference
+
+    w = DecodeStep(**{**ARGS, "gen_tokens": 2})
+    logits = torch.tensor([[[0.0, 2.0, 1.0, 2.0], [3.0, 0.0, 0.0, 0.0]], [[0.0, 0.0, 5.0, 1.0], [0.0, 1.0, 0.0, 0.5]]])
+    ref = _Reference(prompt=None, teacher=None, logits=logits, top1=logits.argmax(-1))
+    assert ref.top1[0, 0] == 1
+
+    def agreement(chosen: list[list[int]]) -> dict[str, Any]:
+        out = torch.full_like(logits, -1.0)
+        for t, row in enumerate(chosen):
+            for b, token in enumerate(row):
+                out[t, b, token] = 10.0
+        return w._check(SimpleNamespace(out=out, ref=ref, batch=2))
+
+    tied = agreement([[3, 0], [2, 1]])
+    assert tied["top1_agreement"] == 1.0 and tied["top1_same_index"] == 0.75
+    wrong = agreement([[2, 0], [2, 1]])
+    assert wrong["top1_agreement"] == 0.75 and wrong["top1_same_index"] == 0.75
 
 
 def test_compile_failures_become_statuses(workload: DecodeStep, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -545,6 +597,21 @@ def test_decode_on_gpu_graphs_match_eager_and_quantization_is_faster(batch: int)
             "attention": "sdpa",
             "cuda_graphs": True,
         },
+        "bf16-graphs-compiled": {
+            "weight_bits": 16,
+            "kv_dtype": "bf16",
+            "attention": "sdpa",
+            "cuda_graphs": True,
+            "compile": "default",
+        },
+        "int4-graphs-compiled": {
+            "weight_bits": 4,
+            "group_size": 128,
+            "kv_dtype": "bf16",
+            "attention": "sdpa",
+            "cuda_graphs": True,
+            "compile": "default",
+        },
         "int4-gptq-graphs": {
             "weight_bits": 4,
             "group_size": 128,
@@ -571,6 +638,14 @@ def test_decode_on_gpu_graphs_match_eager_and_quantization_is_faster(batch: int)
     for name in ("bf16", "bf16-graphs"):
         assert results[name]["max_logit_error"] < 0.05 and results[name]["top1_agreement"] >= 0.99, name
     assert results["bf16-graphs"]["tokens_per_s"] > results["bf16"]["tokens_per_s"]
+    # Compiled (fused kernels, then the same graph capture): the logits of the eager step up to rounding.
+    # (one bf16 rounding step of a logit near 16 is 0.125)
+    assert results["bf16-graphs-compiled"]["max_logit_error"] <= 0.25
+    assert results["bf16-graphs-compiled"]["mean_logit_error"] < 0.02
+    assert results["bf16-graphs-compiled"]["top1_agreement"] >= 0.98
+    for metric in ("top1_agreement", "mean_logit_error"):
+        compiled, eager = results["int4-graphs-compiled"][metric], results["int4-graphs"][metric]
+        assert compiled == pytest.approx(eager, abs=0.02), metric
     assert results["int4-graphs"]["peak_mem_gb"] < results["bf16-graphs"]["peak_mem_gb"]
     assert results["int8-fp8kv-math"]["top1_agreement"] >= 0.95
     assert results["int4-graphs"]["top1_agreement"] >= 0.9
