@@ -78,12 +78,21 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/train_step_study.py --trials 30 --minutes 4.5 --constrained-trials 8 --constrained-minutes 0.8 "
         "--rounds 2 --out {out}.json".split(),
     ),
+    # Decode in two steps, each under the 10 minutes of one call: batch 1 first (pretraining and the GPTQ
+    # of 4 seed variants, ~260 s on a fresh machine, kept on disk for the second step), then 8 and 64.
+    # 20 trials: a study enqueues seeds for a quarter of its trials (5 of the space's 9). 2 minutes:
+    # the compiled seeds' first steps take 10-25 s, and 1-minute studies measured 2 configs.
     (
-        "decode-step",
-        90,
-        # 20 trials: a study enqueues seeds for a quarter of its trials (5 of the space's 7). The three
-        # batches take ~10 minutes on a fresh machine (pretraining, GPTQ of 4 seed variants: ~170 s).
-        "bench/decode_step_study.py --trials 20 --minutes 1.0 --rounds 3 --train-steps 300 --out {out}.json".split(),
+        "decode-step-b1",
+        400,
+        "bench/decode_step_study.py --batches 1 --trials 20 --minutes 2.0 --rounds 3 --train-steps 300 "
+        "--out {out}.json".split(),
+    ),
+    (
+        "decode-step-b8-b64",
+        400,
+        "bench/decode_step_study.py --batches 8 64 --trials 20 --minutes 2.0 --rounds 3 --train-steps 300 "
+        "--out {out}.json".split(),
     ),
     # Two GPUs: NCCL settings per all-reduce size, then a data-parallel step (issue: multi-GPU trials).
     (

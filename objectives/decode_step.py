@@ -100,9 +100,10 @@ KV_BYTES: dict[str, int] = {"bf16": 2, "fp8_e4m3": 1}
 KV_TORCH_DTYPES: dict[str, str] = {"bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn"}
 #: Quantized model variants kept per worker (least recently used dropped first).
 MAX_VARIANTS = 4
-#: Cases (KV cache, buffers, captured graph of one config) kept per worker: two, so that a benchmark
-#: alternating two configs does not rebuild them every time.
-MAX_CASES = 2
+#: Cases (KV cache, buffers, captured graph of one config) kept per worker: four, so that a benchmark
+#: alternating up to four configs (bf16, bf16 compiled, int4, the pick) does not rebuild them, and
+#: recompile them, every time. On a GPU the oldest are freed sooner when a new case would not fit.
+MAX_CASES = 4
 
 
 # ------------------------------------------------------------------------------------------ model weights
@@ -768,6 +769,26 @@ class DecodeStep(Workload):
             },
         }
 
+    def _case_bytes(self, config: dict[str, Any]) -> int:
+        """Device bytes a new case allocates: its KV cache and its logits buffer ([G, B, V] fp32)."""
+        return self.kv_bytes(config) + 4 * self.gen_tokens * self._batch(config) * self.cfg.vocab_size
+
+    def _make_room(self, config: dict[str, Any], device: DeviceInfo) -> None:
+        """Free the oldest cases (cache, buffers, graph) until fewer than :data:`MAX_CASES` remain and, on a
+        GPU, until twice the new case's bytes are free (the rest of a step's transients fit in that)."""
+        import torch
+
+        def short_of_memory() -> bool:
+            if not device.is_gpu:
+                return False
+            free, _ = torch.cuda.mem_get_info()
+            return free < 2 * self._case_bytes(config)
+
+        while self._cases and (len(self._cases) >= MAX_CASES or short_of_memory()):
+            self._cases.popitem(last=False)
+            if device.is_gpu:
+                torch.cuda.empty_cache()
+
     def _get_case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
         """The config's case: one of the last :data:`MAX_CASES` configs' cases, or built (the oldest freed first)."""
         import torch
@@ -792,8 +813,7 @@ class DecodeStep(Workload):
         if case is not None:
             self._cases.move_to_end(key)
             return case
-        while len(self._cases) >= MAX_CASES:  # free the oldest cache and graph before allocating
-            self._cases.popitem(last=False)
+        self._make_room(config, device)
         ref = self._reference(batch, torch_device)
         model, model_bytes = self._variant(config["attention"], bits, group, torch_device, keep, quantizer)
         if bits != 16 and device.is_gpu:

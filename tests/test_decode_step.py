@@ -433,6 +433,26 @@ def test_a_decode_that_writes_nothing_or_disagrees_is_numerics_fail(
     assert result.metrics["top1_agreement"] < 1.0
 
 
+def test_cases_are_kept_for_four_configs_and_freed_oldest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    from objectives.decode_step import MAX_CASES
+
+    w = DecodeStep(**ARGS)
+    configs = [_cfg(), _cfg(attention="math"), _cfg(kv_dtype="fp8_e4m3"), _cfg(bits=8, group=32), _cfg(batch=2)]
+    cases = [w._get_case(config, CPU) for config in configs]
+    assert MAX_CASES == 4 and len(w._cases) == 4 and cases[0].key not in w._cases
+    assert w._get_case(configs[1], CPU) is cases[1]  # kept: not rebuilt (nor recompiled)
+    # On a GPU, the oldest go first when the free memory is under twice what the new case allocates.
+    needed = w._case_bytes(configs[0])
+    assert needed == w.kv_bytes(configs[0]) + 4 * 8 * 4 * PRESETS["tiny"].vocab_size
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (2 * needed + 1, 10**12))
+    w._make_room(configs[0], H200)
+    assert len(w._cases) == 3  # the count bound alone
+    free = iter([0, 0, 2 * needed])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (next(free), 10**12))
+    w._make_room(configs[0], H200)
+    assert list(w._cases) == [cases[1].key]  # two more freed, the most recently used kept
+
+
 def test_top1_agreement_counts_a_token_the_reference_ties_for_first() -> None:
     """Reference logits of 2 steps x 2 sequences: at (0, 0) tokens 1 and 3 tie for first. A decode that
     takes 3 there agrees (the reference's argmax took 1, the lowest index); taking 2 anywhere does not."""
