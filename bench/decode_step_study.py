@@ -127,13 +127,16 @@ def best_int4(study: Any) -> Any | None:
 
 def prepare_seeds(workload: Any, device: Any) -> dict[str, float]:
     """GPTQ of the space's GPTQ seeds before the study (kept on disk): one-off preparation, as the
-    pretraining is, and not a cost of the study's search. Returns the seconds per seed (near 0 once cached)."""
+    pretraining is, and not a cost of the study's search. Seeds that differ only in other knobs (compile,
+    CUDA graphs) share weights: each set is prepared once. Returns the seconds per set (near 0 once cached)."""
     from tuner.space import compile_space
 
     seconds = {}
     for seed in compile_space(workload.space_document()).seeds:
         if seed.get("quantizer") == "gptq" and workload.static_check(seed, device) is None:
             name = f"int{seed['weight_bits']}-g{seed['group_size']}-int8-first-{seed.get('int8_first_blocks') or 0}"
+            if name in seconds:
+                continue
             seconds[name] = round(workload.prepare_weights(seed, device), 1)
             print(f"   GPTQ {name}: {seconds[name]} s", flush=True)
     return seconds

@@ -121,7 +121,7 @@ def main() -> None:
     print(f"== 3-objective study: {args.trials} trials / {args.minutes} min, {workload_args}", flush=True)
     main_study = run_study(study_spec(f"train-step-{args.model}", workload_args, args))
     ok = [t for t in main_study.ok() if t.metrics.get("tokens_per_s") is not None]
-    accurate = [t for t in ok if abs(t.metrics.get("loss_delta", float("inf"))) <= LOSS_TOLERANCE]
+    accurate = [t for t in ok if t.metrics.get("loss_error", float("inf")) <= LOSS_TOLERANCE]
     winner = max(accurate, key=lambda t: t.metrics["tokens_per_s"]) if accurate else None
     pareto = list(main_study.summary.pareto)
     default_in_study = main_study.ok(**DEFAULT_CONFIG)
@@ -157,7 +157,7 @@ def main() -> None:
         )
     )
     feasible = [
-        t for t in constrained.ok() if t.feasible and abs(t.metrics.get("loss_delta", float("inf"))) <= LOSS_TOLERANCE
+        t for t in constrained.ok() if t.feasible and t.metrics.get("loss_error", float("inf")) <= LOSS_TOLERANCE
     ]
     under = max(feasible, key=lambda t: t.metrics["tokens_per_s"]) if feasible else None
     print(f"   {time.monotonic() - start:.0f} s; best under the limit {None if under is None else under.params}")

@@ -462,8 +462,7 @@ class DecodeStep(Workload):
         """Rough device bytes of a trial: bf16 reference and variant, both caches, logits buffers."""
         c = self.cfg
         others = 2 * (c.vocab_size + c.seq_len) * c.d_model
-        batch = self._batch(config)
-        logits = 3 * 4 * self.gen_tokens * batch * c.vocab_size
+        logits = 3 * self._logits_bytes(config)
         ref_cache = self.kv_bytes({**config, "kv_dtype": "bf16"})
         return (
             2 * self._linear_elements()
@@ -769,9 +768,13 @@ class DecodeStep(Workload):
             },
         }
 
+    def _logits_bytes(self, config: dict[str, Any]) -> int:
+        """Bytes of one logits buffer of the decode loop: ``[gen_tokens, batch, vocab]`` fp32."""
+        return 4 * self.gen_tokens * self._batch(config) * self.cfg.vocab_size
+
     def _case_bytes(self, config: dict[str, Any]) -> int:
-        """Device bytes a new case allocates: its KV cache and its logits buffer ([G, B, V] fp32)."""
-        return self.kv_bytes(config) + 4 * self.gen_tokens * self._batch(config) * self.cfg.vocab_size
+        """Device bytes a new case allocates: its KV cache and its logits buffer."""
+        return self.kv_bytes(config) + self._logits_bytes(config)
 
     def _make_room(self, config: dict[str, Any], device: DeviceInfo) -> None:
         """Free the oldest cases (cache, buffers, graph) until fewer than :data:`MAX_CASES` remain and, on a

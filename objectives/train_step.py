@@ -425,6 +425,7 @@ class TrainStep(Workload):
                 extra=extra,
             )
         index = self.reference_steps - 1
+        delta = losses[index] - reference[index]
         step_ms = statistics.median(samples_ms)
         tokens_per_s = extra["tokens_per_step"] / (step_ms * 1e-3) if step_ms > 0 else math.inf
         from tuner.measure import Timing
@@ -436,8 +437,8 @@ class TrainStep(Workload):
                 "tokens_per_s": tokens_per_s,
                 "mfu": self._mfu(tokens_per_s, config["precision"], device),
                 "peak_mem_gb": peak_gb,
-                "loss_delta": losses[index] - reference[index],
-                "loss_error": abs(losses[index] - reference[index]),
+                "loss_delta": delta,
+                "loss_error": abs(delta),
                 "step_ms": step_ms,
                 # not declared: the key the worker's roofline position reads (with work())
                 "latency_ms": step_ms,
