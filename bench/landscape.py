@@ -43,6 +43,37 @@ GRIDS: dict[str, dict[str, Any]] = {
             "precision": ["bf16", "fp16"],
         },
     },
+    # The persistent TMA GEMM kernels (kernels/gemm_tma.py) at the 8192^3 target shape, bf16.
+    "gemm_tma": {
+        "workload": "triton_gemm",
+        "args": {"m": 8192, "n": 8192, "k": 8192},
+        "grid": {
+            "BLOCK_M": [64, 128, 256],
+            "BLOCK_N": [64, 128, 256],
+            "BLOCK_K": [32, 64, 128],
+            "GROUP_M": [8],
+            "num_warps": [4, 8],
+            "num_stages": [2, 3, 4, 5],
+            "precision": ["bf16"],
+            "pad_k": [False],
+            "kernel": ["persistent_tma", "persistent_tma_ws"],
+            "EPILOGUE_SUBTILE": [False, True],
+        },
+    },
+    # The persistent TMA attention kernels (kernels/attention_persistent.py): B*S = 16384, H*D = 2048, causal.
+    "attention_persistent": {
+        "workload": "flash_attention",
+        "args": {"batch": 4, "heads": 16, "seq_len": 4096, "head_dim": 128, "causal": True},
+        "grid": {
+            "BLOCK_M": [64, 128, 256],
+            "BLOCK_N": [32, 64, 128],
+            "num_warps": [4, 8],
+            "num_stages": [1, 2, 3, 4],
+            "precision": ["bf16", "fp16"],
+            "kernel": ["persistent_tma", "persistent_tma_ws"],
+            "SPLIT_M": [False, True],
+        },
+    },
     "attention": {
         "workload": "flash_attention",
         "args": {"batch": 4, "heads": 16, "seq_len": 4096, "head_dim": 128, "causal": False},

@@ -1,9 +1,13 @@
 """The ``flash_attention`` workload: one fused attention forward with the Triton kernel of ``kernels/attention.py``.
 
 Args (the shape, fixed for a study): ``batch``, ``heads``, ``seq_len``,
-``head_dim`` (64 or 128), ``causal`` and ``seed``. Knobs: BLOCK_M, BLOCK_N,
-num_warps, num_stages, precision (bf16, fp16) and use_tma (Q/K/V tiles
-through tensor descriptors, Hopper and newer). Metrics: TFLOP/s, latency and
+``head_dim`` (64 or 128), ``causal`` and ``seed``. Knobs: ``kernel`` (the
+variant: ``tutorial``, the one-program-per-query-block kernel of
+``kernels/attention.py``; ``persistent_tma`` / ``persistent_tma_ws``, the persistent,
+causal-balanced TMA kernel of ``kernels/attention_persistent.py`` without / with warp
+specialization), BLOCK_M, BLOCK_N, num_warps, num_stages, precision (bf16, fp16),
+use_tma (the tutorial kernel's Q/K/V tiles through tensor descriptors, Hopper and
+newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
 on the fp32 master inputs, so the error includes input rounding.
 
@@ -14,7 +18,7 @@ torch and triton are imported inside the methods: listing workloads and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.kernel_workload import Checked, KernelWorkload
@@ -22,6 +26,14 @@ from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, is_pow2, 
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+#: The kernel variants (the ``kernel`` knob; a config without it is ``tutorial``) and the function each configures.
+KERNELS: dict[str, str] = {
+    "tutorial": "kernels.attention.attention",
+    "persistent_tma": "kernels.attention_persistent.attention_persistent",
+    "persistent_tma_ws": "kernels.attention_persistent.attention_persistent",
+}
+#: Programs of the persistent kernel under the interpreter (no SMs to count): several, so tiles are shared.
+INTERPRETER_PROGRAMS = 3
 HEAD_DIMS: tuple[int, ...] = (64, 128)
 
 #: Largest ``max|out - ref| / max|ref|`` accepted, ref = fp32 SDPA of the fp32 masters (standard
@@ -84,6 +96,7 @@ class _Case:
     v: Any
     ref: Any  # fp32 SDPA of the fp32 masters
     out: Any
+    device: DeviceInfo = field(default_factory=DeviceInfo)  # where it lives (the persistent kernel's SM count)
 
 
 @dataclass(frozen=True)
@@ -211,9 +224,14 @@ class FlashAttention(KernelWorkload):
                 f"BLOCK_N={tile['BLOCK_N']} with seq_len={self.seq_len} not a multiple of it: the masked last key "
                 f"block makes the kernel spill registers (at most {MAX_BLOCK_N_WITH_KEY_TAIL} then)"
             )
+        kernel = config.get("kernel", "tutorial")
+        reason = self._variant_check(config, kernel)
+        if reason:
+            return reason
+        persistent = kernel != "tutorial"
         if device.smem_per_block_bytes is not None:
             smem = smem_estimate_bytes(
-                tile["BLOCK_M"], tile["BLOCK_N"], tile["num_stages"], self.head_dim, use_tma=use_tma
+                tile["BLOCK_M"], tile["BLOCK_N"], tile["num_stages"], self.head_dim, use_tma=use_tma or persistent
             )
             if smem > device.smem_per_block_bytes:
                 tma = " + TMA barriers" if use_tma else ""
@@ -225,7 +243,7 @@ class FlashAttention(KernelWorkload):
             # Triton 3.9's interpreter computes bf16 tl.dot wrongly (see kernels/attention.py).
             return "bf16 is not checked under the Triton interpreter (it computes bf16 products wrongly)"
         if device.is_gpu and device.compute_capability is not None:
-            for feature, enabled in ((precision, True), ("use_tma", use_tma)):
+            for feature, enabled in ((precision, True), ("use_tma", use_tma or persistent)):
                 needed = MIN_CAPABILITY.get(feature)
                 if enabled and needed is not None and tuple(device.compute_capability) < needed:
                     return (
@@ -234,12 +252,36 @@ class FlashAttention(KernelWorkload):
                     )
         return None
 
+    @staticmethod
+    def _variant_check(config: dict[str, Any], kernel: Any) -> str | None:
+        """The ``kernel`` knob and the persistent variants' own knobs."""
+        if kernel not in KERNELS:
+            return f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}"
+        split_m = config.get("SPLIT_M", False)
+        if not isinstance(split_m, bool):
+            return f"SPLIT_M must be true or false, got {split_m!r}"
+        if kernel == "tutorial":
+            return None
+        if config.get("use_tma", False):
+            return f"use_tma belongs to the tutorial kernel; {kernel} always loads through TMA"
+        if split_m and int(config["BLOCK_M"]) < 32:
+            return "SPLIT_M needs BLOCK_M >= 32 (two query sub-tiles of >= 16 rows)"
+        return None
+
     # ------------------------------------------------------------------ compile ahead
 
     def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
         """Compile for the calling thread's current CUDA device without launching (``compile_only``)."""
         from kernels.attention import compile_only
 
+        if config.get("kernel", "tutorial") != "tutorial":
+            from kernels.attention_persistent import compile_only as compile_persistent
+
+            compile_persistent(
+                self.batch, self.heads, self.seq_len, self.head_dim, causal=self.causal,
+                precision=config["precision"], **self._persistent_kwargs(config, device),
+            )  # fmt: skip
+            return
         compile_only(
             self.batch,
             self.heads,
@@ -270,33 +312,46 @@ class FlashAttention(KernelWorkload):
         return self.flops, float(moved), config["precision"]
 
     def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        """The config as ``triton.Config(kwargs, num_warps=..., num_stages=...)`` takes it, plus precision and TMA."""
+        """The config as ``triton.Config(kwargs, num_warps=..., num_stages=...)`` takes it, plus precision, TMA,
+        the kernel variant and the function it configures (``function``)."""
         tile = self._tile(config)
+        kernel = config.get("kernel", "tutorial")
+        kwargs: dict[str, Any] = {"BLOCK_M": tile["BLOCK_M"], "BLOCK_N": tile["BLOCK_N"]}
+        if kernel != "tutorial":
+            kwargs.update(SPLIT_M=bool(config.get("SPLIT_M", False)), WARP_SPECIALIZE=kernel == "persistent_tma_ws")
         return {
-            "kwargs": {"BLOCK_M": tile["BLOCK_M"], "BLOCK_N": tile["BLOCK_N"]},
+            "kwargs": kwargs,
             "num_warps": tile["num_warps"],
             "num_stages": tile["num_stages"],
             "precision": config["precision"],
-            "use_tma": bool(config.get("use_tma", False)),
+            "use_tma": bool(config.get("use_tma", False)) or kernel != "tutorial",
+            "kernel": kernel,
+            "function": KERNELS[kernel],
         }
 
     def export_python(self, config: dict[str, Any]) -> str:
-        """A call of ``kernels.attention.attention`` with the config, ready to paste."""
+        """A call of the variant's function (``kernels.attention.attention`` or the persistent one), ready to paste."""
         exported = self.export_config(config)
         kwargs = exported["kwargs"]
         causal = "causal" if self.causal else "non-causal"
+        module, function = exported["function"].rsplit(".", 1)
+        if exported["kernel"] == "tutorial":
+            extra = f"    use_tma={exported['use_tma']!r},\n"
+        else:
+            extra = f"    split_m={kwargs['SPLIT_M']!r},\n    warp_specialize={kwargs['WARP_SPECIALIZE']!r},\n"
+        call = "" if exported["kernel"] == "tutorial" else "num_sms=<the GPU's SM count>, "
         return (
-            "from kernels.attention import attention\n\n"
+            f"from {module} import {function}\n\n"
             f"# B={self.batch} H={self.heads} S={self.seq_len} D={self.head_dim} {causal}, "
-            f"Q/K/V in {exported['precision']}\n"
+            f"Q/K/V in {exported['precision']}; kernel variant {exported['kernel']!r}\n"
             "ATTENTION_CONFIG = dict(\n"
             f"    BLOCK_M={kwargs['BLOCK_M']},\n"
             f"    BLOCK_N={kwargs['BLOCK_N']},\n"
             f"    num_warps={exported['num_warps']},\n"
             f"    num_stages={exported['num_stages']},\n"
-            f"    use_tma={exported['use_tma']!r},\n"
+            f"{extra}"
             ")\n"
-            f"# out = attention(q, k, v, causal={self.causal!r}, **ATTENTION_CONFIG)\n"
+            f"# out = {function}(q, k, v, causal={self.causal!r}, {call}**ATTENTION_CONFIG)\n"
         )
 
     # ------------------------------------------------------------------ helpers
@@ -305,6 +360,14 @@ class FlashAttention(KernelWorkload):
         """One launch of the config's kernel, writing ``case.out``: the only way ``run`` calls the kernel."""
         from kernels.attention import attention
 
+        if config.get("kernel", "tutorial") != "tutorial":
+            from kernels.attention_persistent import attention_persistent
+
+            attention_persistent(
+                case.q, case.k, case.v, causal=self.causal, out=case.out,
+                **self._persistent_kwargs(config, case.device),
+            )  # fmt: skip
+            return
         attention(
             case.q,
             case.k,
@@ -318,6 +381,16 @@ class FlashAttention(KernelWorkload):
     @staticmethod
     def _tile(config: dict[str, Any]) -> dict[str, int]:
         return {p: int(config[p]) for p in TILE_PARAMS}
+
+    @classmethod
+    def _persistent_kwargs(cls, config: dict[str, Any], device: DeviceInfo) -> dict[str, Any]:
+        """The tile plus the persistent kernel's arguments: one program per SM, its two flags."""
+        return {
+            **cls._tile(config),
+            "num_sms": device.sm_count if device.is_gpu and device.sm_count else INTERPRETER_PROGRAMS,
+            "split_m": bool(config.get("SPLIT_M", False)),
+            "warp_specialize": config.get("kernel") == "persistent_tma_ws",
+        }
 
     def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
         """Inputs, reference and output buffer for the config's precision, built on first use."""
@@ -338,6 +411,6 @@ class FlashAttention(KernelWorkload):
             self._masters[torch_device] = masters
         q, k, v, ref = masters
         q16, k16, v16 = quantize((q, k, v), precision)
-        case = _Case(q16, k16, v16, ref, torch.empty_like(q16))
+        case = _Case(q16, k16, v16, ref, torch.empty_like(q16), device=device)
         self._cases[key] = case
         return case

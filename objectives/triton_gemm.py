@@ -1,7 +1,10 @@
 """The ``triton_gemm`` workload: one M x N x K product with the Triton kernel of ``kernels/gemm.py``.
 
-Knobs: BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages and
-precision (fp32, tf32, bf16, fp16, fp8). Metrics: TFLOP/s, latency and the
+Knobs: ``kernel`` (the variant: ``tutorial``, the tile-per-program kernel of
+``kernels/gemm.py``; ``persistent_tma`` and ``persistent_tma_ws``, the persistent TMA
+kernel of ``kernels/gemm_tma.py`` without and with warp specialization), BLOCK_M,
+BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, precision (fp32, tf32, bf16, fp16,
+fp8), and for the persistent variants EPILOGUE_SUBTILE and FP8_FAST_ACCUM. Metrics: TFLOP/s, latency and the
 maximum relative error against an fp32 reference of the fp32 master inputs,
 so the error includes input quantization and precision trades against speed.
 
@@ -12,7 +15,7 @@ torch and triton are imported inside the methods: listing workloads and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.kernel_workload import Checked, KernelWorkload
@@ -27,6 +30,16 @@ from tuner.workload import (
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+#: The kernel variants (the ``kernel`` knob; a config without it is ``tutorial``) and the function each configures.
+KERNELS: dict[str, str] = {
+    "tutorial": "kernels.gemm.matmul",
+    "persistent_tma": "kernels.gemm_tma.matmul_persistent",
+    "persistent_tma_ws": "kernels.gemm_tma.matmul_persistent",
+}
+#: Precisions of the persistent TMA variants.
+TMA_PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
+#: Programs of a persistent kernel under the interpreter (no SMs to count): several, so tiles are shared.
+INTERPRETER_PROGRAMS = 3
 
 #: Largest ``max|out - ref| / max|ref|`` accepted, ref = fp32 (IEEE) product of the fp32 masters.
 #: It includes input quantization: a config above it is a NUMERICS_FAIL. Measured on an H200
@@ -60,6 +73,7 @@ class _Case:
     operand_ref: Any | None  # fp32 product of the dequantized operands (None for fp32/tf32)
     out: Any
     padded: tuple[Any, Any] | None = None  # zero-padded A and B for pad_k, built on first use
+    device: DeviceInfo = field(default_factory=DeviceInfo)  # where it lives (the persistent kernels' SM count)
 
 
 @dataclass(frozen=True)
@@ -196,15 +210,45 @@ class TritonGemm(KernelWorkload):
                     f"{precision} needs compute capability >= {needed[0]}.{needed[1]}, "
                     f"{device.name} has {device.compute_capability[0]}.{device.compute_capability[1]}"
                 )
+        return self._variant_check(config, device)
+
+    def _variant_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
+        """What the persistent TMA variants need beyond the tile rules: precision, alignment, Hopper."""
+        kernel = config.get("kernel", "tutorial")
+        if kernel not in KERNELS:
+            return f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}"
+        for flag in ("EPILOGUE_SUBTILE", "FP8_FAST_ACCUM"):
+            if not isinstance(config.get(flag, False), bool):
+                return f"{flag} must be true or false, got {config[flag]!r}"
+        if kernel == "tutorial":
+            return None
+        from kernels.gemm_tma import tma_strides_aligned
+
+        precision = config["precision"]
+        if precision not in TMA_PRECISIONS:
+            return f"kernel {kernel} takes precision {', '.join(TMA_PRECISIONS)}, got {precision!r}"
+        if config.get("EPILOGUE_SUBTILE", False) and int(config["BLOCK_N"]) < 32:
+            return "EPILOGUE_SUBTILE needs BLOCK_N >= 32 (two halves of >= 16 columns)"
+        if not tma_strides_aligned(self.m, self.n, self._k_run(config), precision):
+            return (
+                f"kernel {kernel} needs 16-byte aligned rows (TMA): {self.m}x{self.n}x{self._k_run(config)} in "
+                f"{precision} is not; use pad_k or the tutorial kernel"
+            )
+        if device.is_gpu and device.compute_capability is not None and tuple(device.compute_capability) < (9, 0):
+            return f"kernel {kernel} needs TMA (compute capability >= 9.0), {device.name} has less"
         return None
 
     # ------------------------------------------------------------------ the trial's parts (KernelWorkload.run)
 
     def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
-        """Compile for the calling thread's current CUDA device without launching (``kernels.gemm.compile_only``)."""
-        from kernels.gemm import compile_only
-
-        compile_only(self.m, self.n, self._k_run(config), precision=config["precision"], **self._tile(config))
+        """Compile for the calling thread's current CUDA device without launching (the kernel's ``compile_only``)."""
+        if config.get("kernel", "tutorial") == "tutorial":
+            from kernels.gemm import compile_only
+        else:
+            from kernels.gemm_tma import compile_only  # type: ignore[assignment]
+        compile_only(
+            self.m, self.n, self._k_run(config), precision=config["precision"], **self._kernel_kwargs(config, device)
+        )
 
     def _outputs(self, case: _Case) -> list[Any]:
         return [case.out]
@@ -219,14 +263,26 @@ class TritonGemm(KernelWorkload):
         return {"tflops": self.flops / latency_s / 1e12 if latency_s > 0 else math.inf, "latency_ms": median_ms}
 
     def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        """The config as ``triton.Config(kwargs, num_warps=..., num_stages=...)`` takes it, plus precision."""
+        """The config as ``triton.Config(kwargs, num_warps=..., num_stages=...)`` takes it, plus precision,
+        the kernel variant and the function it configures (``function``); the persistent variants add their
+        constexprs to ``kwargs`` (``NUM_SMS`` is the device's multiprocessor count at run time)."""
         tile = self._tile(config)
+        kernel = config.get("kernel", "tutorial")
+        kwargs: dict[str, Any] = {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
+        if kernel != "tutorial":
+            kwargs.update(
+                EPILOGUE_SUBTILE=bool(config.get("EPILOGUE_SUBTILE", False)),
+                WARP_SPECIALIZE=kernel == "persistent_tma_ws",
+                FP8_FAST_ACCUM=bool(config.get("FP8_FAST_ACCUM", True)),
+            )
         return {
-            "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
+            "kwargs": kwargs,
             "num_warps": tile["num_warps"],
             "num_stages": tile["num_stages"],
             "precision": config["precision"],
             "pad_k": bool(config.get("pad_k", False)),
+            "kernel": kernel,
+            "function": KERNELS[kernel],
         }
 
     def work(self, config: dict[str, Any]) -> tuple[float, float, str | None]:
@@ -241,8 +297,34 @@ class TritonGemm(KernelWorkload):
         """A ``triton.Config`` list ready to paste into ``@triton.autotune(configs=...)``."""
         exported = self.export_config(config)
         padding = f", K zero-padded to a multiple of {PAD_K_MULTIPLE}" if exported["pad_k"] else ""
-        comment = f"{self.m}x{self.n}x{self.k}, operands in {exported['precision']}{padding}"
-        return triton_configs_python(comment, exported)
+        comment = (
+            f"{self.m}x{self.n}x{self.k}, operands in {exported['precision']}{padding}; kernel variant "
+            f"{exported['kernel']!r}, the config of {exported['function']}"
+        )
+        source = triton_configs_python(comment, exported)
+        if exported["kernel"] == "tutorial":
+            return source
+        kw = exported["kwargs"]
+        module, function = exported["function"].rsplit(".", 1)
+        call = {
+            "precision": exported["precision"],
+            **{p: kw[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")},
+            "num_warps": exported["num_warps"],
+            "num_stages": exported["num_stages"],
+            "epilogue_subtile": kw["EPILOGUE_SUBTILE"],
+            "warp_specialize": kw["WARP_SPECIALIZE"],
+            "fp8_fast_accum": kw["FP8_FAST_ACCUM"],
+        }
+        lines = "".join(f"    {name}={value!r},\n" for name, value in call.items())
+        return (
+            f"{source}\n"
+            f"# The persistent kernel takes the config as keyword arguments of {function}; num_sms is the\n"
+            "# device's multiprocessor count (one program per SM).\n"
+            f"from {module} import {function}  # noqa: E402\n\n"
+            f"GEMM_CONFIG = dict(\n{lines})\n"
+            f"# c = {function}(a, b, num_sms=torch.cuda.get_device_properties(0).multi_processor_count,\n"
+            "#     **GEMM_CONFIG)\n"
+        )
 
     # ------------------------------------------------------------------ helpers
 
@@ -257,6 +339,8 @@ class TritonGemm(KernelWorkload):
             a_pad[:, : self.k].copy_(a)
             b_pad[: self.k].copy_(b)
             a, b = a_pad, b_pad
+        if config.get("kernel", "tutorial") != "tutorial":
+            from kernels.gemm_tma import matmul_persistent as matmul  # type: ignore[assignment]
         matmul(
             a,
             b,
@@ -264,7 +348,7 @@ class TritonGemm(KernelWorkload):
             scale_a=inputs.scale_a,
             scale_b=inputs.scale_b,
             out=case.out,
-            **self._tile(config),
+            **self._kernel_kwargs(config, case.device),
         )
 
     def _k_run(self, config: dict[str, Any]) -> int:
@@ -292,6 +376,20 @@ class TritonGemm(KernelWorkload):
     def _tile(config: dict[str, Any]) -> dict[str, int]:
         return {p: int(config[p]) for p in TILE_PARAMS}
 
+    @classmethod
+    def _kernel_kwargs(cls, config: dict[str, Any], device: DeviceInfo) -> dict[str, Any]:
+        """The tile, plus the persistent variants' arguments (one program per SM, their flags)."""
+        kwargs: dict[str, Any] = cls._tile(config)
+        kernel = config.get("kernel", "tutorial")
+        if kernel != "tutorial":
+            kwargs.update(
+                num_sms=device.sm_count if device.is_gpu and device.sm_count else INTERPRETER_PROGRAMS,
+                epilogue_subtile=bool(config.get("EPILOGUE_SUBTILE", False)),
+                warp_specialize=kernel == "persistent_tma_ws",
+                fp8_fast_accum=bool(config.get("FP8_FAST_ACCUM", True)),
+            )
+        return kwargs
+
     def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
         """Inputs, references and output buffer for the config's precision, built on first use."""
         precision = config["precision"]
@@ -313,6 +411,6 @@ class TritonGemm(KernelWorkload):
         inputs = quantize_inputs(a_master, b_master, precision)
         operand_ref = torch_matmul(inputs) if precision in TOLERANCE_VS_OPERANDS else None
         out = torch.empty((self.m, self.n), device=torch_device, dtype=OUTPUT_DTYPES[precision])
-        case = _Case(inputs, ref, operand_ref, out)
+        case = _Case(inputs, ref, operand_ref, out, device=device)
         self._cases[key] = case
         return case

@@ -168,6 +168,8 @@ def test_export_config_is_ready_for_triton_config() -> None:
         "num_stages": 3,
         "precision": "bf16",
         "pad_k": False,
+        "kernel": "tutorial",
+        "function": "kernels.gemm.matmul",
     }
 
 
@@ -179,10 +181,13 @@ def test_default_space_seeds_pass_static_check() -> None:
     space_file = Path(__file__).resolve().parents[1] / "search_spaces" / TritonGemm.space_file
     space = yaml.safe_load(space_file.read_text())
     assert space["workloads"] == [TritonGemm.name]
-    assert set(space["params"]) == {*TILE_PARAMS, "precision", "pad_k"}
+    assert set(space["params"]) == {*TILE_PARAMS, "precision", "pad_k", "kernel", "EPILOGUE_SUBTILE", "FP8_FAST_ACCUM"}
     workload = TritonGemm(m=4096, n=4096, k=4096)
     for seed in space["seeds"]:
-        assert set(seed) == {*TILE_PARAMS, "precision", "pad_k"}
+        persistent = {"EPILOGUE_SUBTILE"} | ({"FP8_FAST_ACCUM"} if seed["precision"] == "fp8" else set())
+        expected = {*TILE_PARAMS, "precision", "pad_k", "kernel"}
+        expected |= persistent if seed["kernel"] != "tutorial" else set()
+        assert set(seed) == expected, seed
         reason = workload.static_check(seed, H100)
         # bf16 is refused only because this process runs the interpreter.
         assert reason is None or (seed["precision"] == "bf16" and "interpreter" in reason), seed

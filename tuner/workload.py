@@ -250,6 +250,9 @@ def compile_failure_status(exc: BaseException) -> TrialStatus | None:
         return TrialStatus.OUT_OF_RESOURCES
     if names & {"CompilationError", "PTXASError", "MLIRCompilationError", "CompileTimeAssertionFailure"}:
         return TrialStatus.COMPILE_ERROR
+    if isinstance(exc, RuntimeError) and "PassManager::run failed" in str(exc):
+        # Triton's MLIR pipeline gave up on the config (e.g. warp specialization of a small tile).
+        return TrialStatus.COMPILE_ERROR
     return None
 
 

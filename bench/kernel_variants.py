@@ -1,0 +1,312 @@
+"""The kernel-variant targets on this GPU: the tuned GEMM and attention kernels against cuBLAS / cuDNN, side by side.
+
+For each target shape the candidates (the fastest configs of the new variants' landscapes in
+``--landscapes``, plus the best configs of the older kernels) are compiled ahead on a thread
+pool, checked for numerics and timed through the workload (``Workload.run``: CUDA events, L2
+flushed, adaptive repetitions); the fastest is then re-measured interleaved with the library
+call (tuned, library, tuned, library, ... ``--rounds`` times, the same stopwatch) and the
+ratio of the medians is the verdict.
+
+Baselines: ``torch.matmul`` (cuBLAS) for bf16 / fp16; ``torch._scaled_mm`` (cuBLASLt, per-tensor
+scales, bf16 output) for fp8, with fast accumulation when the tuned config uses it (the
+strongest fair library call); for attention the fastest of SDPA's cuDNN and flash backends,
+each measured in the same rounds.
+
+    PYTHONPATH=. python bench/kernel_variants.py --landscapes bench/landscapes \
+        --out bench/results/kernel-variants-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import interleaved, median, verdict, write_result
+
+#: name -> (m, n, k): 8192^3 and two Llama-style projections with 8192 tokens (4096 -> 14336, 4096 -> 4096).
+GEMM_SHAPES: dict[str, tuple[int, int, int]] = {
+    "8192^3": (8192, 8192, 8192),
+    "8192x14336x4096": (8192, 14336, 4096),
+    "8192x4096x4096": (8192, 4096, 4096),
+}
+GEMM_TARGETS: list[tuple[str, str]] = [(s, p) for p in ("bf16", "fp16") for s in GEMM_SHAPES] + [("8192^3", "fp8")]
+#: fp8 candidates (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SUBTILE) for the persistent kernels.
+FP8_TILES: list[tuple[int, int, int, int, int, bool]] = [
+    (128, 256, 128, 8, 3, True),
+    (128, 256, 128, 8, 4, True),
+    (256, 128, 128, 8, 3, False),
+    (128, 256, 64, 8, 4, False),
+    (128, 128, 128, 4, 4, False),
+    (256, 128, 128, 8, 4, True),
+]
+#: Attention shapes: D=128 (H=16) and D=64 (H=32), S from 1024 to 8192 with B*S = 16384, causal and full.
+ATTENTION_SHAPES: list[dict[str, Any]] = [
+    {"batch": 16384 // s, "heads": 2048 // d, "seq_len": s, "head_dim": d, "causal": c}
+    for d in (128, 64)
+    for s in (1024, 2048, 4096, 8192)
+    for c in (True, False)
+]
+
+
+def _landscape_best(path: Path, top: int, **match: Any) -> list[dict[str, Any]]:
+    """The ``top`` fastest OK configs of a landscape file whose params match ``match``."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines()[1:] if line.strip()]
+    ok = [r for r in rows if r["status"] == "ok" and all(r["params"].get(k) == v for k, v in match.items())]
+    ok.sort(key=lambda r: -(r["metrics"].get("tflops") or 0))
+    return [r["params"] for r in ok[:top]]
+
+
+def gemm_candidates(precision: str, landscapes: Path, top: int) -> list[dict[str, Any]]:
+    """Configs to try at a GEMM target: the landscape's fastest persistent ones and the tutorial seeds."""
+    tutorial = [
+        {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3},
+        {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 4},
+    ]
+    if precision == "fp8":
+        tutorial = [{"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}]
+        persistent = [
+            {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": w, "num_stages": s,
+             "kernel": kernel, "EPILOGUE_SUBTILE": sub, "FP8_FAST_ACCUM": True}
+            for bm, bn, bk, w, s, sub in FP8_TILES for kernel in ("persistent_tma", "persistent_tma_ws")
+        ]  # fmt: skip
+    else:
+        persistent = _landscape_best(landscapes / "gemm_tma-8192-bf16.jsonl", top)
+        persistent += refinements(persistent[:3])
+    configs = [{**c, "kernel": "tutorial"} for c in tutorial] + persistent
+    return [{**c, "precision": precision, "pad_k": False} for c in configs]
+
+
+def refinements(best: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Neighbours of the landscape's best that its grid left out: other GROUP_M, and 256-row tiles (two
+    consumer warpgroups of 128 rows, the shape cuBLAS picks on Hopper), which the recording did not reach."""
+    out = [{**c, "GROUP_M": g} for c in best for g in (4, 16)]
+    for kernel in ("persistent_tma", "persistent_tma_ws"):
+        for stages in (3, 4):
+            out.append({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8,
+                        "num_stages": stages, "kernel": kernel, "EPILOGUE_SUBTILE": True})  # fmt: skip
+    return out
+
+
+def attention_candidates(landscapes: Path, top: int) -> list[dict[str, Any]]:
+    """Configs to try at an attention target: the persistent landscape's fastest bf16 ones and the tutorial's."""
+    tutorial = [
+        {"BLOCK_M": 256, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3, "use_tma": False},
+        {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "use_tma": True},
+        {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3, "use_tma": True},
+    ]
+    persistent = _landscape_best(landscapes / "attention_persistent-s4096-d128-causal.jsonl", top, precision="bf16")
+    return [{**c, "kernel": "tutorial", "precision": "bf16"} for c in tutorial] + persistent
+
+
+def _sweep(workload: Any, device: Any, configs: list[dict[str, Any]], threads: int) -> list[tuple[float, dict]]:
+    """Compile ahead in threads, then run each feasible config once; (TFLOP/s, config) of the OK ones, fastest first."""
+    from tuner.workload import TrialContext
+
+    feasible = [c for c in configs if workload.static_check(c, device) is None]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
+        list(pool.map(lambda c: workload.prepare(c, device), feasible))
+    results = []
+    for config in feasible:
+        try:
+            result = workload.run(config, device, TrialContext())
+        except Exception as exc:  # a candidate that breaks is skipped, as a study would record it
+            print(f"    {config}: {type(exc).__name__}: {exc}"[:300], flush=True)
+            continue
+        if result.ok:
+            results.append((result.metrics["tflops"], config))
+        else:
+            print(f"    {result.status.value}: {config} {(result.error or '')[:200]}", flush=True)
+    results.sort(key=lambda r: -r[0])
+    return results
+
+
+def _gemm_baseline(m: int, n: int, k: int, precision: str, fast_accum: bool) -> Any:
+    import torch
+
+    from tuner.fingerprint import device_info
+    from tuner.measure import GPU_TIMING, time_fn
+
+    device = device_info()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(m, k, device="cuda", generator=gen)
+    b = torch.randn(k, n, device="cuda", generator=gen)
+    if precision == "fp8":
+        scale_a = (a.abs().max() / 448.0).float().reshape(())
+        scale_b = (b.abs().max() / 448.0).float().reshape(())
+        a8 = (a / scale_a).to(torch.float8_e4m3fn)
+        b8 = (b.t().contiguous() / scale_b).to(torch.float8_e4m3fn).t()
+
+        def call() -> Any:
+            return torch._scaled_mm(
+                a8, b8, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, use_fast_accum=fast_accum
+            )
+
+    else:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        a_t, b_t = a.to(dtype), b.to(dtype)
+
+        def call() -> Any:
+            return torch.matmul(a_t, b_t)
+
+    del a, b
+
+    def measure() -> float:
+        return 2 * m * n * k / (time_fn(call, device, **GPU_TIMING).median_ms * 1e-3) / 1e12
+
+    return measure
+
+
+def _sdpa_baselines(shape: dict[str, Any]) -> dict[str, Any]:
+    """TFLOP/s measurers of SDPA's cuDNN and flash backends on the shape (bf16)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernels.attention import attention_flops
+    from tuner.fingerprint import device_info
+    from tuner.measure import GPU_TIMING, time_fn
+
+    device = device_info()
+    b, h, s, d, causal = (shape[k] for k in ("batch", "heads", "seq_len", "head_dim", "causal"))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
+    flops = attention_flops(b, h, s, d, causal)
+    out: dict[str, Any] = {}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+
+        def call(backend: Any = backend) -> Any:
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        try:
+            call()
+            torch.cuda.synchronize()
+        except Exception as exc:
+            print(f"    SDPA {name} unavailable: {exc}"[:200], flush=True)
+            continue
+        out[name] = lambda call=call: flops / (time_fn(call, device, **GPU_TIMING).median_ms * 1e-3) / 1e12
+    return out
+
+
+def _tuned(workload: Any, device: Any, config: dict[str, Any]) -> Any:
+    from tuner.workload import TrialContext
+
+    def measure() -> float:
+        result = workload.run(config, device, TrialContext())
+        return result.metrics["tflops"] if result.ok else math.nan
+
+    return measure
+
+
+def _target_row(name: str, tuned: float | None, baseline: float | None, goal: float) -> dict[str, Any]:
+    ratio = tuned / baseline if tuned and baseline else None
+    return {
+        "target": name,
+        "tuned": None if tuned is None else round(tuned, 1),
+        "baseline": None if baseline is None else round(baseline, 1),
+        "ratio": None if ratio is None else round(ratio, 4),
+        "goal": goal,
+        "verdict": verdict(ratio, goal),
+    }
+
+
+def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int, threads: int) -> dict[str, Any]:
+    from objectives.triton_gemm import TritonGemm
+    from tuner.fingerprint import device_info
+
+    m, n, k = GEMM_SHAPES[shape]
+    workload, device = TritonGemm(m=m, n=n, k=k), device_info()
+    started = time.time()
+    swept = _sweep(workload, device, gemm_candidates(precision, landscapes, top), threads)
+    if not swept:
+        return {"shape": shape, "precision": precision, "error": "no candidate ran", "target": None}
+    best = swept[0][1]
+    fast = bool(best.get("FP8_FAST_ACCUM", True))
+    baseline_name = "torch._scaled_mm" + (" (use_fast_accum)" if fast else "") if precision == "fp8" else "torch.matmul"
+    values = interleaved(
+        {"tuned": _tuned(workload, device, best), "baseline": _gemm_baseline(m, n, k, precision, fast)}, rounds
+    )
+    row = _target_row(f"GEMM {precision} {shape} vs {baseline_name}", median(values["tuned"]),
+                      median(values["baseline"]), 1.0)  # fmt: skip
+    print(f"  {row}", flush=True)
+    return {
+        "shape": {"m": m, "n": n, "k": k},
+        "precision": precision,
+        "baseline": baseline_name,
+        "sweep": [{"tflops": round(t, 1), "config": c} for t, c in swept],
+        "winner": best,
+        "interleaved_tflops": values,
+        "seconds": round(time.time() - started, 1),
+        "target": row,
+    }
+
+
+def run_attention(shape: dict[str, Any], landscapes: Path, top: int, rounds: int, threads: int) -> dict[str, Any]:
+    from objectives.flash_attention import FlashAttention
+    from tuner.fingerprint import device_info
+
+    workload, device = FlashAttention(**shape), device_info()
+    started = time.time()
+    swept = _sweep(workload, device, attention_candidates(landscapes, top), threads)
+    label = f"S={shape['seq_len']} D={shape['head_dim']} {'causal' if shape['causal'] else 'full'}"
+    if not swept:
+        return {"shape": shape, "error": "no candidate ran", "target": None}
+    best = swept[0][1]
+    measurers = {"tuned": _tuned(workload, device, best), **_sdpa_baselines(shape)}
+    values = interleaved(measurers, rounds)
+    libraries = {name: median(v) for name, v in values.items() if name != "tuned"}
+    fastest = max(libraries, key=lambda name: libraries[name] or 0) if libraries else None
+    goal = 1.0 if shape["head_dim"] == 64 else 0.95
+    row = _target_row(f"attention fwd bf16 {label} vs SDPA {fastest}", median(values["tuned"]),
+                      libraries.get(fastest) if fastest else None, goal)  # fmt: skip
+    print(f"  {row}", flush=True)
+    return {
+        "shape": shape,
+        "sweep": [{"tflops": round(t, 1), "config": c} for t, c in swept],
+        "winner": best,
+        "interleaved_tflops": values,
+        "fastest_library": fastest,
+        "seconds": round(time.time() - started, 1),
+        "target": row,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--landscapes", type=Path, default=Path("bench/landscapes"))
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--only", choices=["gemm", "attention"], help="run one family of targets")
+    parser.add_argument("--top", type=int, default=8, help="landscape configs tried per target")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=12, help="compile-ahead threads")
+    parser.add_argument("--head-dims", type=int, nargs="*", default=[128, 64], help="attention head dims to run")
+    parser.add_argument("--attention-top", type=int, default=6, help="landscape configs tried per attention target")
+    ns = parser.parse_args()
+    result: dict[str, Any] = {"gemm": [], "attention": [], "targets": []}
+
+    def save() -> None:
+        result["targets"] = [r["target"] for r in result["gemm"] + result["attention"] if r.get("target")]
+        result["summary"] = {t["target"]: (t["ratio"], t["verdict"]) for t in result["targets"]}
+        write_result(result, ns.out)
+
+    if ns.only in (None, "gemm"):
+        for shape, precision in GEMM_TARGETS:
+            print(f"GEMM {precision} {shape}", flush=True)
+            result["gemm"].append(run_gemm(shape, precision, ns.landscapes, ns.top, ns.rounds, ns.threads))
+            save()
+    if ns.only in (None, "attention"):
+        for shape in [s for s in ATTENTION_SHAPES if s["head_dim"] in ns.head_dims]:
+            print(f"attention {shape}", flush=True)
+            result["attention"].append(run_attention(shape, ns.landscapes, ns.attention_top, ns.rounds, ns.threads))
+            save()
+    save()
+
+
+if __name__ == "__main__":
+    main()
