@@ -9,13 +9,21 @@ from dataclasses import dataclass, field
 MAX_BODY_BYTES = 1024 * 1024
 
 
+_LOOPBACK_V4 = ipaddress.ip_network("127.0.0.0/8")
+
+
 def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
+    """Exactly 127.0.0.0/8, ``::1`` and ``localhost``. Anything else, the empty string included (uvicorn
+    binds every interface for it), and IPv4-mapped or hostnames that merely resolve to loopback, is not."""
+    if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv4Address):
+        return address in _LOOPBACK_V4
+    return address == ipaddress.IPv6Address("::1") and address.scope_id is None
 
 
 @dataclass(frozen=True)
