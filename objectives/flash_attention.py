@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.kernel_workload import Checked, KernelWorkload
-from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, is_pow2, missing_params
+from tuner.workload import DeviceInfo, MetricSpec, comment_text, interpreter_active, is_pow2, missing_params
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -288,12 +288,12 @@ class FlashAttention(KernelWorkload):
         return (
             "from kernels.attention import attention\n\n"
             f"# B={self.batch} H={self.heads} S={self.seq_len} D={self.head_dim} {causal}, "
-            f"Q/K/V in {exported['precision']}\n"
+            f"Q/K/V in {comment_text(exported['precision'])}\n"
             "ATTENTION_CONFIG = dict(\n"
-            f"    BLOCK_M={kwargs['BLOCK_M']},\n"
-            f"    BLOCK_N={kwargs['BLOCK_N']},\n"
-            f"    num_warps={exported['num_warps']},\n"
-            f"    num_stages={exported['num_stages']},\n"
+            f"    BLOCK_M={kwargs['BLOCK_M']!r},\n"
+            f"    BLOCK_N={kwargs['BLOCK_N']!r},\n"
+            f"    num_warps={exported['num_warps']!r},\n"
+            f"    num_stages={exported['num_stages']!r},\n"
             f"    use_tma={exported['use_tma']!r},\n"
             ")\n"
             f"# out = attention(q, k, v, causal={self.causal!r}, **ATTENTION_CONFIG)\n"
