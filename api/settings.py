@@ -61,5 +61,6 @@ class Settings:
         """Refuse to serve beyond loopback without a token."""
         if not is_loopback(self.host) and not self.token:
             raise SystemExit(
-                f"refusing to bind {self.host} without TUNER_API_TOKEN: writes would be open to the network"
+                f"refusing to bind {self.host or 'every interface (empty host)'} without TUNER_API_TOKEN: "
+                "writes would be open to the network"
             )
