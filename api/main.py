@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 
@@ -14,13 +17,13 @@ from api.settings import Settings
 from tuner.storage import StudyDB
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class BodySizeLimit:
-    """Refuse request bodies over ``max_bytes`` with 413, before anything parses them
-    (by Content-Length when given, else while the body streams in)."""
+    """Refuse request bodies over ``max_bytes`` with 413, before anything parses them: by Content-Length
+    when given, else (a chunked body) by reading it here, up to the limit, and handing the app what was read.
+
+    The chunked case cannot be refused from inside the app's ``receive``: FastAPI turns any error while it
+    reads a body into a 400.
+    """
 
     def __init__(self, app: Any, max_bytes: int) -> None:
         self.app = app
@@ -31,28 +34,60 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await self._reject(scope, receive, send)
+        if length is not None:
+            if not length.isdigit() or int(length) > self.max_bytes:
+                await self._reject(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
+        chunks: list[bytes] = []
         received = 0
-
-        async def limited() -> dict:
-            nonlocal received
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._reject(scope, receive, send)
+            if message["type"] != "http.request":  # the client went away
+                await self.app(scope, _replay([message], receive), send)
+                return
+            chunks.append(message.get("body", b""))
+            received += len(chunks[-1])
+            if received > self.max_bytes:
+                await self._reject(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([body], receive), send)
 
     async def _reject(self, scope: dict, receive: Any, send: Any) -> None:
         response = JSONResponse({"detail": f"request body larger than {self.max_bytes} bytes"}, status_code=413)
         await response(scope, receive, send)
+
+
+def _replay(messages: list[dict], receive: Any) -> Any:
+    """A ``receive`` that answers ``messages`` first, then defers to ``receive`` (for the disconnect)."""
+    pending = list(messages)
+
+    async def replayed() -> dict:
+        if pending:
+            return pending.pop(0)
+        return await receive()
+
+    return replayed
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with NaN and infinities as their names: a validation error quotes its input, which may be one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422, with every error JSON-serialisable (its default handler answers 500 for a NaN input)."""
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -63,6 +98,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="Submit tuning studies, watch their Pareto fronts, export the winners.",
     )
     app.state.settings = settings
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.state.db = StudyDB(settings.db_url)
     app.state.db.create_tables()
     app.include_router(studies.router)

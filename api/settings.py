@@ -9,13 +9,21 @@ from dataclasses import dataclass, field
 MAX_BODY_BYTES = 1024 * 1024
 
 
+_LOOPBACK_V4 = ipaddress.ip_network("127.0.0.0/8")
+
+
 def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
+    """Exactly 127.0.0.0/8, ``::1`` and ``localhost``. Anything else, the empty string included (uvicorn
+    binds every interface for it), and IPv4-mapped or hostnames that merely resolve to loopback, is not."""
+    if host == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host).is_loopback
+        address = ipaddress.ip_address(host)
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv4Address):
+        return address in _LOOPBACK_V4
+    return address == ipaddress.IPv6Address("::1") and address.scope_id is None
 
 
 @dataclass(frozen=True)
@@ -53,5 +61,6 @@ class Settings:
         """Refuse to serve beyond loopback without a token."""
         if not is_loopback(self.host) and not self.token:
             raise SystemExit(
-                f"refusing to bind {self.host} without TUNER_API_TOKEN: writes would be open to the network"
+                f"refusing to bind {self.host or 'every interface (empty host)'} without TUNER_API_TOKEN: "
+                "writes would be open to the network"
             )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -107,6 +108,10 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     path = Path(args.landscape)
+    # The replay workload reads only bench/landscapes/ and $TUNER_LANDSCAPE_DIR: a landscape named on the
+    # command line may lie elsewhere, so name its directory (before the engine starts Ray, whose workers inherit it).
+    allowed = [d for d in os.environ.get("TUNER_LANDSCAPE_DIR", "").split(os.pathsep) if d]
+    os.environ["TUNER_LANDSCAPE_DIR"] = os.pathsep.join([*allowed, str(path.resolve().parent)])
     header = json.loads(path.read_text().splitlines()[0])
     direction = next(m["direction"] for m in header["metrics"] if m["name"] == args.metric)
     maximize = direction == "maximize"

@@ -52,6 +52,7 @@ from tuner.workload import (
     TrialResult,
     TrialStatus,
     Workload,
+    comment_text,
     compile_failure_result,
     compile_failure_status,
     is_pow2,
@@ -409,8 +410,9 @@ class Collective(RankWorkload):
 
     def export_python(self, config: dict[str, Any]) -> str:
         env = set_nccl_env(config)
+        header = comment_text(f"collective {self.op}, {self.size_bytes} bytes {self.dtype}, {self.world_size} ranks")
         return (
-            f"# collective {self.op}, {self.size_bytes} bytes {self.dtype}, {self.world_size} ranks\n"
+            f"# {header}\n"
             "import os\n\n"
             "# set before torch.distributed.init_process_group: NCCL reads them when the communicator is created\n"
             f"os.environ.update({env!r})\n"

@@ -80,6 +80,7 @@ from tuner.workload import (
     TrialResult,
     TrialStatus,
     Workload,
+    comment_text,
     compile_failure_result,
     compile_failure_status,
     missing_params,
@@ -874,9 +875,12 @@ class DecodeStep(Workload):
             "from models.gpt import make_model, resolve_config",
             "from models.quant_linear import autotune_tiles, quantize_decoder",
             "",
-            f"# decode_step: batch {e['batch']}, {weights} weights, {e['kv_cache_dtype']} KV cache, "
-            f"{e['attention']} attention, CUDA graphs {'on' if e['cuda_graphs'] else 'off'}, "
-            f"torch.compile {e['compile']}",
+            "# "
+            + comment_text(
+                f"decode_step: batch {e['batch']}, {weights} weights, {e['kv_cache_dtype']} KV cache, "
+                f"{e['attention']} attention, CUDA graphs {'on' if e['cuda_graphs'] else 'off'}, "
+                f"torch.compile {e['compile']}"
+            ),
             f"cfg = resolve_config({e['model']!r})",
             f"model = make_model(cfg, seed=0, device='cuda', dtype=torch.bfloat16, attention={e['attention']!r})",
         ]
@@ -888,18 +892,18 @@ class DecodeStep(Workload):
                 f"{CALIBRATION_LEN} synthetic tokens; use text of your own",
                 f"calibration = torch.randint(0, cfg.vocab_size, ({CALIBRATION_SEQUENCES}, "
                 f"min(cfg.seq_len, {CALIBRATION_LEN})), device='cuda')",
-                f"model = gptq_decoder(model, bits={e['weight_bits']}, group_size={e['group_size']}, "
-                f"calibration=calibration, int8_first_blocks={e['int8_first_blocks']})",
+                f"model = gptq_decoder(model, bits={e['weight_bits']!r}, group_size={e['group_size']!r}, "
+                f"calibration=calibration, int8_first_blocks={e['int8_first_blocks']!r})",
             ]
         elif e["weight_bits"] != 16:
             lines.append(
-                f"model = quantize_decoder(model, bits={e['weight_bits']}, group_size={e['group_size']}, "
-                f"int8_first_blocks={e['int8_first_blocks']})"
+                f"model = quantize_decoder(model, bits={e['weight_bits']!r}, group_size={e['group_size']!r}, "
+                f"int8_first_blocks={e['int8_first_blocks']!r})"
             )
         if e["weight_bits"] != 16:
-            lines.append(f"autotune_tiles(model, m={e['batch']})  # times kernel tiles per Linear shape (GPU only)")
+            lines.append(f"autotune_tiles(model, m={e['batch']!r})  # times kernel tiles per Linear shape (GPU only)")
         lines += [
-            f"batch, kv_dtype, cuda_graphs = {e['batch']}, {e['kv_cache_dtype']}, {e['cuda_graphs']}",
+            f"batch, kv_dtype, cuda_graphs = {e['batch']!r}, {e['kv_cache_dtype']}, {e['cuda_graphs']!r}",
             "cache = model.init_cache(batch, max_len=cfg.seq_len, dtype=kv_dtype)",
         ]
         if e["compile"] != "off":

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.kernel_workload import Checked, KernelWorkload
-from tuner.workload import DeviceInfo, MetricSpec, interpreter_active, is_pow2, missing_params
+from tuner.workload import DeviceInfo, MetricSpec, comment_text, interpreter_active, is_pow2, missing_params
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -316,6 +316,8 @@ class FlashAttention(KernelWorkload):
         the kernel variant and the function it configures (``function``)."""
         tile = self._tile(config)
         kernel = config.get("kernel", "tutorial")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
         kwargs: dict[str, Any] = {"BLOCK_M": tile["BLOCK_M"], "BLOCK_N": tile["BLOCK_N"]}
         if kernel != "tutorial":
             kwargs.update(SPLIT_M=bool(config.get("SPLIT_M", False)), WARP_SPECIALIZE=kernel == "persistent_tma_ws")
@@ -343,12 +345,12 @@ class FlashAttention(KernelWorkload):
         return (
             f"from {module} import {function}\n\n"
             f"# B={self.batch} H={self.heads} S={self.seq_len} D={self.head_dim} {causal}, "
-            f"Q/K/V in {exported['precision']}; kernel variant {exported['kernel']!r}\n"
+            f"Q/K/V in {comment_text(exported['precision'])}; kernel variant {comment_text(exported['kernel'])}\n"
             "ATTENTION_CONFIG = dict(\n"
-            f"    BLOCK_M={kwargs['BLOCK_M']},\n"
-            f"    BLOCK_N={kwargs['BLOCK_N']},\n"
-            f"    num_warps={exported['num_warps']},\n"
-            f"    num_stages={exported['num_stages']},\n"
+            f"    BLOCK_M={kwargs['BLOCK_M']!r},\n"
+            f"    BLOCK_N={kwargs['BLOCK_N']!r},\n"
+            f"    num_warps={exported['num_warps']!r},\n"
+            f"    num_stages={exported['num_stages']!r},\n"
             f"{extra}"
             ")\n"
             f"# out = {function}(q, k, v, causal={self.causal!r}, {call}**ATTENTION_CONFIG)\n"

@@ -41,12 +41,14 @@ class NoOp(Workload):
     )
 
     def __init__(self, sleep_ms: float = 0.0, faults: dict[str | int, str] | None = None) -> None:
-        if not isinstance(sleep_ms, (int, float)) or sleep_ms < 0:
-            raise ValueError(f"args.sleep_ms must be a number >= 0, got {sleep_ms!r}")
+        if isinstance(sleep_ms, bool) or not isinstance(sleep_ms, (int, float)) or not 0 <= sleep_ms < math.inf:
+            raise ValueError(f"args.sleep_ms must be a finite number >= 0, got {sleep_ms!r}")
         self.sleep_ms = float(sleep_ms)
         self.faults: dict[int, str] = {}
+        if faults is not None and not isinstance(faults, dict):
+            raise ValueError(f'args.faults must map trial numbers to faults, e.g. {{"3": "hang"}}, got {faults!r:.80}')
         for key, kind in (faults or {}).items():
-            if kind not in FAULTS:
+            if not isinstance(kind, str) or kind not in FAULTS:
                 raise ValueError(f"args.faults.{key}: unknown fault {kind!r}; known: {', '.join(FAULTS)}")
             try:
                 self.faults[int(key)] = kind

@@ -14,11 +14,17 @@ values) and its metrics are the header's. A trial of recorded params gets the re
 status, metrics and samples; params that were not recorded are ``infeasible_static``
 (answered by ``static_check``, so they cost no worker time). Public landscapes converted
 to this format replay the same way.
+
+Landscape files are confined: ``file`` must name a ``.jsonl`` file inside ``bench/landscapes/`` of the
+project or inside a directory named by ``TUNER_LANDSCAPE_DIR`` (several separated by ``os.pathsep``; set it
+on every machine that runs trials). Absolute paths elsewhere, ``..``, ``~user`` and symlinks that lead out
+are refused, with one message whether or not the file exists.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,6 +34,10 @@ from tuner.workload import DeviceInfo, MetricSpec, TrialContext, TrialResult, Tr
 FORMAT = 1
 #: Where a relative ``file`` is also looked for: the repository root (Ray workers may run elsewhere).
 _REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The project's recorded landscapes, always readable.
+DEFAULT_LANDSCAPE_DIR = _REPO_ROOT / "bench" / "landscapes"
+#: Names more directories landscapes may be read from (``os.pathsep``-separated).
+LANDSCAPE_DIR_ENV = "TUNER_LANDSCAPE_DIR"
 
 
 def params_key(params: dict[str, Any]) -> str:
@@ -35,13 +45,37 @@ def params_key(params: dict[str, Any]) -> str:
     return json.dumps(params, sort_keys=True, separators=(",", ":"))
 
 
+def landscape_dirs() -> list[Path]:
+    """The directories landscapes may be read from, symlinks resolved: ``bench/landscapes/`` and those
+    ``TUNER_LANDSCAPE_DIR`` names."""
+    extra = [d for d in os.environ.get(LANDSCAPE_DIR_ENV, "").split(os.pathsep) if d.strip()]
+    return [Path(os.path.realpath(d)) for d in [DEFAULT_LANDSCAPE_DIR, *extra]]
+
+
+def refused(file: object) -> ValueError:
+    """The one error for a ``file`` that cannot be read, whatever the reason: it must not tell a client
+    whether a path exists on the server."""
+    return ValueError(
+        f"file: {file!r} is not a .jsonl landscape in bench/landscapes/ or a directory named by ${LANDSCAPE_DIR_ENV}"
+    )
+
+
 def resolve_file(file: str) -> Path:
-    """``file`` as given, or relative to the repository root; ValueError naming ``file`` when neither exists."""
-    path = Path(file).expanduser()
-    for candidate in (path, _REPO_ROOT / path):
-        if candidate.is_file():
-            return candidate.resolve()
-    raise ValueError(f"file: no landscape at {file!r} (looked in the working directory and {_REPO_ROOT})")
+    """The landscape ``file`` names: as given, relative to the working directory or the repository root,
+    or relative to a landscape directory; it must lie, symlinks resolved, inside one of
+    :func:`landscape_dirs`. Raises :func:`refused` otherwise (missing, elsewhere, ``..``, ``~``)."""
+    if not isinstance(file, str) or not file or file.startswith("~") or "\x00" in file:
+        raise refused(file)
+    path = Path(file)
+    if ".." in path.parts or path.suffix != ".jsonl":
+        raise refused(file)
+    dirs = landscape_dirs()
+    candidates = [path] if path.is_absolute() else [Path.cwd() / path, _REPO_ROOT / path, *(d / path for d in dirs)]
+    for candidate in candidates:
+        real = Path(os.path.realpath(candidate))
+        if any(real.is_relative_to(d) for d in dirs) and real.is_file():
+            return real
+    raise refused(file)
 
 
 def grid_param(values: list[Any]) -> dict[str, Any]:
@@ -126,11 +160,14 @@ class Replay(Workload):
         if isinstance(delay_ms, bool) or not isinstance(delay_ms, int | float) or not 0 <= delay_ms <= 60_000:
             raise ValueError(f"delay_ms must be a number of milliseconds in [0, 60000], got {delay_ms!r}")
         path = resolve_file(file)
-        key = (str(path), path.stat().st_mtime)
-        landscape = self._cache.get(key)
-        if landscape is None:
-            landscape = Landscape(path)
-            self._cache[key] = landscape
+        try:
+            key = (str(path), path.stat().st_mtime)
+            landscape = self._cache.get(key)
+            if landscape is None:
+                landscape = Landscape(path)
+                self._cache[key] = landscape
+        except OSError:  # unreadable: said as a missing file is
+            raise refused(file) from None
         self.landscape = landscape
         self.delay_ms = float(delay_ms)
         if seeds is not None and (not isinstance(seeds, list) or not all(isinstance(x, dict) for x in seeds)):

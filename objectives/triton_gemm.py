@@ -268,6 +268,8 @@ class TritonGemm(KernelWorkload):
         constexprs to ``kwargs`` (``NUM_SMS`` is the device's multiprocessor count at run time)."""
         tile = self._tile(config)
         kernel = config.get("kernel", "tutorial")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
         kwargs: dict[str, Any] = {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M")}
         if kernel != "tutorial":
             kwargs.update(

@@ -56,6 +56,20 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'study.db'}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def landscape_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A directory the ``replay`` workload may read landscapes from (``TUNER_LANDSCAPE_DIR``), for the
+    landscapes tests record. Set before anything starts Ray, whose workers inherit the environment."""
+    path = tmp_path_factory.mktemp("landscapes")
+    before = os.environ.get("TUNER_LANDSCAPE_DIR")
+    os.environ["TUNER_LANDSCAPE_DIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("TUNER_LANDSCAPE_DIR", None)
+    else:
+        os.environ["TUNER_LANDSCAPE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """One local Ray for the whole test session (starting one costs seconds)."""

@@ -19,10 +19,10 @@ LANDSCAPES = sorted((Path(__file__).resolve().parents[1] / "bench" / "landscapes
 
 
 @pytest.fixture(scope="module")
-def noop_landscape(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def noop_landscape(landscape_dir: Path) -> Path:
     """54 noop configs: trial 5 raises; the 6 past the space's tile budget rule (tile * stages <= 1024)
     are recorded as infeasible_static without running, as a study would prune them."""
-    out = tmp_path_factory.mktemp("landscape") / "noop.jsonl"
+    out = landscape_dir / "noop.jsonl"
     counts = record_landscape("noop", {"faults": {"5": "raise"}}, NOOP_GRID, out, compile_threads=2)
     assert counts == {"ok": 47, "infeasible_static": 6, "runtime_error": 1}
     return out
@@ -63,12 +63,12 @@ def test_replay_answers_recorded_params_and_refuses_unknown(noop_landscape: Path
     assert replay.run(unknown, CPU, TrialContext()).status == TrialStatus.INFEASIBLE_STATIC
 
 
-def test_replay_args_and_bad_files_are_refused_naming_the_field(tmp_path: Path) -> None:
+def test_replay_args_and_bad_files_are_refused_naming_the_field(landscape_dir: Path) -> None:
     with pytest.raises(ValueError, match="file"):
-        Replay(file=str(tmp_path / "missing.jsonl"))
+        Replay(file=str(landscape_dir / "missing.jsonl"))
     with pytest.raises(ValueError, match="seeds"):
         Replay(file=str(LANDSCAPES[0]) if LANDSCAPES else "x", seeds={"BLOCK_M": 64})
-    bad = tmp_path / "bad.jsonl"
+    bad = landscape_dir / "bad.jsonl"
     bad.write_text('{"kind": "something else"}\n')
     with pytest.raises(ValueError, match="header"):
         Replay(file=str(bad))
@@ -81,6 +81,47 @@ def test_replay_args_and_bad_files_are_refused_naming_the_field(tmp_path: Path) 
     with pytest.raises(SpecError) as info:
         load_spec({"name": "r", "workload": "replay", "args": {"file": "nope.jsonl"}, "objectives": [{"metric": "x"}]})
     assert ("args" in [field for field, _ in info.value.errors]) and "nope.jsonl" in str(info.value)
+
+
+def test_replay_files_are_confined_to_the_landscape_directories(
+    noop_landscape: Path, landscape_dir: Path, tmp_path: Path
+) -> None:
+    """Only ``.jsonl`` files inside bench/landscapes/ or $TUNER_LANDSCAPE_DIR are read; everything else gets
+    one message, which does not tell whether the file exists (``/etc/shadow`` answered "...:1 is not JSON")."""
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text(noop_landscape.read_text())  # a valid landscape, in the wrong place
+    (landscape_dir / "link-out.jsonl").symlink_to(outside)
+    (landscape_dir / "link-etc.jsonl").symlink_to("/etc/passwd")
+    refused = [
+        str(outside),
+        "/etc/passwd",
+        "/etc/shadow",
+        "/proc/self/environ",
+        "/no/such/dir/x.jsonl",
+        str(landscape_dir / "missing.jsonl"),
+        str(landscape_dir / ".." / landscape_dir.name / noop_landscape.name),
+        f"../{landscape_dir.name}/{noop_landscape.name}",
+        "~root/x.jsonl",
+        "~nosuchuser/x",
+        str(landscape_dir / "link-out.jsonl"),
+        "link-etc.jsonl",
+        str(landscape_dir),
+    ]
+    messages = set()
+    for file in refused:
+        with pytest.raises(ValueError) as info:
+            Replay(file=file)
+        messages.add(str(info.value).replace(repr(file), "FILE"))
+    assert len(messages) == 1 and "TUNER_LANDSCAPE_DIR" in messages.pop()
+    with pytest.raises(SpecError) as spec_error:
+        load_spec({"name": "r", "workload": "replay", "args": {"file": "/etc/passwd"}, "objectives": [{"metric": "x"}]})
+    assert "args" in [field for field, _ in spec_error.value.errors] and "not JSON" not in str(spec_error.value)
+    # inside: by absolute path, by name relative to the directory, through a symlink that stays inside
+    (landscape_dir / "link-in.jsonl").symlink_to(noop_landscape)
+    for file in (str(noop_landscape), noop_landscape.name, "link-in.jsonl"):
+        assert len(Replay(file=file).landscape.records) == 54
+    if LANDSCAPES:  # the project's own, relative to the repository
+        assert Replay(file=f"bench/landscapes/{LANDSCAPES[0].name}").landscape.records
 
 
 def test_a_replay_study_runs_on_the_engine_and_finds_the_recorded_best(

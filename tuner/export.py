@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from typing import Any
 
 from tuner.pareto import best_trial, pareto_front
 from tuner.registry import workload_class
 from tuner.spec import StudySpec
 from tuner.storage import StudyDB, StudyRow
+from tuner.workload import comment_text
 from tuner.yamlio import dump_yaml
 
 FORMATS = ("json", "yaml", "env", "python")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ExportError(ValueError):
@@ -61,8 +65,18 @@ def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None)
     }
 
 
+def env_lines(env: dict[str, str]) -> str:
+    """``KEY=value`` lines that a POSIX shell ``source``s to exactly these values: each value is quoted
+    (``shlex.quote``), so ``$(...)``, backticks, quotes and newlines in it stay text."""
+    for key in env:
+        if not _ENV_NAME.fullmatch(key):
+            raise ExportError(f"{key!r} is not an environment variable name")
+    return "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in env.items())
+
+
 def render(document: dict[str, Any], fmt: str) -> str:
-    """``json``/``yaml``: the whole document; ``env``: ``KEY=value`` lines; ``python``: source to paste."""
+    """``json``/``yaml``: the whole document; ``env``: ``KEY=value`` lines, shell-quoted (booleans are
+    ``1``/``0``); ``python``: source to paste, every value a Python literal."""
     if fmt == "json":
         return json.dumps(document, indent=2, default=str) + "\n"
     if fmt == "yaml":
@@ -70,8 +84,7 @@ def render(document: dict[str, Any], fmt: str) -> str:
     header = f"study {document['study']}, trial {document['trial']}, workload {document['workload']}"
     workload = workload_class(document["workload"])(**document["spec"].get("args", {}))
     if fmt == "env":
-        lines = [f"# {header}"] + [f"{k}={v}" for k, v in workload.export_env(document["params"]).items()]
-        return "\n".join(lines) + "\n"
+        return f"# {comment_text(header)}\n" + env_lines(workload.export_env(document["params"]))
     if fmt == "python":
-        return f"# {header}\n" + workload.export_python(document["params"])
+        return f"# {comment_text(header)}\n" + workload.export_python(document["params"])
     raise ExportError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")

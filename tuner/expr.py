@@ -9,6 +9,13 @@ The text is parsed with :mod:`ast` and every node is checked against an
 allow-list: numbers, strings, names, ``device.<field>``, arithmetic, comparisons,
 ``and``/``or``/``not``, and calls of a few named functions. Evaluation walks
 the checked tree itself.
+
+Evaluation is bounded, because the text comes from requests: an int result may have at most
+:data:`MAX_INT_BITS` bits and a string at most :data:`MAX_STR_CHARS` characters (checked before
+``**``, ``*`` compute, so ``3**(3*10**7)`` or ``'a' * 10**20`` cost nothing), ``%`` works on numbers
+only, and every arithmetic failure (division by zero, overflow, mixing a string with a number,
+comparing them) is an :class:`ExpressionError`. Parts of an expression that read no name are
+evaluated once at parse time, so ``1/0 > 0`` is refused when it is submitted.
 """
 
 from __future__ import annotations
@@ -59,10 +66,20 @@ _CMPOPS: dict[type, Callable[[Any, Any], bool]] = {
 }
 _CMP_TEXT = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!="}
 MAX_LENGTH = 500
+#: Largest int an expression may compute, in bits (a shared-memory or FLOP count needs < 64).
+MAX_INT_BITS = 1024
+#: Longest string an expression may compute.
+MAX_STR_CHARS = 10_000
+#: What an evaluation may raise besides our own errors: all of them mean "this expression fails here".
+_EVAL_ERRORS = (ArithmeticError, TypeError, ValueError, KeyError, RecursionError)
 
 
 class ExpressionError(ValueError):
     """An expression that is not allowed, or that cannot be evaluated."""
+
+
+class UnknownName(ExpressionError):
+    """Evaluation read a name that is not bound (e.g. a conditional param that is inactive)."""
 
 
 class Unknown(Exception):
@@ -79,8 +96,26 @@ class Expression:
     device_fields: frozenset[str]
 
     def evaluate(self, names: Mapping[str, Any], device: Mapping[str, Any] | None = None) -> Any:
-        """Evaluate with ``names`` bound; raises :class:`Unknown` if a needed device field is null."""
-        return _Evaluator(names, device or {}).visit(self.tree)
+        """Evaluate with ``names`` bound; raises :class:`Unknown` if a needed device field is null and
+        :class:`ExpressionError` (:class:`UnknownName` for an unbound name) if it cannot be evaluated."""
+        return _evaluate(self.text, self.tree, names, device or {})
+
+
+def _evaluate(text: str, tree: ast.expr, names: Mapping[str, Any], device: Mapping[str, Any]) -> Any:
+    try:
+        return _Evaluator(names, device).visit(tree)
+    except UnknownName:
+        raise
+    except ExpressionError as exc:
+        raise ExpressionError(f"{text!r} cannot be evaluated: {exc}") from None
+    except _EVAL_ERRORS as exc:
+        raise ExpressionError(f"{text!r} cannot be evaluated: {_describe(exc)}") from None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def parse(text: str, *, allow_device: bool = False, allow_calls: bool = True) -> Expression:
@@ -115,6 +150,8 @@ def parse(text: str, *, allow_device: bool = False, allow_calls: bool = True) ->
         elif isinstance(node, ast.Constant):
             if not isinstance(node.value, (int, float, str, bool)):
                 raise ExpressionError(f"{text!r}: constant {node.value!r} is not allowed")
+            if isinstance(node.value, float) and not math.isfinite(node.value):
+                raise ExpressionError(f"{text!r}: numbers must be finite, got {node.value!r}")
         elif isinstance(node, ast.BinOp):
             if type(node.op) not in _BINOPS:
                 raise ExpressionError(f"{text!r}: operator {type(node.op).__name__} is not allowed")
@@ -130,7 +167,28 @@ def parse(text: str, *, allow_device: bool = False, allow_calls: bool = True) ->
             pass
         else:
             raise ExpressionError(f"{text!r}: {type(node).__name__} is not allowed")
+    _fold_constants(text, tree)
     return Expression(text.strip(), tree, frozenset(names), frozenset(device_fields))
+
+
+def _fold_constants(text: str, tree: ast.expr) -> None:
+    """Evaluate once every largest part of ``tree`` that reads no name: its errors are the text's errors."""
+
+    def reads_nothing(node: ast.AST) -> bool:
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            return False
+        children = node.args if isinstance(node, ast.Call) else ast.iter_child_nodes(node)
+        # all() over a list, not a generator: every child is visited, so every constant part is folded
+        return all([reads_nothing(child) for child in children])
+
+    def fold(node: ast.AST) -> None:
+        if isinstance(node, ast.expr) and not isinstance(node, ast.Constant) and reads_nothing(node):
+            _evaluate(text, node, {}, {})
+            return
+        for child in ast.iter_child_nodes(node):
+            fold(child)
+
+    fold(tree)
 
 
 class _Evaluator(ast.NodeVisitor):
@@ -139,13 +197,13 @@ class _Evaluator(ast.NodeVisitor):
         self.device = device
 
     def visit_Constant(self, node: ast.Constant) -> Any:
-        return node.value
+        return _checked(node.value)
 
     def visit_Name(self, node: ast.Name) -> Any:
         try:
             return self.names[node.id]
         except KeyError:
-            raise ExpressionError(f"unknown name {node.id!r}") from None
+            raise UnknownName(f"unknown name {node.id!r}") from None
 
     def visit_Attribute(self, node: ast.Attribute) -> Any:
         value = self.device.get(node.attr)
@@ -154,12 +212,16 @@ class _Evaluator(ast.NodeVisitor):
         return value
 
     def visit_BinOp(self, node: ast.BinOp) -> Any:
-        return _BINOPS[type(node.op)](self.visit(node.left), self.visit(node.right))
+        left, right = self.visit(node.left), self.visit(node.right)
+        _check_operands(type(node.op), left, right)
+        return _checked(_BINOPS[type(node.op)](left, right))
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
         value = self.visit(node.operand)
         if isinstance(node.op, ast.Not):
             return not value
+        if not _is_number(value):
+            raise ExpressionError(f"unary - and + need a number, got {value!r}")
         return -value if isinstance(node.op, ast.USub) else +value
 
     def visit_BoolOp(self, node: ast.BoolOp) -> Any:
@@ -178,10 +240,57 @@ class _Evaluator(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> Any:
         func = FUNCTIONS[node.func.id]  # type: ignore[attr-defined]
-        return func(*(self.visit(a) for a in node.args))
+        return _checked(func(*(self.visit(a) for a in node.args)))
 
     def generic_visit(self, node: ast.AST) -> Any:  # pragma: no cover - parse() rejects these
         raise ExpressionError(f"{type(node).__name__} is not allowed")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float))  # bool is an int
+
+
+def _int_bits(value: Any) -> int:
+    return abs(int(value)).bit_length() if isinstance(value, int) else 0
+
+
+def _check_operands(op: type, left: Any, right: Any) -> None:
+    """Refuse an operation whose result would be too large, before computing it."""
+    if isinstance(left, str) or isinstance(right, str):
+        if op is ast.Mult and isinstance(right, str):
+            left, right = right, left
+        if op is ast.Add and isinstance(left, str) and isinstance(right, str):
+            return  # bounded by the operands' lengths, checked after
+        if op is ast.Mult and isinstance(left, str) and isinstance(right, int):
+            if len(left) * max(right, 0) > MAX_STR_CHARS:
+                raise ExpressionError(f"a string longer than {MAX_STR_CHARS} characters")
+            return
+        raise ExpressionError(f"{type(left).__name__} {_OP_TEXT[op]} {type(right).__name__} is not allowed")
+    if not (_is_number(left) and _is_number(right)):
+        raise ExpressionError(f"arithmetic needs numbers, got {left!r} and {right!r}")
+    if op is ast.Mult and _int_bits(left) + _int_bits(right) > MAX_INT_BITS + 1:
+        raise ExpressionError(f"an integer larger than 2**{MAX_INT_BITS}")
+    if op is ast.Pow and isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
+        if _int_bits(left) - 1 > MAX_INT_BITS // right:  # (bits - 1) * right bounds the result's bits from below
+            raise ExpressionError(f"an integer larger than 2**{MAX_INT_BITS}")
+
+
+def _checked(value: Any) -> Any:
+    """The value if it is a number, bool or string within the limits."""
+    if isinstance(value, bool) or isinstance(value, float):
+        return value
+    if isinstance(value, int):
+        if value.bit_length() > MAX_INT_BITS:
+            raise ExpressionError(f"an integer larger than 2**{MAX_INT_BITS}")
+        return value
+    if isinstance(value, str):
+        if len(value) > MAX_STR_CHARS:
+            raise ExpressionError(f"a string longer than {MAX_STR_CHARS} characters")
+        return value
+    raise ExpressionError(f"a {type(value).__name__} result is not allowed")  # e.g. complex from (-8) ** 0.5
+
+
+_OP_TEXT = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%", ast.Pow: "**"}
 
 
 @dataclass(frozen=True)
@@ -240,9 +349,11 @@ def parse_constraint(text: str, known_metrics: set[str]) -> Constraint:
         bound = right.id
     else:
         try:
-            bound = float(_Evaluator({}, {}).visit(right))
-        except (ExpressionError, TypeError, ValueError):
+            bound = float(_evaluate(text, right, {}, {}))
+        except (ExpressionError, TypeError, ValueError, OverflowError):
             raise ExpressionError(f"constraint {text!r}: the bound must be a number or a metric") from None
+        if not math.isfinite(bound):
+            raise ExpressionError(f"constraint {text!r}: the bound must be a finite number")
     for name in (left.id, bound):
         if isinstance(name, str) and name not in known_metrics:
             raise ExpressionError(

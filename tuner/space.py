@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 import math
 from collections.abc import Iterator, Mapping
@@ -31,6 +32,10 @@ _FIELDS = {
     "multiple_of": {"type", "low", "high", "multiple", "when"},
 }
 GRID_LIMIT = 100_000
+#: Bound of int-like params: integers up to 2**53 survive the float round trip of Optuna's storage.
+MAX_INT = 2**53
+#: How many value combinations a ``when`` or a rule is tried on when the space is compiled.
+PROBES = 32
 LOG2_SUFFIX = "__log2"
 
 
@@ -45,7 +50,8 @@ class SpaceError(ValueError):
 
 @dataclass(frozen=True)
 class Param:
-    """One knob. ``values()`` lists its finite values (None for continuous floats)."""
+    """One knob. Finite params are counted, indexed and tested arithmetically (``count``, ``value_at``,
+    ``contains``), so ``high: 1e12`` costs nothing; only ``values()`` lists them, for small ones."""
 
     name: str
     type: str
@@ -57,28 +63,69 @@ class Param:
     choices: tuple[Any, ...] = ()
     when: expr.Expression | None = None
 
-    def values(self) -> list[Any] | None:
+    def count(self) -> int | None:
+        """How many values the param takes (None for a continuous float)."""
         if self.type == "categorical":
-            return list(self.choices)
+            return len(self.choices)
         if self.type == "pow2":
-            return [2**e for e in range(int(math.log2(self.low)), int(math.log2(self.high)) + 1)]
+            return int(self.high).bit_length() - int(self.low).bit_length() + 1
         if self.type == "multiple_of":
-            first = math.ceil(self.low / self.multiple) * self.multiple
-            return list(range(first, int(self.high) + 1, self.multiple))
+            first = -(-int(self.low) // self.multiple) * self.multiple
+            return max(0, (int(self.high) - first) // self.multiple + 1)
         if self.type == "int":
-            if self.log:
-                return list(range(int(self.low), int(self.high) + 1))
-            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+            return (int(self.high) - int(self.low)) // int(self.step or 1) + 1
         if self.type == "float" and self.step:
-            n = math.floor((self.high - self.low) / self.step + 1e-9)
-            return [round(self.low + i * self.step, 12) for i in range(n + 1)]
+            return math.floor((self.high - self.low) / self.step + 1e-9) + 1
         return None
 
+    def value_at(self, index: int) -> Any:
+        """The ``index``-th value, in ascending order (choices in their order); 0 <= index < count()."""
+        if self.type == "categorical":
+            return self.choices[index]
+        if self.type == "pow2":
+            return int(self.low) << index
+        if self.type == "multiple_of":
+            return -(-int(self.low) // self.multiple) * self.multiple + index * self.multiple
+        if self.type == "int":
+            return int(self.low) + index * int(self.step or 1)
+        return round(self.low + index * self.step, 12)
+
+    def values(self, limit: int = GRID_LIMIT) -> list[Any] | None:
+        """Every value (None for a continuous float); refuses a param of more than ``limit`` values."""
+        count = self.count()
+        if count is None:
+            return None
+        if count > limit:
+            raise SpaceError(f"space.{self.name}", f"{count} values, more than {limit} to enumerate")
+        return [self.value_at(i) for i in range(count)]
+
     def contains(self, value: Any) -> bool:
+        if self.type == "categorical":
+            return value in self.choices
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return False
         if self.type == "float":
-            return isinstance(value, (int, float)) and self.low <= value <= self.high
-        vals = self.values()
-        return vals is not None and value in vals
+            return self.low <= value <= self.high
+        if value != int(value):
+            return False
+        value, low = int(value), int(self.low)
+        if self.type == "pow2":
+            return low <= value <= self.high and value & (value - 1) == 0
+        count = self.count()
+        if self.type == "multiple_of":
+            first = self.value_at(0)
+            return count > 0 and first <= value <= self.high and (value - first) % self.multiple == 0
+        step = 1 if self.log else int(self.step or 1)
+        return low <= value <= self.value_at(count - 1) and (value - low) % step == 0
+
+    def probe_values(self, per_param: int = 8) -> list[Any]:
+        """A few values that span the param (its ends, its middle, or its first choices), to try expressions on."""
+        if self.type == "categorical":
+            return list(self.choices[:per_param])
+        count = self.count()
+        if count is None:
+            return [self.low, (self.low + self.high) / 2, self.high]
+        return list(dict.fromkeys(self.value_at(i) for i in (0, count // 2, count - 1)))
 
     def suggest(self, trial: Any) -> Any:
         """Draw this param's value through an Optuna trial."""
@@ -88,13 +135,12 @@ class Param:
             exponent = trial.suggest_int(self.name + LOG2_SUFFIX, int(math.log2(self.low)), int(math.log2(self.high)))
             return 2**exponent
         if self.type == "multiple_of":
-            vals = self.values()
-            return trial.suggest_int(self.name, vals[0], vals[-1], step=self.multiple)
+            return trial.suggest_int(self.name, self.value_at(0), self.value_at(self.count() - 1), step=self.multiple)
         if self.type == "int":
             if self.log:
                 return trial.suggest_int(self.name, int(self.low), int(self.high), log=True)
-            vals = self.values()
-            return trial.suggest_int(self.name, vals[0], vals[-1], step=int(self.step or 1))
+            last = self.value_at(self.count() - 1)
+            return trial.suggest_int(self.name, int(self.low), last, step=int(self.step or 1))
         return trial.suggest_float(self.name, self.low, self.high, log=self.log, step=self.step)
 
     def optuna_params(self, value: Any) -> dict[str, Any]:
@@ -172,6 +218,8 @@ class SearchSpace:
                 ok = rule.expression.evaluate(config, device or {})
             except expr.Unknown:
                 continue
+            except expr.ExpressionError as exc:  # a config the compile-time probes did not try
+                return f"rule {rule.name!r} cannot be evaluated: {exc}"
             if not ok:
                 return f"rule {rule.name!r} fails: {rule.expression.text}"
         return None
@@ -186,17 +234,17 @@ class SearchSpace:
         """Product of the params' value counts (an upper bound with conditions); None if infinite."""
         total = 1
         for param in self.params.values():
-            vals = param.values()
-            if vals is None:
+            count = param.count()
+            if count is None:
                 return None
-            total *= len(vals)
+            total *= count
         return total
 
     def grid(self, limit: int = GRID_LIMIT) -> list[dict[str, Any]]:
         """Every point of the space, conditional params respected; refuses spaces above ``limit``."""
         bound = self.grid_upper_bound()
         if bound is None:
-            floats = [p.name for p in self.params.values() if p.values() is None]
+            floats = [p.name for p in self.params.values() if p.count() is None]
             raise SpaceError(f"space.{floats[0]}", "a grid needs a finite space: give this float a step")
         if bound > limit:
             raise SpaceError("space", f"grid too large to enumerate: {bound} points > {limit}")
@@ -280,6 +328,11 @@ def compile_space(raw: Mapping[str, Any], overrides: Mapping[str, Any] | None = 
         if unknown:
             raise SpaceError(where, f"unknown names {sorted(unknown)}")
         rules.append(Rule(str(rule.get("name", f"rule{i}")), expression))
+    for name, param in params.items():
+        if param.when is not None:
+            _probe(f"space.{name}.when", param.when, params)
+    for i, rule in enumerate(rules):
+        _probe(f"space.rules[{i}]", rule.expression, params)
     space = SearchSpace(params=params, rules=rules, seeds=[], canonical={})
     seeds = [dict(s) for s in (data.get("seeds") or []) if isinstance(s, Mapping)]
     space.seeds = [s for s in seeds if space.validate_config(s) is None]
@@ -289,6 +342,37 @@ def compile_space(raw: Mapping[str, Any], overrides: Mapping[str, Any] | None = 
         "rules": [{"name": r.name, "expr": r.expression.text} for r in rules],
     }
     return space
+
+
+def _probe(where: str, expression: expr.Expression, params: Mapping[str, Param]) -> None:
+    """Evaluate ``expression`` on a few combinations of the values of the params it reads, so that one
+    that cannot be evaluated (``mode < 1`` over string choices, a division by a param that can be 0) is
+    refused at submit time, naming ``where``. A device field it needs stops that probe (it is null here)."""
+    names = sorted(expression.names)
+    axes = [params[name].probe_values() for name in names]
+    for combo in itertools.islice(itertools.product(*axes), PROBES):
+        config = dict(zip(names, combo, strict=True))
+        try:
+            expression.evaluate(config, {})
+        except expr.Unknown:
+            continue
+        except expr.ExpressionError as exc:
+            raise SpaceError(where, f"{exc} (with {config})") from None
+
+
+def _bounds(where: str, ptype: str, spec: Mapping[str, Any]) -> tuple[float, float]:
+    """``low`` and ``high``: finite, ordered, and for int-like params integers within +-2**53."""
+    low, high = spec.get("low"), spec.get("high")
+    for key, value in (("low", low), ("high", high)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise SpaceError(f"{where}.{key}", "must be a finite number")
+        if ptype != "float" and abs(value) > MAX_INT:
+            raise SpaceError(f"{where}.{key}", f"must be within +-2**53 (integers a float holds exactly), got {value}")
+    if low > high:
+        raise SpaceError(f"{where}.low", f"low ({low}) > high ({high})")
+    if ptype != "float" and (int(low) != low or int(high) != high):
+        raise SpaceError(f"{where}.low", f"a {ptype} param needs integer bounds")
+    return low, high
 
 
 def _compile_param(name: str, spec: Any, earlier: set[str]) -> Param:
@@ -321,17 +405,10 @@ def _compile_param(name: str, spec: Any, earlier: set[str]) -> Param:
         if len(set(map(repr, choices))) != len(choices):
             raise SpaceError(f"{where}.choices", "duplicate choices")
         return Param(name, ptype, choices=tuple(choices), when=when)
-    low, high = spec.get("low"), spec.get("high")
-    for key, value in (("low", low), ("high", high)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise SpaceError(f"{where}.{key}", "must be a finite number")
-    if low > high:
-        raise SpaceError(f"{where}.low", f"low ({low}) > high ({high})")
+    low, high = _bounds(where, ptype, spec)
     log = bool(spec.get("log", False))
     if log and low <= 0:
         raise SpaceError(f"{where}.low", f"a log scale needs low > 0, got {low}")
-    if ptype in ("int", "pow2", "multiple_of") and (int(low) != low or int(high) != high):
-        raise SpaceError(f"{where}.low", f"a {ptype} param needs integer bounds")
     if ptype == "pow2":
         for key, value in (("low", low), ("high", high)):
             if value < 1 or int(value) & (int(value) - 1):
@@ -342,20 +419,25 @@ def _compile_param(name: str, spec: Any, earlier: set[str]) -> Param:
         if not isinstance(multiple, int) or multiple < 1:
             raise SpaceError(f"{where}.multiple", "must be a positive integer")
         param = Param(name, ptype, low=int(low), high=int(high), multiple=multiple, when=when)
-        if not param.values():
+        if not param.count():
             raise SpaceError(where, f"no multiple of {multiple} lies in [{low}, {high}]")
         return param
     step = spec.get("step")
     if step is not None:
-        if not isinstance(step, (int, float)) or step <= 0:
-            raise SpaceError(f"{where}.step", "must be a positive number")
+        if not isinstance(step, (int, float)) or isinstance(step, bool) or not math.isfinite(step) or step <= 0:
+            raise SpaceError(f"{where}.step", "must be a finite positive number")
         if log:
             raise SpaceError(f"{where}.step", "step and log cannot be combined")
     if ptype == "int":
         if step is not None and int(step) != step:
             raise SpaceError(f"{where}.step", "an int param needs an integer step")
         return Param(name, ptype, low=int(low), high=int(high), step=int(step) if step else None, log=log, when=when)
-    return Param(name, ptype, low=float(low), high=float(high), step=float(step) if step else None, log=log, when=when)
+    param = Param(name, ptype, low=float(low), high=float(high), step=float(step) if step else None, log=log, when=when)
+    if not math.isfinite(param.high - param.low):
+        raise SpaceError(f"{where}.high", f"the range [{low}, {high}] is wider than a float holds")
+    if step and not math.isfinite((param.high - param.low) / param.step):
+        raise SpaceError(f"{where}.step", f"too small for the range [{low}, {high}]")
+    return param
 
 
 def _canonical_param(param: Param) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tuner import expr
 from tuner.registry import UnknownWorkload, workload_class
@@ -21,6 +21,8 @@ from tuner.workload import MetricSpec, Workload
 from tuner.yamlio import load_json_text, load_yaml_text
 
 SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
+#: Samplers (numpy's, Optuna's) take 32-bit seeds.
+MAX_SEED = 2**32 - 1
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
@@ -82,10 +84,20 @@ class StudySpec(_Model):
     constraints: list[str] = Field(default_factory=list, max_length=32)
     budget: Budget = Field(default_factory=Budget)
     sampler: Literal["auto", "tpe", "nsga2", "gp", "random", "grid"] = "auto"
-    seed: int | None = 0
+    seed: int | None = Field(default=0, ge=0, le=MAX_SEED)
     warm_start: bool = True
     remeasure: Remeasure = Field(default_factory=Remeasure)
     resources: Resources = Field(default_factory=Resources)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_numbers_only(cls, data: Any) -> Any:
+        """Refuse NaN, Infinity and numbers too large for a float (``1e999``) anywhere in the spec, each
+        error at its field: JSON has no such numbers, and stored as null they would change the spec."""
+        errors = [{"type": "finite_number", "loc": loc, "input": repr(value)} for loc, value in non_finite_floats(data)]
+        if errors:
+            raise ValidationError.from_exception_data(cls.__name__, errors)  # type: ignore[arg-type]
+        return data
 
     def identity(self) -> dict[str, Any]:
         """The parts that define what is measured: a resumed study must keep them."""
@@ -95,6 +107,21 @@ class StudySpec(_Model):
             "objectives": [o.model_dump() for o in self.objectives],
             "constraints": self.constraints,
         }
+
+
+def non_finite_floats(value: Any, loc: tuple[str | int, ...] = (), limit: int = 20) -> list[tuple[tuple, float]]:
+    """(location, value) of the first ``limit`` NaN or infinite floats in nested dicts and lists."""
+    found: list[tuple[tuple, float]] = []
+    stack: list[tuple[tuple, Any]] = [(loc, value)]
+    while stack and len(found) < limit:
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            found.append((where, item))
+        elif isinstance(item, dict):
+            stack.extend(((*where, str(k)), v) for k, v in reversed(list(item.items())))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(((*where, i), v) for i, v in reversed(list(enumerate(item))))
+    return found
 
 
 @dataclass
@@ -173,6 +200,8 @@ def compile_study(spec: StudySpec) -> CompiledStudy:
         workload = cls(**spec.args)
     except (TypeError, ValueError) as exc:
         errors.append(("args", str(exc)))
+    except Exception as exc:  # args come from a request: whatever they break is their error
+        errors.append(("args", f"{type(exc).__name__}: {exc}"))
     metrics = {m.name: m for m in (workload.metric_specs() if workload is not None else cls.metrics)}
     objectives: list[tuple[str, str]] = []
     seen: set[str] = set()

@@ -175,11 +175,13 @@ class Workload:
         return dict(config)
 
     def export_env(self, config: dict[str, Any]) -> dict[str, str]:
-        """The config as environment variables (default: each param, upper-cased)."""
-        return {name.upper(): str(value) for name, value in config.items()}
+        """The config as environment variables (default: each param, upper-cased; a boolean as ``1`` or
+        ``0``, the shell's and most tools' spelling of a flag). Values are raw: the ``env`` export quotes them."""
+        return {name.upper(): env_value(value) for name, value in config.items()}
 
     def export_python(self, config: dict[str, Any]) -> str:
-        """Python source a user pastes into their code (default: a dict literal)."""
+        """Python source a user pastes into their code (default: a dict literal). Every value from a config
+        goes in as a literal (``repr``), and into a comment only through :func:`comment_text`."""
         return f"config = {dict(config)!r}\n"
 
 
@@ -218,17 +220,29 @@ def not_pow2(values: dict[str, int], names: Iterable[str]) -> str | None:
     return None
 
 
+def env_value(value: Any) -> str:
+    """A config value as an environment variable holds it: booleans as ``1``/``0``, others as ``str``."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def comment_text(value: Any) -> str:
+    """``value`` as text that stays inside one ``#`` comment of generated source: its line breaks become spaces."""
+    return " ".join(str(value).splitlines())
+
+
 def triton_configs_python(comment: str, exported: dict[str, Any], preamble: str = "") -> str:
     """Python source of a one-element ``triton.Config`` list (for ``@triton.autotune(configs=...)``) from an
     exported config with ``kwargs``, ``num_warps`` and ``num_stages``; ``comment`` heads it, ``preamble``
     (more source lines) follows the comment."""
     return (
         "import triton\n\n"
-        f"# {comment}\n"
+        f"# {comment_text(comment)}\n"
         f"{preamble}"
         "configs = [\n"
-        f"    triton.Config({exported['kwargs']!r}, num_warps={exported['num_warps']}, "
-        f"num_stages={exported['num_stages']}),\n"
+        f"    triton.Config({exported['kwargs']!r}, num_warps={exported['num_warps']!r}, "
+        f"num_stages={exported['num_stages']!r}),\n"
         "]\n"
     )
 
