@@ -31,8 +31,9 @@ TARGETS: dict[str, tuple[int, int, int, str, float, bool, str]] = {
 }
 
 
-def baseline_fn(m: int, n: int, k: int, precision: str) -> Any:
-    """A function returning the baseline's TFLOP/s on fresh standard-normal operands, timed by time_fn."""
+def baseline_fn(m: int, n: int, k: int, precision: str, fast_accum: bool = False) -> Any:
+    """A function returning the baseline's TFLOP/s on fresh standard-normal operands, timed by time_fn
+    (fp8: ``torch._scaled_mm``, with ``use_fast_accum=fast_accum``)."""
     import torch
 
     from tuner.fingerprint import device_info
@@ -49,7 +50,9 @@ def baseline_fn(m: int, n: int, k: int, precision: str) -> Any:
         b8 = (b.t().contiguous() / scale_b).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm needs
 
         def call() -> Any:
-            return torch._scaled_mm(a8, b8, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+            return torch._scaled_mm(
+                a8, b8, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, use_fast_accum=fast_accum
+            )
 
     else:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]

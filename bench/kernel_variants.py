@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import interleaved, median, verdict, write_result
+from bench.gemm_targets import baseline_fn
 
 #: name -> (m, n, k): 8192^3 and two Llama-style projections with 8192 tokens (4096 -> 14336, 4096 -> 4096).
 GEMM_SHAPES: dict[str, tuple[int, int, int]] = {
@@ -127,42 +128,6 @@ def _sweep(workload: Any, device: Any, configs: list[dict[str, Any]], threads: i
     return results
 
 
-def _gemm_baseline(m: int, n: int, k: int, precision: str, fast_accum: bool) -> Any:
-    import torch
-
-    from tuner.fingerprint import device_info
-    from tuner.measure import GPU_TIMING, time_fn
-
-    device = device_info()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    a = torch.randn(m, k, device="cuda", generator=gen)
-    b = torch.randn(k, n, device="cuda", generator=gen)
-    if precision == "fp8":
-        scale_a = (a.abs().max() / 448.0).float().reshape(())
-        scale_b = (b.abs().max() / 448.0).float().reshape(())
-        a8 = (a / scale_a).to(torch.float8_e4m3fn)
-        b8 = (b.t().contiguous() / scale_b).to(torch.float8_e4m3fn).t()
-
-        def call() -> Any:
-            return torch._scaled_mm(
-                a8, b8, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16, use_fast_accum=fast_accum
-            )
-
-    else:
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-        a_t, b_t = a.to(dtype), b.to(dtype)
-
-        def call() -> Any:
-            return torch.matmul(a_t, b_t)
-
-    del a, b
-
-    def measure() -> float:
-        return 2 * m * n * k / (time_fn(call, device, **GPU_TIMING).median_ms * 1e-3) / 1e12
-
-    return measure
-
-
 def _sdpa_baselines(shape: dict[str, Any]) -> dict[str, Any]:
     """TFLOP/s measurers of SDPA's cuDNN and flash backends on the shape (bf16)."""
     import torch
@@ -230,7 +195,7 @@ def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int
     fast = bool(best.get("FP8_FAST_ACCUM", True))
     baseline_name = "torch._scaled_mm" + (" (use_fast_accum)" if fast else "") if precision == "fp8" else "torch.matmul"
     values = interleaved(
-        {"tuned": _tuned(workload, device, best), "baseline": _gemm_baseline(m, n, k, precision, fast)}, rounds
+        {"tuned": _tuned(workload, device, best), "baseline": baseline_fn(m, n, k, precision, fast)}, rounds
     )
     row = _target_row(f"GEMM {precision} {shape} vs {baseline_name}", median(values["tuned"]),
                       median(values["baseline"]), 1.0)  # fmt: skip

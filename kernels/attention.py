@@ -68,6 +68,35 @@ def tma_available() -> bool:
 
 
 @triton.jit
+def online_softmax_step(qk, l_i, m_i, offs_m, keys, qk_scale, SEQ_LEN: tl.constexpr, MASKED: tl.constexpr,
+                        CAUSAL: tl.constexpr, EVEN_N: tl.constexpr):  # fmt: skip
+    """One key block of the online softmax in base 2: the block's weights ``p``, the factor ``alpha``
+    that rescales the running accumulator, and the new row sums and maxima (``l_i``, ``m_ij``).
+
+    ``qk`` holds the unscaled fp32 scores; ``MASKED`` applies the causal mask (``CAUSAL``) and, unless
+    ``EVEN_N``, the ``key < SEQ_LEN`` mask.
+    """
+    if MASKED:
+        if CAUSAL:
+            mask = offs_m[:, None] >= keys[None, :]
+            if not EVEN_N:
+                mask = mask & (keys[None, :] < SEQ_LEN)
+        else:
+            mask = keys[None, :] < SEQ_LEN
+        # A large finite negative, not -inf: a row whose block is wholly masked stays finite
+        # (its weights vanish once a real key raises the row maximum, alpha = exp2(-1e6) = 0).
+        qk = qk * qk_scale + tl.where(mask, 0.0, -1.0e6)
+        m_ij = tl.maximum(m_i, tl.max(qk, 1))
+        qk = qk - m_ij[:, None]
+    else:
+        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        qk = qk * qk_scale - m_ij[:, None]
+    p = tl.math.exp2(qk)
+    alpha = tl.math.exp2(m_i - m_ij)
+    return p, alpha, l_i * alpha + tl.sum(p, 1), m_ij
+
+
+@triton.jit
 def _attn_fwd_inner(
     acc,
     l_i,
@@ -110,26 +139,7 @@ def _attn_fwd_inner(
         else:
             k = tl.load(k_ptrs)
         qk = tl.dot(q, tl.trans(k))
-        # -- online softmax in base 2 --
-        if MASKED:
-            if CAUSAL:
-                mask = offs_m[:, None] >= keys[None, :]
-                if not EVEN_N:
-                    mask = mask & (keys[None, :] < SEQ_LEN)
-            else:
-                mask = keys[None, :] < SEQ_LEN
-            # A large finite negative, not -inf: a row whose block is wholly masked stays finite
-            # (its weights vanish once a real key raises the row maximum, alpha = exp2(-1e6) = 0).
-            qk = qk * qk_scale + tl.where(mask, 0.0, -1.0e6)
-            m_ij = tl.maximum(m_i, tl.max(qk, 1))
-            qk = qk - m_ij[:, None]
-        else:
-            m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-            qk = qk * qk_scale - m_ij[:, None]
-        p = tl.math.exp2(qk)
-        l_ij = tl.sum(p, 1)
-        alpha = tl.math.exp2(m_i - m_ij)
-        l_i = l_i * alpha + l_ij
+        p, alpha, l_i, m_ij = online_softmax_step(qk, l_i, m_i, offs_m, keys, qk_scale, SEQ_LEN, MASKED, CAUSAL, EVEN_N)
         acc = acc * alpha[:, None]
         # -- acc += P V, P rounded to the inputs' dtype, fp32 accumulation --
         if USE_TMA:

@@ -33,7 +33,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention import DTYPES, PRECISIONS, compile_jit_for_target, mock_tensor_class, tma_available
+from kernels.attention import (
+    DTYPES,
+    PRECISIONS,
+    compile_jit_for_target,
+    mock_tensor_class,
+    online_softmax_step,
+    tma_available,
+)
 from kernels.gemm import raise_if_over_shared_memory
 from tuner.workload import interpreter_active
 
@@ -42,22 +49,7 @@ from tuner.workload import interpreter_active
 def _softmax_update(qk, acc, l_i, m_i, v, offs_m, keys, qk_scale, SEQ_LEN: tl.constexpr, MASKED: tl.constexpr,
                     CAUSAL: tl.constexpr, EVEN_N: tl.constexpr):  # fmt: skip
     """Fold one block of scores ``qk`` (fp32, unscaled) and its values ``v`` into (acc, l_i, m_i)."""
-    if MASKED:
-        if CAUSAL:
-            mask = offs_m[:, None] >= keys[None, :]
-            if not EVEN_N:
-                mask = mask & (keys[None, :] < SEQ_LEN)
-        else:
-            mask = keys[None, :] < SEQ_LEN
-        qk = qk * qk_scale + tl.where(mask, 0.0, -1.0e6)
-        m_ij = tl.maximum(m_i, tl.max(qk, 1))
-        qk = qk - m_ij[:, None]
-    else:
-        m_ij = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        qk = qk * qk_scale - m_ij[:, None]
-    p = tl.math.exp2(qk)
-    alpha = tl.math.exp2(m_i - m_ij)
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, l_i, m_ij = online_softmax_step(qk, l_i, m_i, offs_m, keys, qk_scale, SEQ_LEN, MASKED, CAUSAL, EVEN_N)
     acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return acc, l_i, m_ij
