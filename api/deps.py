@@ -52,7 +52,7 @@ MAX_ID = 2**31 - 1  # ids and trial numbers are 32-bit integers in the database
 
 def study_or_404(study_id: Annotated[int, Path(ge=1, le=MAX_ID)], db: DBDep) -> StudyRow:
     row = db.get_study(study_id)
-    if row is None:
+    if row is None or row.status == "deleted":  # being deleted (tuner/lifecycle.py): gone for readers
         raise HTTPException(404, f"no study {study_id}")
     return row
 

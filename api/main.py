@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -10,11 +11,17 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from api import dashboard
 from api.routes import meta, studies
 from api.settings import Settings
-from tuner.storage import StudyDB
+from tuner.storage import StudyDB, is_transient
+
+log = logging.getLogger("api")
+#: Seconds a client is told to wait (``Retry-After``) when the database cannot be reached.
+RETRY_AFTER_S = 2
 
 
 class BodySizeLimit:
@@ -90,6 +97,19 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
     return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
 
 
+async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """A database blip (a restart, a dropped connection) is 503 with ``Retry-After``, not a 500."""
+    if not is_transient(exc):
+        log.error("database error on %s %s", request.method, request.url.path, exc_info=exc)
+        return JSONResponse({"detail": "internal server error"}, status_code=500)
+    log.warning("database unreachable on %s %s: %s", request.method, request.url.path, type(exc).__name__)
+    return JSONResponse(
+        {"detail": "the study database cannot be reached; retry shortly"},
+        status_code=503,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     app = FastAPI(
@@ -101,6 +121,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.state.db = StudyDB(settings.db_url)
     app.state.db.create_tables()
+    app.state.runner = None  # `tuner serve` puts its supervised runner here, for /healthz
+    app.add_exception_handler(DBAPIError, database_unavailable)
+    app.add_exception_handler(PoolTimeout, database_unavailable)
     app.include_router(studies.router)
     app.include_router(meta.router)
     app.include_router(dashboard.router)

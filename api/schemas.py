@@ -119,8 +119,12 @@ class WorkloadOut(BaseModel):
 
 
 class HealthOut(BaseModel):
+    """``status``: ``ok``, or ``degraded`` when the database cannot be reached or the runner that
+    ``tuner serve`` supervises is not running; ``runner``: that runner's state (absent without one)."""
+
     status: str
     db: str
+    runner: str | None = None
 
 
 class ErrorOut(BaseModel):

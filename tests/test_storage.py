@@ -135,7 +135,8 @@ def test_a_database_of_an_earlier_version_gains_the_new_columns_and_keeps_its_ro
 
     from tuner.storage import Base, make_engine, resolve_url
 
-    dropped = {"tuner_studies": {"lease_owner", "lease_expires_at", "idempotency_key", "stop_requested"},
+    dropped = {"tuner_studies": {"lease_owner", "lease_expires_at", "idempotency_key", "stop_requested",
+                                 "idempotency_spec_hash"},  # a column of the migrations that came after
                "tuner_trials": {"duplicate_of", "remeasured", "attempt"}}  # fmt: skip
     old = MetaData()
     for table in Base.metadata.sorted_tables:
@@ -166,7 +167,8 @@ def test_a_database_of_an_earlier_version_gains_the_new_columns_and_keeps_its_ro
 
     db = StudyDB(db_url)
     db.create_tables()
-    assert db.add_missing_columns() == []  # nothing left to add: a second open changes nothing
+    db.create_tables()  # nothing left to do: a second open changes nothing
+    assert db.schema_is_current()
     row = db.find_study("before")
     assert row.status == "completed" and row.stop_requested is False and row.lease_owner is None
     (trial,) = db.trials(row.id)

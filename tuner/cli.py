@@ -22,11 +22,21 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _db(args: argparse.Namespace):
-    from tuner.storage import StudyDB
+def _db(args: argparse.Namespace, *, write: bool = False):
+    """The study database. A command that writes migrates it to the newest schema first (and retries a
+    database that is restarting); a read-only one changes nothing and says so when it cannot read."""
+    from tuner.storage import RUNNER_RETRY_S, StudyDB
 
-    db = StudyDB(args.db)
-    db.create_tables()
+    db = StudyDB(args.db, retry_s=RUNNER_RETRY_S if write else 0.0)
+    if write:
+        db.create_tables()
+        return db
+    if db.url.startswith("sqlite:///") and not Path(db.url[len("sqlite:///") :]).exists():
+        err.print(f"[red]no study database at {db.url}[/red]")
+        raise SystemExit(2)
+    if not db.schema_is_current():
+        err.print(f"[red]the study database {db.url} has an older schema: run `tuner db upgrade`[/red]")
+        raise SystemExit(2)
     return db
 
 
@@ -60,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for field, message in exc.errors:
             err.print(f"  {field or '(spec)'}: {message}")
         return 2
-    db = _db(args)
+    db = _db(args, write=True)
     spec = compiled.spec
     size = compiled.space.size()
     console.print(
@@ -268,7 +278,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from tuner.service import StudyRunner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    runner = StudyRunner(_db(args), ray_address=args.ray_address, workers=args.workers)
+    runner = StudyRunner(_db(args, write=True), ray_address=args.ray_address, workers=args.workers)
     ensure_ray(args.ray_address, min_cpus=args.workers or 2)
     finishing = threading.Event()
     watcher = threading.Thread(target=_watch_ray, args=(runner, finishing), name="ray-watch", daemon=True)
@@ -279,6 +289,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if watcher.ident is None:  # started once, by the first stop
             watcher.start()
 
+    if args.watch_parent:  # started by `tuner serve`: a server that dies takes its runner with it
+        from tuner.supervisor import watch_parent
+
+        watch_parent(stop)
     # After Ray's own handler: SIGTERM stops the runner instead of exiting in the middle of the loop.
     signal.signal(signal.SIGTERM, stop)
     try:
@@ -349,9 +363,7 @@ def _exit_after_ray_shutdown(timeout_s: float) -> NoReturn:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import os
     import signal
-    import subprocess
 
     import uvicorn
 
@@ -363,14 +375,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = Settings.from_env(host=args.host, db_url=db_url)
     settings.check()
     app = create_app(settings)
-    runner = None
+    supervisor = None
     if not args.no_runner:
-        cmd = [sys.executable, "-m", "tuner.cli", "worker", "--db", db_url]
+        from tuner.supervisor import RunnerSupervisor
+
+        cmd = [sys.executable, "-m", "tuner.cli", "worker", "--db", db_url, "--watch-parent"]
         if args.ray_address:
             cmd += ["--ray-address", args.ray_address]
         if args.workers:
             cmd += ["--workers", str(args.workers)]
-        runner = subprocess.Popen(cmd, start_new_session=True)
+        supervisor = RunnerSupervisor(cmd, stop_timeout_s=RUNNER_STOP_S)
+        app.state.runner = supervisor  # /healthz reports its state
+        supervisor.start()
     console.print(f"dashboard: http://{args.host}:{args.port}/   API docs: http://{args.host}:{args.port}/docs")
     # uvicorn re-raises the SIGTERM it caught once it has shut down; exit through `finally` then, so the
     # runner is stopped too rather than left behind.
@@ -378,13 +394,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     finally:
-        if runner is not None and runner.poll() is None:
+        if supervisor is not None:
             # The runner alone: it lets its trials in flight finish, then shuts its Ray down itself.
-            runner.send_signal(signal.SIGTERM)
-            try:
-                runner.wait(timeout=RUNNER_STOP_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(runner.pid, signal.SIGKILL)
+            supervisor.stop()
+    return 0
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    """``tuner db upgrade``: migrate the study database to this version's schema (what writers do on start)."""
+    from tuner.migrations import current, head
+    from tuner.storage import StudyDB
+
+    db = StudyDB(args.db)
+    before = current(db.engine)
+    db.create_tables()
+    after = current(db.engine)
+    if before == after:
+        console.print(f"{db.url}: at revision {after} (the newest), nothing to do")
+    else:
+        console.print(f"{db.url}: upgraded from revision {before or '(none)'} to {after} (newest {head()})")
+    db.dispose()
     return 0
 
 
@@ -492,7 +521,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_db(worker)
     worker.add_argument("--ray-address")
     worker.add_argument("--workers", type=int)
+    worker.add_argument("--watch-parent", action="store_true", help="exit when the process that started it dies")
     worker.set_defaults(func=cmd_worker)
+
+    database = sub.add_parser("db", help="the study database's schema")
+    database.add_argument("action", choices=["upgrade"], help="upgrade: migrate to this version's schema")
+    add_db(database)
+    database.set_defaults(func=cmd_db)
 
     submit = sub.add_parser("submit", help="submit a spec to a running server")
     submit.add_argument("spec")

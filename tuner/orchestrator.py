@@ -30,6 +30,7 @@ from typing import Any
 
 import optuna
 
+from tuner import lifecycle
 from tuner.pareto import best_trial, pareto_front
 from tuner.samplers import CONSTRAINTS_ATTR, EnumeratedGridSampler, make_sampler, resolve_sampler_name
 from tuner.spec import CompiledStudy
@@ -242,7 +243,7 @@ class Orchestrator:
                 ray.kill(worker.actor, no_restart=True)
             self._workers.clear()
             elapsed = self._elapsed()
-            self.db.update_study(self.study_id, status=status, elapsed_s=elapsed, message=message)
+            lifecycle.finish(self.db, self.study_id, status, owner=self.lease_owner, elapsed_s=elapsed, message=message)
             if self.lease_owner is not None:
                 self.db.release_lease(self.study_id, self.lease_owner)
         trials = self.db.trials(self.study_id)
@@ -268,14 +269,16 @@ class Orchestrator:
         spec, space = self.spec, self.compiled.space
         row = self.db.find_study(spec.name)
         spec_json = spec.model_dump(mode="json")
-        if row is None:
-            row = self.db.create_study(
+        if row is None:  # created holding our lease; a run that raced us to it gets our row, finds it leased
+            row = lifecycle.create_running(
+                self.db,
                 name=spec.name,
                 workload=spec.workload,
                 spec=spec_json,
                 space=space.canonical,
                 space_hash=space.hash,
-                status="running",
+                owner=self.lease_owner,
+                lease_s=self.lease_s,
             )
         else:
             if row.name != spec.name:
@@ -304,7 +307,9 @@ class Orchestrator:
                     f"{until:%Y-%m-%d %H:%M:%S} UTC); stop that run or wait for it to end"
                 )
         self._lease_renewed = time.monotonic()
-        self.db.update_study(row.id, status="running", spec=spec_json, message=None, stop_requested=False)
+        fresh = {"spec": spec_json, "message": None, "stop_requested": False}
+        if not lifecycle.start_run(self.db, row.id, self.lease_owner, **fresh):
+            raise StudyConflict(f"study {spec.name!r} was deleted, or another run took it over")
         return row
 
     def _beat(self) -> None:

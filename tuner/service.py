@@ -13,7 +13,8 @@ import logging
 import threading
 import time
 
-from tuner.storage import StudyDB, StudyRow, lease_owner_name
+from tuner import lifecycle
+from tuner.storage import StudyDB, StudyRow, is_transient, lease_owner_name
 
 log = logging.getLogger("tuner.service")
 DEFAULT_LEASE_S = 30.0
@@ -53,14 +54,21 @@ class StudyRunner:
         Ray); trials that were in flight are re-sent by the next runner.
         """
         study_id = self._current
-        if study_id is not None and self.db.hand_back(study_id, self.owner, REQUEUED):
+        if study_id is not None and lifecycle.hand_back(self.db, study_id, self.owner, REQUEUED):
             log.warning("study %s queued again for the next runner; its trials in flight will be re-sent", study_id)
 
     def run_forever(self) -> None:
-        self.db.create_tables()
+        """Claim and run studies until :meth:`stop`. A database that cannot be reached is waited for
+        (polling again), never fatal; the caller runs the migrations first (``create_tables``)."""
         log.info("runner %s waiting for studies in %s", self.owner, self.db.url)
         while not self._stop.is_set():
-            row = self.db.claim_next(self.owner, self.lease_s)
+            try:
+                row = lifecycle.claim_next(self.db, self.owner, self.lease_s)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                log.warning("database unreachable (%s); polling again in %.0f s", exc, self.poll_s)
+                row = None
             if row is None:
                 self._stop.wait(self.poll_s)
                 continue
@@ -75,7 +83,7 @@ class StudyRunner:
         try:
             compiled = compile_study(StudySpec.model_validate(row.spec))
         except (SpecError, ValueError) as exc:
-            self.db.update_study(row.id, status="failed", message=f"invalid spec: {exc}")
+            lifecycle.fail(self.db, row.id, f"invalid spec: {exc}", owner=self.owner)
             self.db.release_lease(row.id, self.owner)
             return
         self._current = row.id
@@ -91,8 +99,8 @@ class StudyRunner:
             now = time.monotonic()
             if now - last_check >= STOP_CHECK_S:
                 last_check = now
-                current = self.db.get_study(row.id)
-                if current is not None and current.stop_requested:
+                current = self.db.get_study(row.id)  # retried for a while, then the run stops (below)
+                if current is None or current.stop_requested or current.status in ("stopping", "deleted"):
                     orchestrator.stop()
 
         orchestrator = Orchestrator(
@@ -109,13 +117,56 @@ class StudyRunner:
             current = self.db.get_study(row.id)
             if self._stop.is_set() and current is not None and current.status == "stopped":
                 if not current.stop_requested:  # we are shutting down, nobody asked: the next runner goes on
-                    self.db.update_study(row.id, status="queued", message=REQUEUED)
+                    lifecycle.requeue_stopped(self.db, row.id, REQUEUED)
         except (StudyConflict, StudyFailed) as exc:
             log.warning("study %s failed: %s", row.id, exc)
-            self.db.update_study(row.id, status="failed", message=str(exc))
+            self._settle(row.id, f"{exc}")
         except Exception as exc:
-            log.exception("study %s crashed the orchestrator", row.id)
-            self.db.update_study(row.id, status="failed", message=f"orchestrator error: {exc}")
+            if is_transient(exc):
+                _kill_workers(orchestrator)  # its clean-up stopped at the first write that failed
+                self._give_up(row.id, exc)
+            else:
+                log.exception("study %s crashed the orchestrator", row.id)
+                self._settle(row.id, f"orchestrator error: {exc}")
         finally:
-            self.db.release_lease(row.id, self.owner)
             self._current = None
+            self._release(row.id)
+
+    def _settle(self, study_id: int, message: str) -> None:
+        try:
+            lifecycle.fail(self.db, study_id, message)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            self._give_up(study_id, exc)
+
+    def _give_up(self, study_id: int, exc: BaseException) -> None:
+        """The database stayed out of reach longer than our retries: the study is not at fault. Hand it
+        back if the database answers again, else let our lease lapse; either way a runner resumes it."""
+        log.warning("study %s: database unreachable (%s); handing the study back", study_id, exc)
+        try:
+            if not lifecycle.hand_back(self.db, study_id, self.owner, "database unreachable; queued again"):
+                lifecycle.requeue_stopped(self.db, study_id, "database unreachable; queued again")
+        except Exception as again:
+            if not is_transient(again):
+                raise
+            log.warning("study %s: its lease lapses in %.0f s, then a runner resumes it", study_id, self.lease_s)
+
+    def _release(self, study_id: int) -> None:
+        try:
+            self.db.release_lease(study_id, self.owner)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            log.warning("study %s: lease not released (%s); it lapses", study_id, exc)
+
+
+def _kill_workers(orchestrator: object) -> None:
+    """Kill the Ray actors of an orchestrator whose run ended on an error before its own clean-up did."""
+    import ray
+
+    for worker in list(getattr(orchestrator, "_workers", ())):
+        try:
+            ray.kill(worker.actor, no_restart=True)
+        except Exception:  # already gone
+            pass

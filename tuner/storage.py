@@ -9,16 +9,18 @@ prefixed ``tuner_`` so the two never collide.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import math
 import os
 import re
 import socket
+import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     JSON,
@@ -37,6 +39,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
@@ -44,7 +47,8 @@ from sqlalchemy.types import TypeDecorator
 log = logging.getLogger("tuner.storage")
 
 DEFAULT_DB_URL = "sqlite:///tuner.db"
-STUDY_STATUSES = ("queued", "running", "completed", "stopped", "failed")
+# What a study can be (tuner/lifecycle.py owns the moves between them); "deleted" rows are never shown.
+STUDY_STATUSES = ("queued", "running", "stopping", "completed", "stopped", "failed")
 RUNNING = "running"  # a trial dispatched and not yet finished
 DUPLICATE = "duplicate"  # in counts: trials that reused an earlier trial's result (duplicate_of set)
 NOT_MEASURED = frozenset({"infeasible_static", DUPLICATE})  # rows that cost no GPU time nor budget
@@ -95,6 +99,8 @@ class StudyRow(Base):
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True, nullable=True)
+    # The hash of the spec the key's first request submitted, stored in the transaction that made the study.
+    idempotency_spec_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now, onupdate=_now)
 
@@ -145,19 +151,94 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def tune_sqlite_engine(engine: Engine) -> None:
-    """Apply the SQLite settings above to an engine made elsewhere (Optuna's), from its next connection on."""
+#: Seconds a runner keeps retrying a database it cannot reach before it gives the study up (its lease lapses).
+RUNNER_RETRY_S = 30.0
+T = TypeVar("T")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a database error is a blip worth retrying (a lost or refused connection, a locked SQLite
+    file), not a bug or a constraint violation. Looks through wrappers such as Optuna's storage errors."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, sa_exc.IntegrityError):
+            return False
+        if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)):
+            return True
+        if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    return False
+
+
+def retry_transient(fn: Callable[[], T], retry_s: float, what: str) -> T:
+    """``fn()``, called again with backoff (0.1 s doubling to 2 s) while it fails on a transient database
+    error and fewer than ``retry_s`` seconds have passed; the last error is raised after that."""
+    deadline = time.monotonic() + retry_s
+    delay = 0.1
+    while True:
+        try:
+            return fn()
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            log.warning("database unreachable (%s): retrying %s in %.1f s", type(exc).__name__, what, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+def _retry_connect(engine: Engine, retry_s: float) -> None:
+    """Let a new connection wait up to ``retry_s`` seconds for a server that is restarting."""
+
+    @event.listens_for(engine, "do_connect")
+    def connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        return retry_transient(lambda: _wrapped_connect(dialect, cargs, cparams), retry_s, "a connection")
+
+
+def _wrapped_connect(dialect: Any, cargs: Any, cparams: Any) -> Any:
+    try:
+        return dialect.connect(*cargs, **cparams)
+    except dialect.loaded_dbapi.Error as exc:  # as SQLAlchemy would wrap it, so is_transient can read it
+        raise sa_exc.DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error) from exc
+
+
+def _ping_on_checkout(engine: Engine) -> None:
+    """Pre-ping for an engine made elsewhere (Optuna's): a pooled connection the server dropped is
+    replaced on checkout instead of failing the next statement (what ``pool_pre_ping`` does)."""
+
+    @event.listens_for(engine, "checkout")
+    def ping(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+        try:
+            cur = dbapi_conn.cursor()
+            cur.execute("SELECT 1")
+            cur.close()
+        except Exception as exc:
+            raise sa_exc.DisconnectionError() from exc
+
+
+def tune_sqlite_engine(engine: Engine, retry_s: float = RUNNER_RETRY_S) -> None:
+    """Apply this module's engine settings to an engine made elsewhere (Optuna's), from its next
+    connection on: the SQLite pragmas below, or on a server, pre-ping and connections that wait for a
+    restarting server for up to ``retry_s`` seconds."""
     if engine.dialect.name == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
-        engine.dispose()
+    else:
+        _ping_on_checkout(engine)
+        _retry_connect(engine, retry_s)
+    engine.dispose()
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, retry_s: float = 0.0) -> Engine:
+    """An engine with pre-ping; on a server, a new connection waits up to ``retry_s`` s for it to come back."""
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30})
+        engine = create_engine(url, connect_args={"timeout": 30}, pool_pre_ping=True)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, pool_pre_ping=True)
+    if retry_s > 0:
+        _retry_connect(engine, retry_s)
+    return engine
 
 
 def clean_number(value: Any) -> float | None:
@@ -207,63 +288,49 @@ class TrialWrite:
     values: dict[str, Any]
 
 
-class StudyDB:
-    """Reads and writes studies and trials. Each method is one short transaction."""
+def _retrying(method: Callable[..., T]) -> Callable[..., T]:
+    """A StudyDB method retried on transient database errors for the instance's ``retry_s`` seconds."""
 
-    def __init__(self, url: str | None = None) -> None:
+    @functools.wraps(method)
+    def wrapper(self: StudyDB, *args: Any, **kwargs: Any) -> T:
+        if self.retry_s <= 0:
+            return method(self, *args, **kwargs)
+        return retry_transient(lambda: method(self, *args, **kwargs), self.retry_s, method.__name__)
+
+    return wrapper
+
+
+class StudyDB:
+    """Reads and writes studies and trials. Each method is one short transaction.
+
+    ``retry_s``: how long a method (and a new connection) retries a database it cannot reach before
+    the error reaches the caller; 0 (the default) fails at once, as a read-only command or the API wants.
+    """
+
+    def __init__(self, url: str | None = None, *, retry_s: float = 0.0) -> None:
         self.url = resolve_url(url)
-        self.engine = make_engine(self.url)
+        self.retry_s = retry_s
+        self.engine = make_engine(self.url, retry_s=retry_s)
         self.Session = sessionmaker(self.engine, expire_on_commit=False)
 
     def create_tables(self) -> None:
-        """Create the tables, and bring a database made by an earlier version up to date (see below)."""
-        Base.metadata.create_all(self.engine)
-        added = self.add_missing_columns()
-        if added:
-            log.warning("study database %s upgraded: added columns %s", self.url, ", ".join(added))
+        """Create the tables or bring them up to date: the schema migrations (tuner/migrations) to the
+        newest. Commands that write run it once on start; read-only commands never do."""
+        from tuner.migrations import upgrade
 
-    def add_missing_columns(self) -> list[str]:
-        """Add the columns this version has and the database lacks; returns them as ``table.column``.
+        upgrade(self.engine)
 
-        The schema only ever grows by columns, so an upgrade is additive: each missing column is added
-        nullable, rows already there get its default (a uniqueness constraint becomes a unique index),
-        and nothing stored is rewritten or dropped.
-        """
-        from sqlalchemy import inspect, text
+    def schema_is_current(self) -> bool:
+        """Whether the database has the tables at the newest migration (False: run ``tuner db upgrade``)."""
+        from tuner.migrations import is_current
 
-        added: list[str] = []
-        inspector = inspect(self.engine)
-        for table in Base.metadata.sorted_tables:
-            present = {column["name"] for column in inspector.get_columns(table.name)}
-            for column in table.columns:
-                if column.name in present:
-                    continue
-                kind = column.type.compile(dialect=self.engine.dialect)
-                with self.engine.begin() as conn:
-                    conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {kind}"))
-                    if column.unique:
-                        conn.execute(
-                            text(
-                                f"CREATE UNIQUE INDEX IF NOT EXISTS uq_{table.name}_{column.name} "
-                                f"ON {table.name} ({column.name})"
-                            )
-                        )
-                    default = column.default
-                    if default is not None and getattr(default, "is_scalar", False):
-                        value = default.arg
-                    elif default is not None and getattr(default, "is_callable", False):
-                        value = default.arg(None)
-                    else:
-                        value = None
-                    if value is not None:
-                        conn.execute(update(table).where(column.is_(None)).values({column.name: value}))
-                added.append(f"{table.name}.{column.name}")
-        return added
+        return is_current(self.engine)
 
     def dispose(self) -> None:
         self.engine.dispose()
 
     # studies -----------------------------------------------------------------
+    @_retrying
     def find_study(self, ref: str | int) -> StudyRow | None:
         """A study by name, or by id when ``ref`` is all digits and no study has that name."""
         with self.Session() as s:
@@ -300,10 +367,12 @@ class StudyDB:
             row.optuna_name = f"tuner-{row.id}-{name}"
         return row
 
+    @_retrying
     def get_study(self, study_id: int) -> StudyRow | None:
         with self.Session() as s:
             return s.get(StudyRow, study_id)
 
+    @_retrying
     def find_by_idempotency_key(self, key: str, max_age_s: float | None = None) -> StudyRow | None:
         """The study a submit with this key made; with ``max_age_s``, a key older than that is released
         (the study keeps running, the key is cleared) and None returned, so the key can be used again."""
@@ -317,32 +386,12 @@ class StudyDB:
 
     # leases ------------------------------------------------------------------
     def claim_next(self, owner: str, lease_s: float) -> StudyRow | None:
-        """Take the oldest queued study, or a running one whose lease lapsed; None if there is none.
+        """Take the oldest queued study, or a running one whose lease lapsed (:func:`tuner.lifecycle.claim_next`)."""
+        from tuner import lifecycle
 
-        The claim is a conditional UPDATE, so two orchestrators never take the same study.
-        """
-        now = _now()
-        lapsed = (StudyRow.status == "running") & StudyRow.lease_expires_at.is_not(None)
-        claimable = (StudyRow.status == "queued") | (lapsed & (StudyRow.lease_expires_at < now))
-        with self.Session() as s:
-            candidates = list(s.scalars(select(StudyRow.id).where(claimable).order_by(StudyRow.id).limit(5)))
-        for study_id in candidates:
-            with self.Session.begin() as s:
-                result = s.execute(
-                    update(StudyRow)
-                    .where(StudyRow.id == study_id, claimable)
-                    .values(
-                        status="running",
-                        lease_owner=owner,
-                        lease_expires_at=now + dt.timedelta(seconds=lease_s),
-                        stop_requested=False,
-                        updated_at=now,
-                    )
-                )
-            if result.rowcount == 1:
-                return self.get_study(study_id)
-        return None
+        return lifecycle.claim_next(self, owner, lease_s)
 
+    @_retrying
     def take_lease(self, study_id: int, owner: str, lease_s: float, *, steal_from: str | None = None) -> bool:
         """Hold the study's lease unless another owner's lease is still live (a conditional UPDATE).
 
@@ -361,6 +410,7 @@ class StudyDB:
             )
         return result.rowcount == 1
 
+    @_retrying
     def renew_lease(self, study_id: int, owner: str, lease_s: float) -> bool:
         """Extend our lease; False when another orchestrator holds the study now."""
         with self.Session.begin() as s:
@@ -371,6 +421,7 @@ class StudyDB:
             )
         return result.rowcount == 1
 
+    @_retrying
     def release_lease(self, study_id: int, owner: str) -> None:
         with self.Session.begin() as s:
             s.execute(
@@ -380,19 +431,17 @@ class StudyDB:
             )
 
     def hand_back(self, study_id: int, owner: str, message: str) -> bool:
-        """Queue a study we run again and drop our lease; False when it is no longer ours or running."""
-        with self.Session.begin() as s:
-            result = s.execute(
-                update(StudyRow)
-                .where(StudyRow.id == study_id, StudyRow.lease_owner == owner, StudyRow.status == "running")
-                .values(status="queued", message=message, lease_owner=None, lease_expires_at=None, updated_at=_now())
-            )
-        return result.rowcount == 1
+        """Queue a study we run again and drop our lease (:func:`tuner.lifecycle.hand_back`)."""
+        from tuner import lifecycle
 
+        return lifecycle.hand_back(self, study_id, owner, message)
+
+    @_retrying
     def update_study(self, study_id: int, **fields: Any) -> None:
         with self.Session.begin() as s:
             s.execute(update(StudyRow).where(StudyRow.id == study_id).values(**fields, updated_at=_now()))
 
+    @_retrying
     def list_studies(self) -> list[StudyRow]:
         with self.Session() as s:
             return list(s.scalars(select(StudyRow).order_by(StudyRow.id)))
@@ -481,6 +530,7 @@ class StudyDB:
             },
         )
 
+    @_retrying
     def apply(self, writes: Iterable[TrialWrite]) -> None:
         """Apply trial writes in order, in one transaction (SQL Core: this is the orchestrator's hot path)."""
         table = TrialRow.__table__
@@ -501,6 +551,7 @@ class StudyDB:
     def finish_trial(self, study_id: int, number: int, **kwargs: Any) -> None:
         self.apply([self.finish_op(study_id, number, **kwargs)])
 
+    @_retrying
     def trials(self, study_id: int, status: str | None = None) -> list[TrialRow]:
         with self.Session() as s:
             q = select(TrialRow).where(TrialRow.study_id == study_id)
@@ -508,10 +559,12 @@ class StudyDB:
                 q = q.where(TrialRow.status == status)
             return list(s.scalars(q.order_by(TrialRow.number)))
 
+    @_retrying
     def trial(self, study_id: int, number: int) -> TrialRow | None:
         with self.Session() as s:
             return s.scalar(select(TrialRow).where(TrialRow.study_id == study_id, TrialRow.number == number))
 
+    @_retrying
     def status_counts(self, study_id: int) -> dict[str, int]:
         with self.Session() as s:
             rows = s.execute(

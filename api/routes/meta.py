@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import func, select, text
 
@@ -10,7 +10,7 @@ from api.deps import DBDep, require_read
 from api.schemas import HealthOut, MetricOut, WorkloadOut
 from tuner.registry import workload_class, workload_names
 from tuner.space import compile_space, load_space_file
-from tuner.storage import STUDY_STATUSES, StudyRow, TrialRow
+from tuner.storage import STUDY_STATUSES, StudyRow, TrialRow, is_transient
 
 router = APIRouter(tags=["meta"])
 DURATION_BUCKETS_S = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)
@@ -40,11 +40,21 @@ def list_workloads() -> list[WorkloadOut]:
     return out
 
 
-@router.get("/healthz", response_model=HealthOut)
-def healthz(db: DBDep) -> HealthOut:
-    with db.engine.connect() as conn:
-        conn.execute(text("SELECT 1"))
-    return HealthOut(status="ok", db="ok")
+@router.get("/healthz", response_model=HealthOut, response_model_exclude_none=True)
+def healthz(db: DBDep, request: Request) -> HealthOut:
+    """Liveness and what the service depends on: the database's reachability and the runner's state."""
+    try:
+        with db.engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        db_state = "ok"
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        db_state = "unreachable"
+    supervisor = getattr(request.app.state, "runner", None)
+    runner = supervisor.state if supervisor is not None else None
+    ok = db_state == "ok" and runner in (None, "running")
+    return HealthOut(status="ok" if ok else "degraded", db=db_state, runner=runner)
 
 
 @router.get(

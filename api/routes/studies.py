@@ -7,7 +7,6 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
-from sqlalchemy.exc import IntegrityError
 
 from api.deps import MAX_ID, DBDep, StudyDep, require_read, require_write
 from api.schemas import (
@@ -21,11 +20,12 @@ from api.schemas import (
     TrialPage,
 )
 from api.views import study_out, trial_out
+from tuner import lifecycle
 from tuner.export import ExportError, export_document, objectives_of, render
 from tuner.pareto import best_trial, pareto_front
 from tuner.spec import SpecError, StudySpec, compile_study
 
-TERMINAL = ("completed", "stopped", "failed")
+TERMINAL = lifecycle.TERMINAL
 EXPORT_MEDIA_TYPES = {
     "json": "application/json",
     "yaml": "application/yaml",
@@ -80,50 +80,33 @@ def submit_study(
     same key with a different spec is refused (422). A key is kept for 24 hours, then it may name a
     new request.
     """
-    if idempotency_key:
-        existing = db.find_by_idempotency_key(idempotency_key, max_age_s=IDEMPOTENCY_KEY_TTL_S)
-        if existing is not None:
-            if _same_request(existing.spec, spec):
-                return _submitted(existing)
-            raise HTTPException(
-                422, f"Idempotency-Key {idempotency_key!r} was used for another spec (study {existing.name!r})"
-            )
+    if idempotency_key:  # a key older than its lifetime is released here, so it may name this request
+        db.find_by_idempotency_key(idempotency_key, max_age_s=IDEMPOTENCY_KEY_TTL_S)
     try:
         compiled = compile_study(spec)
     except SpecError as exc:
         raise _spec_error(exc) from None
-    existing = db.find_study(spec.name)
-    if existing is not None and existing.name == spec.name:
-        raise HTTPException(409, f"a study named {spec.name!r} exists; resume it or choose another name")
     try:
-        row = db.create_study(
+        row, created = lifecycle.submit(
+            db,
             name=spec.name,
             workload=spec.workload,
             spec=spec.model_dump(mode="json"),
             space=compiled.space.canonical,
             space_hash=compiled.space.hash,
-            status="queued",
             idempotency_key=idempotency_key or None,
         )
-    except IntegrityError:  # a concurrent submit with the same name or key won
-        again = db.find_by_idempotency_key(idempotency_key) if idempotency_key else None
-        if again is not None:
-            return _submitted(again)
-        raise HTTPException(409, f"a study named {spec.name!r} exists") from None
-    response.headers["Location"] = f"/api/studies/{row.id}"
+    except lifecycle.IdempotencyConflict as exc:
+        raise HTTPException(422, str(exc)) from None
+    except lifecycle.NameTaken as exc:
+        raise HTTPException(409, str(exc)) from None
+    if created:
+        response.headers["Location"] = f"/api/studies/{row.id}"
     return _submitted(row)
 
 
 #: How long an Idempotency-Key names the study its first request made.
 IDEMPOTENCY_KEY_TTL_S = 24 * 3600
-
-
-def _same_request(stored: dict[str, Any], spec: StudySpec) -> bool:
-    """Whether a stored study's spec is the one this request submits (both normalised by the model)."""
-    try:
-        return StudySpec.model_validate(stored).model_dump(mode="json") == spec.model_dump(mode="json")
-    except ValueError:
-        return False
 
 
 def _submitted(row: Any) -> SubmitOut:
@@ -135,7 +118,7 @@ def _submitted(row: Any) -> SubmitOut:
 @router.get("", response_model=StudyPage, responses=ERRORS)
 def list_studies(
     db: DBDep,
-    status: Literal["queued", "running", "completed", "stopped", "failed"] | None = None,
+    status: Literal["queued", "running", "stopping", "completed", "stopped", "failed"] | None = None,
     workload: Annotated[str | None, Query(max_length=64)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
@@ -143,7 +126,9 @@ def list_studies(
     rows = [
         r
         for r in reversed(db.list_studies())
-        if (status is None or r.status == status) and (workload is None or r.workload == workload)
+        if r.status != lifecycle.DELETED
+        and (status is None or r.status == status)
+        and (workload is None or r.workload == workload)
     ]
     items = [study_out(db, r) for r in rows[offset : offset + limit]]
     return StudyPage(items=items, total=len(rows), limit=limit, offset=offset)
@@ -162,12 +147,17 @@ def get_study(row: StudyDep, db: DBDep) -> StudyDetail:
     responses=ERRORS,
 )
 def stop_study(row: StudyDep, db: DBDep) -> StudyDetail:
-    """Ask the orchestrator to stop dispatching; trials in flight finish. A queued study stops at once."""
-    if row.status == "queued":
-        db.update_study(row.id, status="stopped", message="stopped before it started")
-    elif row.status == "running":
-        db.update_study(row.id, stop_requested=True)
-    return study_out(db, db.get_study(row.id), detail=True)  # type: ignore[arg-type,return-value]
+    """Ask the orchestrator to stop dispatching (``stopping``, then ``stopped``); trials in flight finish.
+    A queued study stops at once; a finished one is left as it is."""
+    lifecycle.request_stop(db, row.id)
+    return study_out(db, _current(db, row.id), detail=True)  # type: ignore[return-value]
+
+
+def _current(db: Any, study_id: int) -> Any:
+    row = lifecycle.visible(db.get_study(study_id))
+    if row is None:
+        raise HTTPException(404, f"no study {study_id}")
+    return row
 
 
 @router.post(
@@ -175,37 +165,27 @@ def stop_study(row: StudyDep, db: DBDep) -> StudyDetail:
     status_code=202,
     response_model=StudyDetail,
     dependencies=[Depends(require_write)],
-    responses={**ERRORS, 409: {"model": ErrorOut, "description": "the study is running"}},
+    responses={**ERRORS, 409: {"model": ErrorOut, "description": "the study is queued, running or stopping"}},
 )
 def resume_study(row: StudyDep, db: DBDep) -> StudyDetail:
     """Queue a stopped, failed or completed study again; it goes on to its budget."""
-    if row.status in ("running", "queued"):
-        raise HTTPException(409, f"study {row.id} is {row.status}")
-    db.update_study(row.id, status="queued", stop_requested=False, message=None)
-    return study_out(db, db.get_study(row.id), detail=True)  # type: ignore[arg-type,return-value]
+    if not lifecycle.resume(db, row.id):
+        raise HTTPException(409, f"study {row.id} is {_current(db, row.id).status}")
+    return study_out(db, _current(db, row.id), detail=True)  # type: ignore[return-value]
 
 
 @router.delete(
     "/{study_id}",
     status_code=204,
     dependencies=[Depends(require_write)],
-    responses={**ERRORS, 409: {"model": ErrorOut, "description": "the study is running"}},
+    responses=ERRORS,
 )
 def delete_study(row: StudyDep, db: DBDep) -> Response:
-    if row.status == "running":
-        raise HTTPException(409, f"study {row.id} is running: stop it first")
-    db.delete_study(row.id)
-    _delete_optuna_study(db, row.optuna_name)
+    """Delete a study and its trials. A running study is stopped first: it is gone from every read at
+    once, and its rows are removed when its runner has stopped."""
+    if lifecycle.delete(db, row.id) is None:
+        raise HTTPException(404, f"no study {row.id}")
     return Response(status_code=204)
-
-
-def _delete_optuna_study(db: Any, name: str) -> None:
-    import optuna
-
-    try:
-        optuna.delete_study(study_name=name, storage=db.url)
-    except KeyError:
-        pass  # queued and never started: Optuna never heard of it
 
 
 @router.get("/{study_id}/trials", response_model=TrialPage, responses=ERRORS)
@@ -312,7 +292,7 @@ async def study_events(row: StudyDep, db: DBDep, request: Request) -> StreamingR
         idle = 0
         while not await request.is_disconnected():
             # database work off the event loop: open dashboards must not stall the server
-            current = await asyncio.to_thread(db.get_study, row.id)
+            current = lifecycle.visible(await asyncio.to_thread(db.get_study, row.id))
             if current is None:
                 yield "event: deleted\ndata: {}\n\n"
                 return
