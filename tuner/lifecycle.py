@@ -324,10 +324,13 @@ def purge(db: StudyDB, study_id: int) -> None:
 
 def _delete_optuna_study(db: StudyDB, name: str) -> None:
     import optuna
+    from sqlalchemy import inspect
 
     from tuner.storage import is_transient
 
     try:
+        if not inspect(db.engine).has_table("version_info"):
+            return  # no study ever ran here: Optuna's tables are not made just to find nothing in them
         optuna.delete_study(study_name=name, storage=db.url)
     except KeyError:
         pass  # queued and never started: Optuna never heard of it
