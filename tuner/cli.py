@@ -278,6 +278,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from tuner.service import StudyRunner
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     runner = StudyRunner(_db(args, write=True), ray_address=args.ray_address, workers=args.workers)
     ensure_ray(args.ray_address, min_cpus=args.workers or 2)
     finishing = threading.Event()
@@ -292,7 +293,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.watch_parent:  # started by `tuner serve`: a server that dies takes its runner with it
         from tuner.supervisor import watch_parent
 
-        watch_parent(stop)
+        watch_parent(args.watch_parent, stop)
     # After Ray's own handler: SIGTERM stops the runner instead of exiting in the middle of the loop.
     signal.signal(signal.SIGTERM, stop)
     try:
@@ -363,6 +364,7 @@ def _exit_after_ray_shutdown(timeout_s: float) -> NoReturn:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import os
     import signal
 
     import uvicorn
@@ -379,7 +381,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.no_runner:
         from tuner.supervisor import RunnerSupervisor
 
-        cmd = [sys.executable, "-m", "tuner.cli", "worker", "--db", db_url, "--watch-parent"]
+        cmd = [sys.executable, "-m", "tuner.cli", "worker", "--db", db_url, "--watch-parent", str(os.getpid())]
         if args.ray_address:
             cmd += ["--ray-address", args.ray_address]
         if args.workers:
@@ -521,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_db(worker)
     worker.add_argument("--ray-address")
     worker.add_argument("--workers", type=int)
-    worker.add_argument("--watch-parent", action="store_true", help="exit when the process that started it dies")
+    worker.add_argument("--watch-parent", type=int, metavar="PID", help="stop when process PID (its parent) is gone")
     worker.set_defaults(func=cmd_worker)
 
     database = sub.add_parser("db", help="the study database's schema")

@@ -83,10 +83,10 @@ class RunnerSupervisor:
         self.state = "stopped"
 
 
-def watch_parent(on_orphaned: Callable[[], None], every_s: float = 1.0) -> threading.Thread:
-    """Call ``on_orphaned`` once when this process's parent has died (it is re-parented), from a daemon
-    thread polling every ``every_s`` seconds. For a runner a server started: the server's death ends it."""
-    parent = os.getppid()
+def watch_parent(parent: int, on_orphaned: Callable[[], None], every_s: float = 1.0) -> threading.Thread:
+    """Call ``on_orphaned`` once this process's parent, ``parent`` (a pid), is no longer its parent (it
+    died and this process was re-parented), from a daemon thread polling every ``every_s`` seconds. For
+    a runner a server started: the server's death ends it, even one that came before this call."""
 
     def poll() -> None:
         while os.getppid() == parent:

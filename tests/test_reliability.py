@@ -1,0 +1,273 @@
+"""The service survives its dependencies failing: a PostgreSQL restart mid-study, a killed runner, a
+killed server. Each runs ``tuner serve`` for real (API + supervised runner + local Ray)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.test_deployment import stop
+
+pytestmark = pytest.mark.timeout(400)
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+TOKEN = "reliability-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def study_spec(name: str, trials: int, sleep_ms: int) -> dict:
+    return {
+        "name": name,
+        "workload": "noop",
+        "args": {"sleep_ms": sleep_ms},
+        "space": {"tile": {"high": 128}, "stages": {"high": 4}},
+        "objectives": [{"metric": "score"}, {"metric": "cost"}],
+        "budget": {"trials": trials},
+        "seed": 11,
+    }
+
+
+def _as_postgres(*cmd: str) -> list[str]:
+    """Run a PostgreSQL tool as the postgres user when we are root (initdb refuses root)."""
+    if os.geteuid() != 0:
+        return list(cmd)
+    return ["runuser", "-u", "postgres", "--", *cmd]
+
+
+@pytest.fixture
+def private_pg() -> Iterator[tuple[str, Path]]:
+    """A PostgreSQL cluster of this test's own (it restarts it): (URL, data directory)."""
+    if not (PG_BIN / "initdb").exists() or (os.geteuid() == 0 and shutil.which("runuser") is None):
+        pytest.skip("needs PostgreSQL 15's initdb/pg_ctl")
+    root = Path(tempfile.mkdtemp(prefix="tuner-pg-"))
+    data = root / "data"
+    if os.geteuid() == 0:
+        shutil.chown(root, "postgres", "postgres")
+    port = 8202
+    subprocess.run(
+        _as_postgres(str(PG_BIN / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres"),
+        check=True,
+        capture_output=True,
+    )
+    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1"
+    subprocess.run(
+        _as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "start"),
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=60,
+    )
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres", data
+    finally:
+        subprocess.run(_as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"))
+        shutil.rmtree(root, ignore_errors=True)
+
+
+class Server:
+    """``tuner serve`` on one of this test file's ports, with its runner, logging to a file."""
+
+    def __init__(self, db_url: str, port: int, log: Path) -> None:
+        import httpx
+
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = log
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tuner.cli", "serve", "--db", db_url, "--port", str(port), "--workers", "2"],
+                env={**os.environ, "TUNER_API_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"},
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if self.client.get("/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert self.proc.poll() is None and time.monotonic() < deadline, self.tail()
+            time.sleep(0.3)
+
+    def tail(self) -> str:
+        return self.log.read_text()[-6000:]
+
+    def submit(self, spec: dict) -> str:
+        answer = self.client.post("/api/studies", json=spec, headers=AUTH)
+        assert answer.status_code == 202, answer.text
+        return answer.json()["url"]
+
+    def wait_for(self, study_url: str, done: object, timeout_s: float = 240) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            response = self.client.get(study_url)
+            if response.status_code == 200 and done(response.json()):  # type: ignore[operator]
+                return response.json()
+            assert time.monotonic() < deadline, f"{response.text}\n{self.tail()}"
+            time.sleep(0.3)
+
+    def close(self) -> None:
+        self.client.close()
+        stop(self.proc, timeout=90)
+
+
+def _check_trials(db_url: str, name: str, budget: int, before: dict[int, dict]) -> None:
+    """The study met its budget; no finished trial was lost or changed, no number was used twice."""
+    from tuner.storage import StudyDB, measured_count
+
+    db = StudyDB(db_url)
+    row = db.find_study(name)
+    trials = db.trials(row.id)
+    numbers = [t.number for t in trials]
+    assert len(numbers) == len(set(numbers)) and numbers == list(range(len(numbers))), numbers
+    assert measured_count(db.status_counts(row.id)) >= budget and not [t for t in trials if t.status == "running"]
+    now = {t.number: t.metrics for t in trials}
+    assert all(now[number] == metrics for number, metrics in before.items())
+    db.dispose()
+
+
+def _finished(db_url: str, name: str) -> dict[int, dict]:
+    from tuner.storage import StudyDB
+
+    db = StudyDB(db_url)
+    row = db.find_study(name)
+    done = {t.number: t.metrics for t in db.trials(row.id) if t.status != "running"}
+    db.dispose()
+    return done
+
+
+def test_a_postgresql_restart_mid_study_loses_nothing(private_pg: tuple[str, Path], tmp_path: Path) -> None:
+    db_url, data = private_pg
+    server = Server(db_url, 8203, tmp_path / "serve.log")
+    print("server log:", server.log)
+    codes: list[int] = []
+    reading = threading.Event()
+
+    def read_all_the_time(study_url: str) -> None:
+        import httpx
+
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            while not reading.is_set():
+                try:
+                    codes.append(client.get(study_url).status_code)
+                    codes.append(client.get("/api/studies").status_code)
+                except httpx.TransportError:
+                    codes.append(-1)
+                time.sleep(0.05)
+
+    try:
+        study_url = server.submit(study_spec("blip", trials=30, sleep_ms=300))
+        server.wait_for(study_url, lambda s: s["measured"] >= 5)
+        reader = threading.Thread(target=read_all_the_time, args=(study_url,))
+        reader.start()
+        before = _finished(db_url, "blip")
+        # The server's output goes to its log: a pipe it inherited would never close.
+        pg_ctl = [str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(data.parent / "log"), "-m", "fast", "-w"]
+        restarted = subprocess.run(_as_postgres(*pg_ctl, "restart"), stdout=subprocess.DEVNULL, timeout=60)
+        assert restarted.returncode == 0
+        time.sleep(3)
+        reading.set()
+        reader.join(timeout=30)
+        final = server.wait_for(study_url, lambda s: s["status"] in ("completed", "failed"))
+        assert final["status"] == "completed", f"{final}\n{server.tail()}"
+        assert server.client.get("/healthz").json()["status"] == "ok"
+        log = server.tail()
+    finally:
+        server.close()
+    assert 500 not in codes and 200 in codes, codes  # reads during the blip: 503 (Retry-After), never 500
+    assert "crashed the orchestrator" not in log and "Traceback" not in log, log
+    _check_trials(db_url, "blip", 30, before)
+
+
+def _runner_pid(server: Server) -> int:
+    out = subprocess.run(
+        ["pgrep", "-P", str(server.proc.pid), "-f", "tuner.cli worker"], capture_output=True, text=True
+    )
+    pids = [int(p) for p in out.stdout.split()]
+    assert len(pids) == 1, (out.stdout, server.tail())
+    return pids[0]
+
+
+def test_a_killed_runner_is_restarted_and_resumes_its_study(sqlite_url: str, tmp_path: Path) -> None:
+    server = Server(sqlite_url, 8204, tmp_path / "serve.log")
+    try:
+        assert server.client.get("/healthz").json() == {"status": "ok", "db": "ok", "runner": "running"}
+        study_url = server.submit(study_spec("supervised", trials=16, sleep_ms=300))
+        server.wait_for(study_url, lambda s: s["measured"] >= 3)
+        before = _finished(sqlite_url, "supervised")
+        first = _runner_pid(server)
+        os.kill(first, signal.SIGKILL)
+        killed_at = time.monotonic()
+        deadline = time.monotonic() + 10
+        while (health := server.client.get("/healthz").json())["runner"] == "running" and _runner_pid_or_none(
+            server
+        ) in (None, first):
+            assert time.monotonic() < deadline, health
+            time.sleep(0.05)
+        assert health["status"] == "degraded" and health["runner"] == "restarting", health
+        deadline = time.monotonic() + 60
+        while _runner_pid_or_none(server) in (None, first):
+            assert time.monotonic() < deadline, server.tail()
+            time.sleep(0.2)
+        resumed = server.wait_for(study_url, lambda s: s["measured"] > len(before) + 1)
+        # The runner's lease is 30 s: the study was taken over by the new runner within it (plus start-up).
+        assert time.monotonic() - killed_at < 30 + 60, resumed
+        final = server.wait_for(study_url, lambda s: s["status"] == "completed")
+        assert final["measured"] >= 16
+        assert server.client.get("/healthz").json()["status"] == "ok"
+        log = server.tail()
+    finally:
+        server.close()
+    assert "exited with status -9; starting another" in log, log
+    _check_trials(sqlite_url, "supervised", 16, before)
+    # The server's graceful stop took its runner with it.
+    assert subprocess.run(["pgrep", "-f", f"tuner.cli worker --db {sqlite_url}"]).returncode == 1
+
+
+def _runner_pid_or_none(server: Server) -> int | None:
+    out = subprocess.run(
+        ["pgrep", "-P", str(server.proc.pid), "-f", "tuner.cli worker"], capture_output=True, text=True
+    )
+    pids = [int(p) for p in out.stdout.split()]
+    return pids[0] if len(pids) == 1 else None
+
+
+def test_a_runner_whose_server_died_stops(sqlite_url: str, tmp_path: Path) -> None:
+    server = Server(sqlite_url, 8205, tmp_path / "serve.log")
+    runner = _runner_pid(server)
+    try:
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while _alive(runner):
+            assert time.monotonic() < deadline, f"the orphaned runner {runner} still runs\n{server.tail()}"
+            time.sleep(0.3)
+    finally:
+        server.client.close()
+        try:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            os.killpg(runner, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert "is gone; stopping" in server.tail()
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process runs (a zombie nobody reaped yet has exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
