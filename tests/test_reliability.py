@@ -271,3 +271,41 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (FileNotFoundError, IndexError):
         return False
+
+
+def test_a_postgresql_restart_under_tuner_run_loses_nothing(private_pg: tuple[str, Path], tmp_path: Path) -> None:
+    import yaml
+
+    db_url, data = private_pg
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(study_spec("blip-run", trials=24, sleep_ms=300)))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "tuner.cli", "run", str(spec_path), "--db", db_url, "--workers", "2", "--quiet"],
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while len(before := _finished_or_empty(db_url, "blip-run")) < 5:
+            assert run.poll() is None and time.monotonic() < deadline, run.stdout.read()
+            time.sleep(0.3)
+        pg_ctl = [str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(data.parent / "log"), "-m", "fast", "-w"]
+        assert subprocess.run(_as_postgres(*pg_ctl, "restart"), stdout=subprocess.DEVNULL, timeout=60).returncode == 0
+        out, _ = run.communicate(timeout=240)
+    finally:
+        stop(run)
+    assert run.returncode == 0 and "Traceback" not in out, out
+    _check_trials(db_url, "blip-run", 24, before)
+
+
+def _finished_or_empty(db_url: str, name: str) -> dict[int, dict]:
+    from tuner.storage import StudyDB
+
+    db = StudyDB(db_url)
+    try:
+        return _finished(db_url, name) if db.schema_is_current() and db.find_study(name) else {}
+    finally:
+        db.dispose()

@@ -184,6 +184,7 @@
   const STUDY_OR_TRIAL_STATUSES = new Set([
     "queued",
     "running",
+    "stopping",
     "completed",
     "stopped",
     "failed",
@@ -620,7 +621,7 @@
         link.setAttribute("download", `${stem}-best.${fmt}`);
         link.classList.toggle("disabled", !study.best);
       }
-      $("stop-button").hidden = TERMINAL.has(study.status);
+      $("stop-button").hidden = TERMINAL.has(study.status) || study.status === "stopping";
       $("resume-button").hidden = !TERMINAL.has(study.status) || study.status === "completed";
       $("timing-note").hidden = !S.trials.some((t) => t.status === "ok" && t.timing_comparable === false);
     }
