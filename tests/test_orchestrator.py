@@ -9,8 +9,9 @@ import optuna
 import pytest
 
 from tuner.orchestrator import Orchestrator, StudyConflict
+from tuner.sampler_adapter import SamplerAdapter
 from tuner.spec import load_spec
-from tuner.storage import StudyDB
+from tuner.storage import StudyDB, TrialWrite
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("ray_session")]
 
@@ -36,10 +37,18 @@ def run(spec: dict[str, Any], db: StudyDB, **kwargs: Any):
     return Orchestrator(load_spec(spec), db, **kwargs).run()
 
 
+def rebuilt_sampler_trials(spec: dict[str, Any], db: StudyDB) -> list[optuna.trial.FrozenTrial]:
+    """The sampler's study as a new run would rebuild it from the trial table."""
+    compiled = load_spec(spec)
+    rows = db.trials(db.find_study(compiled.spec.name).id)
+    return SamplerAdapter(compiled, rows, static_reason=lambda config: None).trials()
+
+
 def test_full_study_on_two_workers(db_url: str) -> None:
     db = StudyDB(db_url)
     events = []
-    summary = run(noop_spec("two-workers"), db, workers=2, progress=events.append)
+    orchestrator = Orchestrator(load_spec(noop_spec("two-workers")), db, workers=2, progress=events.append)
+    summary = orchestrator.run()
     trials = db.trials(summary.study_id)
     measured = [t for t in trials if t.status != "infeasible_static"]
     assert summary.status == "completed"
@@ -52,9 +61,12 @@ def test_full_study_on_two_workers(db_url: str) -> None:
     assert summary.best.metrics["score"] == max(t.metrics["score"] for t in measured if t.feasible)
     assert summary.pareto and all(t.feasible for t in summary.pareto)
     assert events and events[-1].finished == 12
-    # the sampler's side agrees with the database
-    study = optuna.load_study(storage=db.url, study_name=db.find_study("two-workers").optuna_name)
-    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials) == len(trials)
+    # the sampler's side agrees with the database, and a rebuild from the rows gives the same study
+    live = orchestrator.sampler.trials()
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in live) == len(trials)
+    rebuilt = rebuilt_sampler_trials(noop_spec("two-workers"), db)
+    view = [(t.number, t.params, t.values, t.constraints) for t in live]
+    assert [(t.number, t.params, t.values, t.constraints) for t in rebuilt] == view
     db.dispose()
 
 
@@ -76,7 +88,8 @@ def test_injected_faults_become_statuses_and_the_study_completes(sqlite_url: str
         budget={"trials": 13, "trial_timeout_s": 8},
     )
     db = StudyDB(sqlite_url)
-    summary = run(spec, db, workers=2)
+    orchestrator = Orchestrator(load_spec(spec), db, workers=2)
+    summary = orchestrator.run()
     trials = {t.number: t for t in db.trials(summary.study_id)}
     assert summary.status == "completed"
     assert sorted(trials) == list(range(13)), "no trial lost, none duplicated"
@@ -97,11 +110,10 @@ def test_injected_faults_become_statuses_and_the_study_completes(sqlite_url: str
     others = [t for n, t in trials.items() if n not in expected]
     assert others and all(t.status == "ok" for t in others)
     assert all(t.feasible is False for t in trials.values() if t.status != "ok")
-    # failures were told to Optuna as infeasible, never as better than real results
-    study = optuna.load_study(storage=db.url, study_name=db.find_study("faults").optuna_name)
-    for trial in study.trials:
+    # failures were told to the sampler as infeasible, never as better than real results
+    for trial in orchestrator.sampler.trials():
         failed = trials[trial.number].status != "ok"
-        violations = trial.system_attrs.get("constraints", [0.0])  # TPE: none written when satisfied
+        violations = list(trial.constraints.values()) or [0.0]  # TPE: none set when satisfied
         assert (violations[-1] > 0) == failed
         assert (sum(v for v in violations if v > 0) > 0) == (not trials[trial.number].feasible)
     db.dispose()
@@ -116,6 +128,33 @@ def test_same_seed_same_results_same_proposals(tmp_path) -> None:
         db.dispose()
     assert len(sequences[0]) >= 14
     assert sequences[0] == sequences[1]
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_a_stopped_and_resumed_study_proposes_what_an_uninterrupted_run_does(tmp_path, sampler: str) -> None:
+    """The sampler's study is rebuilt from the trial table on resume: for the same seed and results, the
+    proposals after a stop (and after a trial left running, as a killed run leaves it) are the same."""
+    spec = noop_spec("restart", sampler=sampler, args={}, budget={"trials": 14}, space=ALWAYS_FEASIBLE)
+    straight = StudyDB(f"sqlite:///{tmp_path / 'straight.db'}")
+    run(spec, straight, workers=1, trials_per_worker=1)
+    expected = [(t.number, t.params, t.metrics["score"]) for t in straight.trials(straight.find_study("restart").id)]
+
+    db = StudyDB(f"sqlite:///{tmp_path / 'stopped.db'}")
+    first = Orchestrator(load_spec(spec), db, workers=1, trials_per_worker=1)
+    first.progress = lambda p: first.stop() if p.finished >= 6 else None
+    assert first.run().status == "stopped"
+    study_id = db.find_study("restart").id
+    done = db.trials(study_id)
+    assert 6 <= len(done) < 14
+    # the last finished trial back to running, as a kill -9 in the middle of it leaves the row
+    db.apply(
+        [TrialWrite("update", study_id, done[-1].number, {"status": "running", "metrics": {}, "finished_at": None})]
+    )
+    resumed = run(spec, db, workers=1, trials_per_worker=1)
+    assert resumed.status == "completed"
+    assert [(t.number, t.params, t.metrics["score"]) for t in db.trials(study_id)] == expected
+    straight.dispose()
+    db.dispose()
 
 
 @pytest.mark.parametrize("sampler", ["nsga2", "gp", "random"])

@@ -1,7 +1,7 @@
 """Sampler choice: Optuna samplers configured for batch-aware, constraint-aware tuning.
 
-Constraints reach the samplers as Optuna 5 trial constraints (the system
-attribute ``constraints``, which ``Trial.set_constraint`` also writes): one
+Constraints reach the samplers as Optuna 5 trial constraints
+(``Trial.set_constraint``, read back as ``FrozenTrial.constraints``): one
 entry per spec constraint plus one "the trial failed" entry. A failed trial
 (compile error, timeout, wrong numerics...) is told to Optuna as COMPLETE with
 that entry violated, so constraint-aware samplers learn to avoid the region,
@@ -19,9 +19,6 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
-
-CONSTRAINTS_ATTR = "constraints"  # optuna.study._constrained_optimization._CONSTRAINTS_KEY
-GRID_ATTR = "tuner_grid_id"
 
 
 def resolve_sampler_name(name: str, n_objectives: int) -> str:
@@ -72,16 +69,33 @@ class EnumeratedGridSampler(BaseSampler):
 
     Unlike Optuna's ``GridSampler`` the points may differ in their keys, so
     conditional spaces enumerate correctly. Points are in Optuna's param form.
+    The points visited are read from the study's trials (their params), so a
+    study rebuilt from its rows goes on where it stopped.
     """
 
     def __init__(self, points: list[dict[str, Any]], seed: int | None = None) -> None:
         self._points = points
         self._order = list(range(len(points)))
         random.Random(seed).shuffle(self._order)
+        self._index = {_point_key(p): i for i, p in enumerate(points)}
+        self._assigned: dict[int, int] = {}  # trial number -> the point it was given
+        self._done: set[int] = set()  # points of finished trials
+        self._scanned = 0  # trials before this position are finished and in _done
         self._fallback = optuna.samplers.RandomSampler(seed=seed)
 
     def _visited(self, study: optuna.Study) -> set[int]:
-        return {t.system_attrs[GRID_ATTR] for t in study.get_trials(deepcopy=False) if GRID_ATTR in t.system_attrs}
+        trials = study.get_trials(deepcopy=False)
+        while self._scanned < len(trials) and trials[self._scanned].state.is_finished():
+            index = self._index.get(_point_key(trials[self._scanned].params))
+            if index is not None:
+                self._done.add(index)
+            self._scanned += 1
+        visited = self._done | set(self._assigned.values())
+        for trial in trials[self._scanned :]:
+            index = self._index.get(_point_key(trial.params))
+            if index is not None:
+                visited.add(index)
+        return visited
 
     def is_exhausted(self, study: optuna.Study) -> bool:
         return len(self._visited(study)) >= len(self._points)
@@ -92,7 +106,7 @@ class EnumeratedGridSampler(BaseSampler):
         visited = self._visited(study)
         for index in self._order:
             if index not in visited:
-                study._storage.set_trial_system_attr(trial._trial_id, GRID_ATTR, index)
+                self._assigned[trial.number] = index
                 return
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
@@ -106,7 +120,7 @@ class EnumeratedGridSampler(BaseSampler):
     def sample_independent(
         self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
     ) -> Any:
-        index = trial.system_attrs.get(GRID_ATTR)
+        index = self._assigned.get(trial.number)
         if index is not None and param_name in self._points[index]:
             return self._points[index][param_name]
         return self._fallback.sample_independent(study, trial, param_name, param_distribution)
@@ -115,3 +129,7 @@ class EnumeratedGridSampler(BaseSampler):
         self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
     ) -> None:
         return None
+
+
+def _point_key(params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted(params.items()))
