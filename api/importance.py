@@ -1,4 +1,5 @@
-"""Parameter importances from Optuna's PED-ANOVA evaluator (no scikit-learn needed)."""
+"""Parameter importances from Optuna's PED-ANOVA evaluator (no scikit-learn needed), on a scratch study
+built from the trial table."""
 
 from __future__ import annotations
 
@@ -15,20 +16,20 @@ def importances(db: StudyDB, row: StudyRow) -> dict[str, float]:
     """Importance of each Optuna param for the first objective over feasible ``ok`` trials; {} when too few."""
     import optuna
 
+    from tuner.sampler_adapter import ParamEncoder
+    from tuner.space import compile_space
+
     trials = [t for t in db.trials(row.id) if t.status == "ok" and t.feasible and t.duplicate_of is None]
     if len(trials) < MIN_TRIALS:
         return {}
-    try:
-        study = optuna.load_study(study_name=row.optuna_name, storage=db.url)
-    except KeyError:
-        return {}
     metric, direction = objectives_of(row)[0]
-    values = {t.number: t.metrics.get(metric) for t in trials}
-    frozen = [
-        optuna.trial.create_trial(params=f.params, distributions=f.distributions, value=values[f.number])
-        for f in study.get_trials(deepcopy=False)
-        if values.get(f.number) is not None and f.params
-    ]
+    encoder = ParamEncoder(compile_space(row.space))  # the params as the sampler saw them (pow2 as log2)
+    frozen = []
+    for t in trials:
+        value = t.metrics.get(metric)
+        params, distributions = encoder.encode(t.params)
+        if value is not None and params:
+            frozen.append(optuna.trial.create_trial(params=params, distributions=distributions, value=value))
     if len(frozen) < MIN_TRIALS:
         return {}
     scratch = optuna.create_study(direction=direction)

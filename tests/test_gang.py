@@ -46,7 +46,7 @@ def collective_spec(name: str, **changes: Any) -> dict[str, Any]:
         "objectives": [{"metric": "busbw_gbps"}],
         "budget": {"trials": 4, "trial_timeout_s": 30},
         "sampler": "random",
-        "seed": 3,
+        "seed": 0,  # its first four proposals are statically feasible: faults 1 and 2 hit real trials
         "resources": {"gpus_per_trial": 2},
     }
     spec.update(changes)

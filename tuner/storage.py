@@ -2,8 +2,9 @@
 
 One code path for both. SQLite files run in WAL mode with a busy timeout so
 readers (CLI, API) never block the orchestrator, which is the only writer.
-Optuna's own tables live in the same database (its RDB storage); ours are
-prefixed ``tuner_`` so the two never collide.
+The sampler's Optuna study is rebuilt in memory from these rows
+(``tuner/sampler_adapter.py``); databases made by earlier releases also hold
+Optuna's RDB tables, which is why ours are prefixed ``tuner_``.
 """
 
 from __future__ import annotations
