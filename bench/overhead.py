@@ -9,9 +9,11 @@ same code) and the same objective function; and the same sampler on an
 in-memory study with no database at all, which is the part of both sides'
 time that is the sampler's own (TPE's cost grows with the trials).
 
-Reported: milliseconds per trial of each (mean over the loop, and the 95th
-percentile of the intervals between consecutive finished trials), and the
-ratio ours / plain (lower is better).
+The sides take turns in ``--segments`` segments (ours resumes its study with
+a larger budget each time), so that a change in the load of a shared machine
+hits them alike. Reported: milliseconds per trial of each (mean over the
+loops, and the 95th percentile of the intervals between consecutive finished
+trials), the ratio ours / plain (lower is better), and the load average.
 
     python bench/overhead.py --trials 1000 --sampler tpe --out bench/results/overhead-tpe-1000.json
     python bench/overhead.py --db-url "$TUNER_TEST_PG_URL" --out bench/results/overhead-tpe-1000-postgres.json
@@ -38,7 +40,7 @@ from objectives.noop import NoOp
 from tuner.orchestrator import Orchestrator, ensure_ray
 from tuner.samplers import make_sampler
 from tuner.spec import load_spec
-from tuner.storage import StudyDB
+from tuner.storage import StudyDB, tune_sqlite_engine
 
 
 def spec(name: str, trials: int, sampler: str, seed: int) -> dict:
@@ -62,39 +64,59 @@ def intervals_ms(stamps: list[float]) -> list[float]:
     return [(b - a) * 1000 for a, b in itertools.pairwise(stamps)]
 
 
-def plain_optuna(storage: str | None, trials: int, sampler_name: str, seed: int) -> tuple[float, float]:
-    """Mean and p95 ms per trial of ``Study.optimize`` on ``storage`` (None: Optuna's in-memory storage)."""
-    compiled = load_spec(spec("plain", trials, sampler_name, seed))
-    sampler = make_sampler(
-        sampler_name, n_objectives=1, seed=seed, budget_trials=trials, has_conditions=True, grid_points=None
-    )
-    name = f"plain-optuna-{uuid.uuid4().hex[:8]}"
-    study = optuna.create_study(storage=storage, study_name=name, direction="maximize", sampler=sampler)
-    stamps: list[float] = []
+class Plain:
+    """``Study.optimize`` on ``storage`` (None: Optuna's in-memory storage), run in segments."""
 
-    def objective(trial: optuna.Trial) -> float:
-        return NoOp.reference(compiled.space.suggest(trial))
+    def __init__(self, storage: str | None, trials: int, sampler_name: str, seed: int) -> None:
+        self.compiled = load_spec(spec("plain", trials, sampler_name, seed))
+        sampler = make_sampler(
+            sampler_name, n_objectives=1, seed=seed, budget_trials=trials, has_conditions=True, grid_points=None
+        )
+        name = f"plain-optuna-{uuid.uuid4().hex[:8]}"
+        rdb = None
+        if storage is not None:
+            # the same SQLite settings as ours (WAL, synchronous=NORMAL): the same durability on both sides
+            rdb = optuna.storages.RDBStorage(storage)
+            tune_sqlite_engine(rdb.engine)
+        self.study = optuna.create_study(storage=rdb, study_name=name, direction="maximize", sampler=sampler)
+        self.seconds = 0.0
+        self.intervals_ms: list[float] = []
 
-    start = time.perf_counter()
-    study.optimize(objective, n_trials=trials, callbacks=[lambda _s, _t: stamps.append(time.perf_counter())])
-    mean_ms = (time.perf_counter() - start) / trials * 1000
-    return mean_ms, p95(intervals_ms(stamps))
+    def run(self, trials: int) -> None:
+        stamps: list[float] = []
+
+        def objective(trial: optuna.Trial) -> float:
+            return NoOp.reference(self.compiled.space.suggest(trial))
+
+        start = time.perf_counter()
+        self.study.optimize(objective, n_trials=trials, callbacks=[lambda _s, _t: stamps.append(time.perf_counter())])
+        self.seconds += time.perf_counter() - start
+        self.intervals_ms += intervals_ms(stamps)
 
 
-def ours(url: str, trials: int, sampler_name: str, seed: int, workers: int) -> dict[str, float]:
-    compiled = load_spec(spec(f"ours-{uuid.uuid4().hex[:8]}", trials, sampler_name, seed))
-    db = StudyDB(url)
-    stamps: list[float] = []
-    summary = Orchestrator(compiled, db, workers=workers, progress=lambda _p: stamps.append(time.perf_counter())).run()
-    assert summary.counts.get("ok") == trials, summary.counts
-    durable = sum(t.status == "ok" for t in db.trials(summary.study_id))
-    assert durable == trials, f"{durable} of {trials} results in the database"
-    db.dispose()
-    return {
-        "mean_ms": summary.loop_s / trials * 1000,
-        "p95_ms": p95(intervals_ms(stamps)),
-        "startup_s": summary.startup_s,
-    }
+class Ours:
+    """The engine on one study, run in segments: each segment resumes the study with a larger budget
+    (the startup of each, Ray actors and the rebuild of the sampler's study, is reported apart)."""
+
+    def __init__(self, url: str, sampler_name: str, seed: int, workers: int) -> None:
+        self.url, self.sampler_name, self.seed, self.workers = url, sampler_name, seed, workers
+        self.name = f"ours-{uuid.uuid4().hex[:8]}"
+        self.seconds = self.startup_s = 0.0
+        self.intervals_ms: list[float] = []
+
+    def run(self, upto: int) -> None:
+        compiled = load_spec(spec(self.name, upto, self.sampler_name, self.seed))
+        db = StudyDB(self.url)
+        stamps: list[float] = []
+        progress = lambda _p: stamps.append(time.perf_counter())  # noqa: E731
+        summary = Orchestrator(compiled, db, workers=self.workers, progress=progress).run()
+        assert summary.counts.get("ok") == upto, summary.counts
+        durable = sum(t.status == "ok" for t in db.trials(summary.study_id))
+        assert durable == upto, f"{durable} of {upto} results in the database"
+        db.dispose()
+        self.seconds += summary.loop_s
+        self.startup_s += summary.startup_s
+        self.intervals_ms += intervals_ms(stamps)
 
 
 def main() -> None:
@@ -103,6 +125,7 @@ def main() -> None:
     parser.add_argument("--sampler", default="tpe", choices=["tpe", "random", "nsga2"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--segments", type=int, default=4, help="turns each side takes (1: one run each)")
     parser.add_argument("--db", help="SQLite file to use (default: a fresh temporary file)")
     parser.add_argument("--db-url", help="a database URL instead (PostgreSQL: both sides on that database)")
     parser.add_argument("--out", help="write the result as JSON here")
@@ -118,9 +141,20 @@ def main() -> None:
     optuna_url = db.url
     db.dispose()
     ensure_ray(None, min_cpus=args.workers)
-    measured = ours(url, args.trials, args.sampler, args.seed, args.workers)
-    plain_ms, plain_p95 = plain_optuna(optuna_url, args.trials, args.sampler, args.seed)
-    sampler_ms, sampler_p95 = plain_optuna(None, args.trials, args.sampler, args.seed)
+    # The sides take turns, segment by segment, so a change in the machine's load hits them alike.
+    ours = Ours(url, args.sampler, args.seed, args.workers)
+    plain = Plain(optuna_url, args.trials, args.sampler, args.seed)
+    sampler_only = Plain(None, args.trials, args.sampler, args.seed)
+    per_segment = args.trials // args.segments
+    for segment in range(1, args.segments + 1):
+        upto = args.trials if segment == args.segments else segment * per_segment
+        ours.run(upto)
+        plain.run(upto - len(plain.study.trials))
+        sampler_only.run(upto - len(sampler_only.study.trials))
+    n = args.trials
+    ours_ms, ours_p95 = ours.seconds / n * 1000, p95(ours.intervals_ms)
+    plain_ms, plain_p95 = plain.seconds / n * 1000, p95(plain.intervals_ms)
+    sampler_ms, sampler_p95 = sampler_only.seconds / n * 1000, p95(sampler_only.intervals_ms)
     result: dict[str, Any] = {
         "benchmark": "orchestration overhead per trial",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
@@ -128,18 +162,20 @@ def main() -> None:
         "trials": args.trials,
         "sampler": args.sampler,
         "workers": args.workers,
-        "ours_ms_per_trial": round(measured["mean_ms"], 3),
-        "ours_p95_ms": round(measured["p95_ms"], 3),
+        "segments": args.segments,
+        "ours_ms_per_trial": round(ours_ms, 3),
+        "ours_p95_ms": round(ours_p95, 3),
         "plain_optuna_ms_per_trial": round(plain_ms, 3),
         "plain_optuna_p95_ms": round(plain_p95, 3),
-        "ratio_ours_over_plain": round(measured["mean_ms"] / plain_ms, 3),
-        "ratio_ours_p95_over_plain_p95": round(measured["p95_ms"] / plain_p95, 3),
+        "ratio_ours_over_plain": round(ours_ms / plain_ms, 3),
+        "ratio_ours_p95_over_plain_p95": round(ours_p95 / plain_p95, 3),
         "sampler_only_ms_per_trial": round(sampler_ms, 3),
         "sampler_only_p95_ms": round(sampler_p95, 3),
-        "ours_startup_s": round(measured["startup_s"], 2),
+        "ours_startup_s": round(ours.startup_s, 2),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
         "targets": {"ours_p95_ms_max": 20.0, "ratio_max": 0.2},
         "baseline": (
-            "optuna.Study.optimize, same sampler, same space code, same database, same process; "
+            "optuna.Study.optimize, same sampler, same space code, same database and SQLite settings, same process; "
             "sampler_only: the same on an in-memory study (the sampler's own cost, common to both)"
         ),
         "machine": {
