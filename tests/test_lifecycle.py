@@ -217,7 +217,7 @@ def test_two_first_runs_of_one_new_spec_one_runs_the_other_is_told_who(db_url: s
             orchestrator = Orchestrator(compiled, db, lease_owner=lease_owner_name("tuner run"), lease_s=30)
             start.wait()
             try:
-                outcomes.append(orchestrator._open_study().id)
+                outcomes.append(orchestrator.session.open().id)
             except StudyConflict as exc:
                 outcomes.append(str(exc))
             except Exception as exc:  # what the loser died of before

@@ -242,7 +242,9 @@ def test_gemm_study_on_cpu_workers_under_the_interpreter(sqlite_url: str) -> Non
     assert all(t.status == "ok" for t in measured), [(t.status, t.error) for t in measured]
     assert all(t.params["precision"] != "bf16" for t in measured)  # refused on the interpreter
     pruned = [t.error or "" for t in trials if t.status == "infeasible_static"]
-    assert all("interpreter" in e or e.startswith("rule ") for e in pruned), pruned
+    # refused on the interpreter, by a space rule, or by a kernel variant's tile needs (which ones the
+    # sampler hits depends on its proposals)
+    assert all("interpreter" in e or e.startswith("rule ") or " needs " in e for e in pruned), pruned
     for t in measured:
         assert t.timing_comparable is False
         assert t.metrics["tflops"] > 0 and t.metrics["max_rel_error"] < 0.1
