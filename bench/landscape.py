@@ -48,7 +48,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         "workload": "triton_gemm",
         "args": {"m": 8192, "n": 8192, "k": 8192},
         "grid": {
-            "BLOCK_M": [64, 128, 256],
+            "BLOCK_M": [64, 128],
             "BLOCK_N": [64, 128, 256],
             "BLOCK_K": [32, 64, 128],
             "GROUP_M": [8],
