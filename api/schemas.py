@@ -33,9 +33,12 @@ class StudyOut(BaseModel):
     counts: dict[str, int]
     progress: float
     best: BestOut | None
+    front_size: int = 0  # trials on the Pareto front (for one objective: those tied for best)
+    seq: int = 0  # the study's last change: event streams and ``/trials?since=`` go on from it
     elapsed_s: float
     eta_s: float | None
     message: str | None
+    error: str | None = None  # why the study cannot be shown in full (e.g. its workload no longer builds)
     url: str
     dashboard_url: str
 
@@ -96,6 +99,31 @@ class ParetoOut(BaseModel):
     objectives: list[ObjectiveOut]
     trials: list[TrialOut]
     default_pick: int | None
+
+
+class PlotPointOut(BaseModel):
+    """A trial as the plots draw it: no raw samples, no error text."""
+
+    number: int
+    status: str
+    feasible: bool | None
+    duplicate_of: int | None
+    timing_comparable: bool | None
+    params: dict[str, Any]
+    metrics: dict[str, float | None]
+
+
+class StudyOverview(BaseModel):
+    """What the study page draws first, in one response: the study, the first page of its trial table,
+    every trial's plot point, the front, the latest failures, and the change ``seq`` it was read at."""
+
+    study: StudyDetail
+    trials: TrialPage
+    points: list[PlotPointOut]
+    points_stride: int = 1  # 1: every trial; k: every k-th trial (by number) and every front trial
+    pareto: ParetoOut
+    failures: list[TrialOut]
+    seq: int
 
 
 class ImportanceOut(BaseModel):

@@ -5,9 +5,31 @@ from __future__ import annotations
 from typing import Any
 
 from api.schemas import BestOut, ObjectiveOut, StudyDetail, StudyOut, TrialDetail, TrialOut
-from tuner.export import objectives_of
-from tuner.pareto import best_trial
-from tuner.storage import DUPLICATE, RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics, measured_count
+from tuner.queries import StudyView, study_view
+from tuner.storage import RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics, measured_count
+
+
+def trial_dict(row: TrialRow) -> dict[str, Any]:
+    """A trial as ``TrialOut`` serialises it, built without the model (long lists: fronts, overviews)."""
+    duration = None
+    if row.started_at is not None and row.finished_at is not None:
+        duration = max(0.0, (row.finished_at - row.started_at).total_seconds())
+    return {
+        "number": row.number,
+        "status": row.status,
+        "params": row.params or {},
+        "metrics": clean_metrics(row.metrics or {}),
+        "feasible": row.feasible,
+        "timing_comparable": row.timing_comparable,
+        "error": row.error,
+        "worker": row.worker,
+        "attempt": row.attempt or 1,
+        "duplicate_of": row.duplicate_of,
+        "remeasured": row.remeasured,
+        "started_at": None if row.started_at is None else row.started_at.isoformat(),
+        "finished_at": None if row.finished_at is None else row.finished_at.isoformat(),
+        "duration_s": duration,
+    }
 
 
 def trial_out(row: TrialRow, detail: bool = False) -> TrialOut:
@@ -36,15 +58,16 @@ def trial_out(row: TrialRow, detail: bool = False) -> TrialOut:
 
 
 def study_out(db: StudyDB, row: StudyRow, detail: bool = False) -> StudyOut:
-    trials = db.trials(row.id)
-    objectives = objectives_of(row)
-    counts: dict[str, int] = {}
-    for t in trials:
-        key = DUPLICATE if t.duplicate_of is not None else t.status
-        counts[key] = counts.get(key, 0) + 1
+    """The study as the API shows it, from its summary (no trial is read)."""
+    return view_out(study_view(db, row), detail=detail)
+
+
+def view_out(view: StudyView, detail: bool = False) -> StudyOut:
+    row, summary = view.row, view.summary
+    counts = {k: v for k, v in summary.counts.items() if v}
     measured = measured_count(counts)
-    budget = int(row.spec.get("budget", {}).get("trials", 0) or 0)
-    best = best_trial(trials, objectives)
+    budget = int((row.spec or {}).get("budget", {}).get("trials", 0) or 0)
+    best = summary.best
     elapsed = float(row.elapsed_s or 0.0)
     eta = None
     if row.status == "running" and measured:
@@ -56,16 +79,21 @@ def study_out(db: StudyDB, row: StudyRow, detail: bool = False) -> StudyOut:
         "status": row.status,
         "created_at": row.created_at,
         "updated_at": row.updated_at,
-        "objectives": [ObjectiveOut(metric=m, direction=d) for m, d in objectives],
+        "objectives": [ObjectiveOut(metric=m, direction=d) for m, d in view.objectives],
         "budget_trials": budget,
         "measured": measured,
         "running": counts.get(RUNNING, 0),
         "counts": counts,
         "progress": min(1.0, measured / budget) if budget else 0.0,
-        "best": None if best is None else BestOut(trial=best.number, params=best.params, metrics=best.metrics),
+        "best": None
+        if best is None
+        else BestOut(trial=best["trial"], params=best["params"], metrics=clean_metrics(best["metrics"])),
+        "front_size": summary.front_size,
+        "seq": summary.seq,
         "elapsed_s": elapsed,
         "eta_s": eta,
         "message": row.message,
+        "error": view.error,
         "url": f"/api/studies/{row.id}",
         "dashboard_url": f"/studies/{row.id}",
     }

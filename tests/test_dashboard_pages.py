@@ -112,6 +112,9 @@ def _stub_study(study_id: int, objectives: list[tuple[str, str]]) -> tuple[dict[
     return study, trials
 
 
+POINT_FIELDS = ("number", "status", "feasible", "duplicate_of", "timing_comparable", "params", "metrics")
+
+
 def stub_api() -> FastAPI:
     """Studies 1 (two objectives), 2 (three), 3 (one); 99 makes the API fail; others are missing."""
     app = FastAPI()
@@ -138,9 +141,31 @@ def stub_api() -> FastAPI:
         return get(study_id)[0]
 
     @app.get("/api/studies/{study_id}/trials")
-    def trials(study_id: int, limit: int = 1000, offset: int = 0) -> dict[str, Any]:
-        items = get(study_id)[1]
+    def trials(
+        study_id: int, limit: int = 1000, offset: int = 0, sort: str = "number", status: str | None = None
+    ) -> dict[str, Any]:
+        """As the real API pages: filtered by status, sorted by number, status or a metric (nulls last)."""
+        items = [t for t in get(study_id)[1] if status is None or t["status"] == status]
+        key, descending = sort.lstrip("-"), sort.startswith("-")
+        if key in ("number", "status"):
+            items = sorted(items, key=lambda t: t[key], reverse=descending)
+        else:
+            present = sorted((t for t in items if t["metrics"].get(key) is not None), key=lambda t: t["metrics"][key])
+            items = (present[::-1] if descending else present) + [t for t in items if t["metrics"].get(key) is None]
         return {"items": items[offset : offset + limit], "total": len(items), "limit": limit, "offset": offset}
+
+    @app.get("/api/studies/{study_id}/overview")
+    def overview(study_id: int, limit: int = 100, sort: str = "number", status: str | None = None) -> dict[str, Any]:
+        study, items = get(study_id)
+        failed = [t for t in items if t["status"] != "ok" or t["feasible"] is False]
+        return {
+            "study": study,
+            "trials": trials(study_id, limit=limit, sort=sort, status=status),
+            "points": [{k: t[k] for k in POINT_FIELDS} for t in items],
+            "pareto": pareto(study_id),
+            "failures": failed[::-1],
+            "seq": len(items),
+        }
 
     @app.get("/api/studies/{study_id}/trials/{number}")
     def trial(study_id: int, number: int) -> dict[str, Any]:
@@ -366,6 +391,7 @@ def test_charts_draw_hostile_data_as_text(stub_server: str) -> None:
             page.goto(f"{stub_server}/studies/1")
             page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1")
             page.wait_for_selector("#roofline-plot .main-svg")
+            page.wait_for_function("() => document.body.dataset.importances === 'drawn'")  # after the first draw
             assert page.locator("#study-name").text_content() == HOSTILE_NAME
             assert page.locator("#study-message").text_content() == f"finished {HOSTILE}"
             data = page.evaluate(

@@ -136,10 +136,12 @@ def test_a_database_of_an_earlier_version_gains_the_new_columns_and_keeps_its_ro
     from tuner.storage import Base, make_engine, resolve_url
 
     dropped = {"tuner_studies": {"lease_owner", "lease_expires_at", "idempotency_key", "stop_requested",
-                                 "idempotency_spec_hash"},  # a column of the migrations that came after
-               "tuner_trials": {"duplicate_of", "remeasured", "attempt"}}  # fmt: skip
+                                 "idempotency_spec_hash", "objectives"},  # columns of later migrations
+               "tuner_trials": {"duplicate_of", "remeasured", "attempt", "seq"}}  # fmt: skip
     old = MetaData()
     for table in Base.metadata.sorted_tables:
+        if table.name not in dropped:  # a table of a later version (summaries, metric values)
+            continue
         columns = [
             Column(
                 c.name, c.type, *[ForeignKey(fk.target_fullname) for fk in c.foreign_keys], primary_key=c.primary_key

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from typing import Any
 
 from tuner.pareto import best_trial, pareto_front
@@ -22,11 +23,29 @@ class ExportError(ValueError):
     pass
 
 
-def objectives_of(row: StudyRow) -> list[tuple[str, str]]:
-    spec = StudySpec.model_validate(row.spec)
-    workload = workload_class(spec.workload)(**spec.args)
+def objectives_from_spec(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(metric, direction) of a stored spec's objectives, directions defaulted by its workload (which is
+    built: this raises whatever building it raises). Called once, when a study is stored."""
+    parsed = StudySpec.model_validate(spec)
+    workload = workload_class(parsed.workload)(**parsed.args)
     directions = {m.name: m.direction for m in workload.metric_specs()}
-    return [(o.metric, o.direction or directions[o.metric]) for o in spec.objectives]
+    return [(o.metric, o.direction or directions[o.metric]) for o in parsed.objectives]
+
+
+def objectives_of(row: StudyRow) -> list[tuple[str, str]]:
+    """The study's objectives as stored with it; a study stored before they were has them rebuilt from its
+    spec (raising what that raises: see :func:`objectives_or_error`)."""
+    if row.objectives is not None:
+        return [(o["metric"], o["direction"]) for o in row.objectives]
+    return objectives_from_spec(row.spec)
+
+
+def objectives_or_error(row: StudyRow) -> tuple[list[tuple[str, str]], str | None]:
+    """:func:`objectives_of`, or no objectives and why, for a study whose workload can no longer be built."""
+    try:
+        return objectives_of(row), None
+    except Exception as exc:  # whatever the workload raises, the study is still listed
+        return [], f"its workload can no longer be built: {type(exc).__name__}: {exc}"
 
 
 def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None) -> dict[str, Any]:

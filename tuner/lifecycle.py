@@ -26,13 +26,22 @@ import datetime as dt
 import hashlib
 import json
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import delete as sql_delete
 from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from tuner.storage import StudyDB, StudyRow, TrialRow
+from tuner.storage import (
+    StudyDB,
+    StudyRow,
+    StudySummaryRow,
+    TrialRow,
+    TrialValueRow,
+    empty_summary,
+    stored_objectives,
+)
 
 log = logging.getLogger("tuner.lifecycle")
 
@@ -101,6 +110,7 @@ def submit(
     space: dict[str, Any],
     space_hash: str,
     idempotency_key: str | None = None,
+    objectives: Iterable[tuple[str, str]] | None = None,
 ) -> tuple[StudyRow, bool]:
     """Queue a new study; returns (the study, whether this call made it).
 
@@ -109,18 +119,22 @@ def submit(
     with: the same spec gives the study that key made (False),
     another spec raises :class:`IdempotencyConflict`. Whatever the interleaving of concurrent submits,
     one study is made per key. A name taken without the key raises :class:`NameTaken`.
+    ``objectives`` ((metric, direction) pairs, default: the spec's) are stored with it, with an empty summary.
     """
     digest = spec_hash(spec)
+    stored = stored_objectives(spec, objectives)
     try:
         with db.Session.begin() as s:
             row = StudyRow(
                 name=name, workload=workload, spec=spec, space=space, space_hash=space_hash, optuna_name="",
                 status=QUEUED, idempotency_key=idempotency_key,
                 idempotency_spec_hash=digest if idempotency_key else None, stop_requested=False,
+                objectives=stored,
             )  # fmt: skip
             s.add(row)
             s.flush()
             row.optuna_name = f"tuner-{row.id}-{name}"
+            s.add(empty_summary(row.id))
         return row, True
     except IntegrityError:
         pass  # the key or the name is taken: by the submit we race, or by an older study
@@ -158,10 +172,12 @@ def create_running(
                 name=name, workload=workload, spec=spec, space=space, space_hash=space_hash, optuna_name="",
                 status=RUNNING, stop_requested=False, lease_owner=owner,
                 lease_expires_at=now + dt.timedelta(seconds=lease_s) if owner else None,
+                objectives=stored_objectives(spec),
             )  # fmt: skip
             s.add(row)
             s.flush()
             row.optuna_name = f"tuner-{row.id}-{name}"
+            s.add(empty_summary(row.id))
         return row
     except IntegrityError:
         existing = db.find_study(name)
@@ -316,7 +332,8 @@ def purge(db: StudyDB, study_id: int) -> None:
         optuna_name = s.scalar(select(StudyRow.optuna_name).where(StudyRow.id == study_id, StudyRow.status == DELETED))
         if optuna_name is None:
             return
-        s.execute(sql_delete(TrialRow).where(TrialRow.study_id == study_id))
+        for table in (TrialValueRow, StudySummaryRow, TrialRow):
+            s.execute(sql_delete(table).where(table.study_id == study_id))
         s.execute(sql_delete(StudyRow).where(StudyRow.id == study_id))
     _delete_optuna_study(db, optuna_name)
     log.info("study %s deleted", study_id)

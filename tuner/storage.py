@@ -29,6 +29,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -36,7 +37,6 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
-    insert,
     select,
     update,
 )
@@ -102,13 +102,19 @@ class StudyRow(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True, nullable=True)
     # The hash of the spec the key's first request submitted, stored in the transaction that made the study.
     idempotency_spec_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # [{"metric": m, "direction": d}] resolved at submit time, so reads never rebuild the workload
+    objectives: Mapped[list[dict[str, str]] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now, onupdate=_now)
 
 
 class TrialRow(Base):
     __tablename__ = "tuner_trials"
-    __table_args__ = (UniqueConstraint("study_id", "number", name="uq_tuner_trial_number"),)
+    __table_args__ = (
+        UniqueConstraint("study_id", "number", name="uq_tuner_trial_number"),
+        Index("ix_tuner_trials_study_status", "study_id", "status"),
+        Index("ix_tuner_trials_study_seq", "study_id", "seq"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id", ondelete="CASCADE"), index=True)
@@ -129,6 +135,50 @@ class TrialRow(Base):
     fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The study's change sequence at this row's last write: event streams send rows with seq > the client's
+    seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class TrialValueRow(Base):
+    """One finite metric of one trial, so that trials sort and page by a metric in SQL.
+
+    A narrow table rather than a column per objective: every metric of every workload becomes sortable
+    without a schema change, and ``(study_id, metric, value)`` is an index the database walks in order,
+    so a page of fifty by ``-score`` reads fifty entries, not the study. Kept by ``StudyDB.apply`` in the
+    transaction that writes the trial's metrics; a metric that is null (NaN, inf, missing) has no row.
+    The trial's status is repeated here so that a page filtered by status and sorted by a metric walks
+    one index too, ``(study_id, metric, status, value, number)``.
+    """
+
+    __tablename__ = "tuner_trial_values"
+    __table_args__ = (
+        Index("ix_tuner_trial_values_order", "study_id", "metric", "value", "number"),
+        Index("ix_tuner_trial_values_status_order", "study_id", "metric", "status", "value", "number"),
+    )
+
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id", ondelete="CASCADE"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    metric: Mapped[str] = mapped_column(String(128), primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(24))  # the trial's, kept with it
+
+
+class StudySummaryRow(Base):
+    """What a study's list entry and page header show, kept current by ``StudyDB.apply`` in the same
+    transaction as each trial write (``tuner/summary.py``): reads never count or scan trials."""
+
+    __tablename__ = "tuner_study_summaries"
+
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id", ondelete="CASCADE"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, default=0)  # the last change's sequence number
+    n_trials: Mapped[int] = mapped_column(Integer, default=0)
+    counts: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)  # status_counts' form
+    # [[number, [objective values, smaller is better]], ...]: the maintained Pareto front
+    front: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    front_size: Mapped[int] = mapped_column(Integer, default=0)
+    remeasured: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)  # number -> median, first objective
+    best: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # {"trial", "params", "metrics"}
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now, onupdate=_now)
 
 
 def resolve_url(db: str | None) -> str:
@@ -289,6 +339,26 @@ class TrialWrite:
     values: dict[str, Any]
 
 
+def stored_objectives(
+    spec: Mapping[str, Any], objectives: Iterable[tuple[str, str]] | None = None
+) -> list[dict[str, str]] | None:
+    """A study's objectives as stored with it (``StudyRow.objectives``): the given (metric, direction) pairs,
+    else the spec's resolved against its workload now; None when the spec's workload cannot be built."""
+    if objectives is None:
+        from tuner.export import objectives_from_spec
+
+        try:
+            objectives = objectives_from_spec(spec)
+        except Exception:  # an unbuildable spec is stored without objectives (shown with its error)
+            return None
+    return [{"metric": m, "direction": d} for m, d in objectives]
+
+
+def empty_summary(study_id: int) -> StudySummaryRow:
+    """The summary row of a study with no trial yet (``tuner/summary.py`` keeps it from there)."""
+    return StudySummaryRow(study_id=study_id, seq=0, n_trials=0, counts={}, front=[], front_size=0, remeasured={})
+
+
 def _retrying(method: Callable[..., T]) -> Callable[..., T]:
     """A StudyDB method retried on transient database errors for the instance's ``retry_s`` seconds."""
 
@@ -316,10 +386,31 @@ class StudyDB:
 
     def create_tables(self) -> None:
         """Create the tables or bring them up to date: the schema migrations (tuner/migrations) to the
-        newest. Commands that write run it once on start; read-only commands never do."""
+        newest, then the summaries of studies stored before summaries existed. Commands that write run it
+        once on start; read-only commands never do."""
         from tuner.migrations import upgrade
 
         upgrade(self.engine)
+        self.backfill_summaries()
+
+    def backfill_summaries(self) -> list[int]:
+        """Give studies stored before summaries existed their summary and metric values; returns their ids."""
+        from tuner.summary import backfill
+
+        with self.Session() as s:
+            missing = list(
+                s.scalars(
+                    select(StudyRow.id)
+                    .outerjoin(StudySummaryRow, StudySummaryRow.study_id == StudyRow.id)
+                    .where(StudySummaryRow.study_id.is_(None))
+                )
+            )
+        for study_id in missing:
+            with self.engine.begin() as conn:
+                backfill(conn, study_id)
+        if missing:
+            log.warning("study database %s: summarised %d studies stored before summaries", self.url, len(missing))
+        return missing
 
     def schema_is_current(self) -> bool:
         """Whether the database has the tables at the newest migration (False: run ``tuner db upgrade``)."""
@@ -350,7 +441,10 @@ class StudyDB:
         space_hash: str,
         status: str = "queued",
         idempotency_key: str | None = None,
+        objectives: Iterable[tuple[str, str]] | None = None,
     ) -> StudyRow:
+        """A new study with an empty summary. ``objectives`` ((metric, direction) pairs) default to the
+        spec's, resolved against its workload now, so that no later read has to build the workload."""
         with self.Session.begin() as s:
             row = StudyRow(
                 name=name,
@@ -362,10 +456,12 @@ class StudyDB:
                 status=status,
                 idempotency_key=idempotency_key,
                 stop_requested=False,
+                objectives=stored_objectives(spec, objectives),
             )
             s.add(row)
             s.flush()
             row.optuna_name = f"tuner-{row.id}-{name}"
+            s.add(empty_summary(row.id))
         return row
 
     @_retrying
@@ -449,6 +545,8 @@ class StudyDB:
 
     def delete_study(self, study_id: int) -> None:
         with self.Session.begin() as s:
+            s.query(TrialValueRow).filter(TrialValueRow.study_id == study_id).delete()
+            s.query(StudySummaryRow).filter(StudySummaryRow.study_id == study_id).delete()
             s.query(TrialRow).filter(TrialRow.study_id == study_id).delete()
             s.query(StudyRow).filter(StudyRow.id == study_id).delete()
 
@@ -533,18 +631,18 @@ class StudyDB:
 
     @_retrying
     def apply(self, writes: Iterable[TrialWrite]) -> None:
-        """Apply trial writes in order, in one transaction (SQL Core: this is the orchestrator's hot path)."""
-        table = TrialRow.__table__
+        """Apply trial writes in order, in one transaction (SQL Core: this is the orchestrator's hot path),
+        with each study's summary, change sequence and metric values (``tuner/summary.py``) in the same one."""
+        from tuner.summary import apply_writes
+
+        by_study: dict[int, list[TrialWrite]] = {}
+        for write in writes:
+            by_study.setdefault(write.study_id, []).append(write)
+        if not by_study:
+            return
         with self.engine.begin() as conn:
-            for write in writes:
-                if write.kind == "insert":
-                    conn.execute(insert(table).values(study_id=write.study_id, number=write.number, **write.values))
-                else:
-                    conn.execute(
-                        update(table)
-                        .where(table.c.study_id == write.study_id, table.c.number == write.number)
-                        .values(**write.values)
-                    )
+            for study_id, group in by_study.items():
+                apply_writes(conn, study_id, group)
 
     def insert_trial(self, study_id: int, number: int, params: dict[str, Any], **kwargs: Any) -> None:
         self.apply([self.insert_op(study_id, number, params, **kwargs)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
@@ -14,15 +15,15 @@ from api.schemas import (
     ImportanceOut,
     ParetoOut,
     StudyDetail,
+    StudyOverview,
     StudyPage,
     SubmitOut,
     TrialDetail,
     TrialPage,
 )
-from api.views import study_out, trial_out
-from tuner import lifecycle
-from tuner.export import ExportError, export_document, objectives_of, render
-from tuner.pareto import best_trial, pareto_front
+from api.views import study_out, trial_dict, trial_out, view_out
+from tuner import lifecycle, queries
+from tuner.export import ExportError, export_document, render
 from tuner.spec import SpecError, StudySpec, compile_study
 
 TERMINAL = lifecycle.TERMINAL
@@ -95,6 +96,7 @@ def submit_study(
             space=compiled.space.canonical,
             space_hash=compiled.space.hash,
             idempotency_key=idempotency_key or None,
+            objectives=compiled.objectives,
         )
     except lifecycle.IdempotencyConflict as exc:
         raise HTTPException(422, str(exc)) from None
@@ -123,15 +125,9 @@ def list_studies(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> StudyPage:
-    rows = [
-        r
-        for r in reversed(db.list_studies())
-        if r.status != lifecycle.DELETED
-        and (status is None or r.status == status)
-        and (workload is None or r.workload == workload)
-    ]
-    items = [study_out(db, r) for r in rows[offset : offset + limit]]
-    return StudyPage(items=items, total=len(rows), limit=limit, offset=offset)
+    """Studies, newest first, paged in SQL; each from its summary (no trial is read)."""
+    views, total = queries.study_page(db, status=status, workload=workload, limit=limit, offset=offset)
+    return StudyPage(items=[view_out(v) for v in views], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{study_id}", response_model=StudyDetail, responses=ERRORS)
@@ -188,27 +184,22 @@ def delete_study(row: StudyDep, db: DBDep) -> Response:
     return Response(status_code=204)
 
 
+SortParam = Annotated[str, Query(max_length=64, pattern=r"^-?[A-Za-z_][A-Za-z0-9_]*$")]
+
+
 @router.get("/{study_id}/trials", response_model=TrialPage, responses=ERRORS)
 def list_trials(
     row: StudyDep,
     db: DBDep,
     status: Annotated[str | None, Query(max_length=32)] = None,
-    sort: Annotated[str, Query(max_length=64, pattern=r"^-?[A-Za-z_][A-Za-z0-9_]*$")] = "number",
+    sort: SortParam = "number",
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> TrialPage:
-    """Trials, filtered by status, sorted by ``number`` or a metric (``-`` first for descending; nulls last)."""
-    trials = db.trials(row.id, status=status)
-    key, descending = sort.lstrip("-"), sort.startswith("-")
-    if key == "number":
-        trials.sort(key=lambda t: t.number, reverse=descending)
-    else:
-        present = [t for t in trials if (t.metrics or {}).get(key) is not None]
-        missing = [t for t in trials if (t.metrics or {}).get(key) is None]
-        present.sort(key=lambda t: t.metrics[key], reverse=descending)
-        trials = present + missing
-    page = trials[offset : offset + limit]
-    return TrialPage(items=[trial_out(t) for t in page], total=len(trials), limit=limit, offset=offset)
+    """Trials, filtered by status, sorted by ``number``, ``status`` or a metric (``-`` first for descending;
+    nulls last; ties by number), paged in SQL."""
+    trials, total = queries.trial_page(db, row.id, status=status, sort=sort, limit=limit, offset=offset)
+    return TrialPage(items=[trial_out(t) for t in trials], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{study_id}/trials/{number}", response_model=TrialDetail, responses=ERRORS)
@@ -220,18 +211,57 @@ def get_trial(row: StudyDep, db: DBDep, number: Annotated[int, Path(ge=0, le=MAX
 
 
 @router.get("/{study_id}/pareto", response_model=ParetoOut, responses=ERRORS)
-def get_pareto(row: StudyDep, db: DBDep) -> ParetoOut:
-    """The non-dominated feasible trials (for one objective: the best) and the default pick."""
-    trials = db.trials(row.id)
-    objectives = objectives_of(row)
-    front = pareto_front(trials, objectives)
-    if len(objectives) == 1:
-        front = front[:1]
-    best = best_trial(trials, objectives)
-    return ParetoOut(
-        objectives=[{"metric": m, "direction": d} for m, d in objectives],  # type: ignore[misc]
-        trials=[trial_out(t) for t in front],
-        default_pick=best.number if best else None,
+def get_pareto(row: StudyDep, db: DBDep) -> Response:
+    """The non-dominated feasible trials (for one objective: the best) and the default pick, from the front
+    the study's summary keeps."""
+    return _json(_pareto_dict(db, queries.study_view(db, row, with_front=True)))
+
+
+def _json(document: dict[str, Any]) -> Response:
+    # Serialised directly: a front of thousands of trials costs more to validate than to read.
+    return Response(json.dumps(document, separators=(",", ":")), media_type="application/json")
+
+
+def _pareto_dict(db: Any, view: queries.StudyView) -> dict[str, Any]:
+    front, best = queries.pareto(db, view)
+    return {
+        "objectives": [{"metric": m, "direction": d} for m, d in view.objectives],
+        "trials": [trial_dict(t) for t in front],
+        "default_pick": best,
+    }
+
+
+@router.get(
+    "/{study_id}/overview",
+    response_model=StudyOverview,
+    responses={**ERRORS, 200: {"model": StudyOverview, "description": "the study page's first draw"}},
+)
+def get_overview(
+    row: StudyDep,
+    db: DBDep,
+    status: Annotated[str | None, Query(max_length=32)] = None,
+    sort: SortParam = "number",
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Response:
+    """The study page's first draw in one request: the study, the first page of its trial table (as
+    ``/trials``), the plots' points (params and metrics, no samples: every trial up to
+    ``queries.MAX_POINTS``, beyond that every ``points_stride``-th trial and the whole front), the front,
+    the latest 500 failures, and ``seq``: pass it to ``/events?after=`` to get what changes next."""
+    seq = queries.last_seq(db, row.id)  # first: what is written meanwhile comes again as a change
+    view = queries.study_view(db, row, with_front=True)
+    trials, total = queries.trial_page(db, row.id, status=status, sort=sort, limit=limit)
+    pareto = _pareto_dict(db, view)
+    points, stride = queries.plot_points(db, row.id, view.summary, [t["number"] for t in pareto["trials"]])
+    return _json(
+        {
+            "study": view_out(view, detail=True).model_dump(mode="json"),
+            "trials": {"items": [trial_dict(t) for t in trials], "total": total, "limit": limit, "offset": 0},
+            "points": points,
+            "points_stride": stride,
+            "pareto": pareto,
+            "failures": [trial_dict(t) for t in queries.failures(db, row.id)],
+            "seq": seq,
+        }
     )
 
 
@@ -283,29 +313,57 @@ def export_study(
     response_class=StreamingResponse,
     responses={200: {"description": "server-sent events", "content": {"text/event-stream": {}}}, **ERRORS},
 )
-async def study_events(row: StudyDep, db: DBDep, request: Request) -> StreamingResponse:
-    """Server-sent events: ``event: study`` with the study (as ``GET /api/studies/{id}``) on each change,
-    until it reaches a terminal status."""
+async def study_events(
+    row: StudyDep,
+    db: DBDep,
+    request: Request,
+    after: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
+    last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+) -> StreamingResponse:
+    """Server-sent events of what changed since the client's last event, until the study reaches a terminal
+    status: ``event: trials`` with ``{"seq", "trials": [...]}`` (each trial as in ``/trials``, at most 500 an
+    event), then ``event: study`` (as an item of ``GET /api/studies``) whenever it changed; every event's
+    ``id`` is the change sequence it brings the client to. The start is the ``Last-Event-ID`` header (an
+    ``EventSource`` reconnecting), else ``?after=`` (e.g. the ``seq`` of ``/overview``), else now."""
+    start = after
+    if last_event_id is not None and last_event_id.strip().isdigit():
+        start = int(last_event_id.strip())
+    return StreamingResponse(
+        _event_stream(db, row.id, request, start), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
-    async def stream() -> Any:
-        last = None
-        idle = 0
-        while not await request.is_disconnected():
-            # database work off the event loop: open dashboards must not stall the server
-            current = lifecycle.visible(await asyncio.to_thread(db.get_study, row.id))
-            if current is None:
-                yield "event: deleted\ndata: {}\n\n"
+
+async def _event_stream(db: Any, study_id: int, request: Request, seq: int | None) -> Any:
+    if seq is None:
+        seq = await asyncio.to_thread(queries.last_seq, db, study_id)
+    last, idle = None, 0
+    while not await request.is_disconnected():
+        # database work off the event loop: open dashboards must not stall the server
+        current = lifecycle.visible(await asyncio.to_thread(db.get_study, study_id))
+        if current is None:
+            yield "event: deleted\ndata: {}\n\n"
+            return
+        changed = await asyncio.to_thread(queries.changes_since, db, study_id, seq, EVENT_TRIALS)
+        if changed:
+            seq = max(int(t.seq or 0) for t in changed)
+            body = json.dumps({"seq": seq, "trials": [trial_out(t).model_dump(mode="json") for t in changed]})
+            yield f"id: {seq}\nevent: trials\ndata: {body}\n\n"
+            idle = 0
+            if len(changed) == EVENT_TRIALS:
+                continue  # more to catch up on: no pause
+        payload = (await asyncio.to_thread(study_out, db, current)).model_dump_json()
+        if payload != last:
+            last, idle = payload, 0
+            yield f"id: {seq}\nevent: study\ndata: {payload}\n\n"
+            if current.status in TERMINAL:
                 return
-            payload = (await asyncio.to_thread(study_out, db, current)).model_dump_json()
-            if payload != last:
-                last, idle = payload, 0
-                yield f"event: study\ndata: {payload}\n\n"
-                if current.status in TERMINAL:
-                    return
-            else:
-                idle += 1
-                if idle % 15 == 0:
-                    yield ": keep-alive\n\n"
-            await asyncio.sleep(1.0)
+        else:
+            idle += 1
+            if idle % 15 == 0:
+                yield ": keep-alive\n\n"
+        await asyncio.sleep(EVENT_POLL_S)
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+#: Trials an ``event: trials`` carries at most; how often a stream looks for changes.
+EVENT_TRIALS = 500
+EVENT_POLL_S = 1.0

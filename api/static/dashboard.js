@@ -12,7 +12,9 @@
   const NOT_FAILURES = new Set(["ok", "running", "infeasible_static", "duplicate"]);
   const POLL_MS = 2000;
   const IMPORTANCE_EVERY_MS = 8000;
-  const MAX_TABLE_ROWS = 2000;
+  const TABLE_PAGE = 100; // trial table rows per page (the server sorts, filters and pages)
+  const WEBGL_FROM = 2000; // scatter plots of more points than this draw through WebGL
+  const PARCOORDS_MAX = 5000; // parallel coordinates draw the best this many trials
   const ACCENT = "#d9480f";
   const PLOT_CONFIG = {
     responsive: true,
@@ -44,6 +46,18 @@
       node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
     }
     return node;
+  }
+
+  /** Min and max of a long array (Math.min(...a) overflows the stack past ~100k arguments). */
+  function minOf(values) {
+    let out = Infinity;
+    for (const v of values) if (v < out) out = v;
+    return out;
+  }
+  function maxOf(values) {
+    let out = -Infinity;
+    for (const v of values) if (v > out) out = v;
+    return out;
   }
 
   function isNum(v) {
@@ -334,7 +348,13 @@
     const base = `/api/studies/${studyId}`;
     const S = {
       study: null,
-      trials: [],
+      trials: [], // every trial as the plots draw it (params, metrics, status; no samples, no error text)
+      table: { items: [], total: 0 }, // the trial table's current page, as GET /trials answers it
+      tableOffset: 0,
+      failures: [], // the latest failed, pruned and constraint-violating trials, with their errors
+      stride: 1, // the plots hold every trial (1), or every stride-th trial and the whole front
+      seq: 0, // the study's change sequence the data above stands at (events go on from it)
+      lightTimer: null,
       pareto: null,
       importances: null,
       importanceError: null,
@@ -391,17 +411,52 @@
     }
 
     // ------------------------------------------------------------ data
-    async function loadAllTrials() {
-      const limit = 1000;
-      let offset = 0;
-      const items = [];
-      for (let page = 0; page < 100; page++) {
-        const body = await getJSON(`${base}/trials?sort=number&limit=${limit}&offset=${offset}`);
-        items.push(...body.items);
-        offset += body.items.length;
-        if (!body.items.length || offset >= body.total) break;
+    /** The table's sort as the API names it, or null for a column the server does not sort (that one sorts the page shown). */
+    function serverSort() {
+      const key = S.sort.key;
+      let name = null;
+      if (key === "number" || key === "status") name = key;
+      else if (key.startsWith("m:")) name = key.slice(2);
+      if (name === null) return "number";
+      return S.sort.dir < 0 ? `-${name}` : name;
+    }
+
+    function tableQuery(offset) {
+      const params = new URLSearchParams({ sort: serverSort(), limit: TABLE_PAGE, offset });
+      if (S.filter) params.set("status", S.filter);
+      return params;
+    }
+
+    async function loadTable() {
+      S.table = await getJSON(`${base}/trials?${tableQuery(S.tableOffset)}`);
+    }
+
+    /** Merge changed trials (from the event stream) into the plot points, by number. */
+    function mergeTrials(changed) {
+      const index = new Map(S.trials.map((t, i) => [t.number, i]));
+      for (const t of changed) {
+        if (index.has(t.number)) S.trials[index.get(t.number)] = t;
+        else {
+          index.set(t.number, S.trials.length);
+          S.trials.push(t);
+        }
       }
-      return items;
+      S.trials.sort((a, b) => a.number - b.number);
+    }
+
+    /** After changes arrive: the front and the table page again (both small), then redraw; at most once a second. */
+    function scheduleLightRefresh() {
+      if (S.lightTimer) return;
+      S.lightTimer = setTimeout(async () => {
+        S.lightTimer = null;
+        try {
+          const [pareto] = await Promise.all([getJSON(`${base}/pareto`), loadTable()]);
+          S.pareto = pareto;
+          renderAll();
+        } catch (_) {
+          /* the backup refresh catches up */
+        }
+      }, 1000);
     }
 
     async function loadImportances(force) {
@@ -426,19 +481,23 @@
       }
       S.refreshing = (async () => {
         try {
-          const [study, trials, pareto] = await Promise.all([
-            getJSON(base),
-            loadAllTrials(),
-            getJSON(`${base}/pareto`),
-            loadImportances(force || (S.study && TERMINAL.has(S.study.status))),
-          ]);
-          S.study = study;
-          S.trials = trials;
-          S.pareto = pareto;
+          // One request for the first draw: study, first table page, plot points, front, failures.
+          const overview = await getJSON(`${base}/overview?${tableQuery(0)}`);
+          S.study = overview.study;
+          S.trials = overview.points;
+          S.stride = overview.points_stride || 1;
+          S.pareto = overview.pareto;
+          S.failures = overview.failures;
+          S.seq = overview.seq;
+          if (S.tableOffset) await loadTable();
+          else S.table = overview.trials;
           $("load-error").hidden = true;
           renderAll();
           S.refreshes += 1;
           document.body.dataset.refreshes = String(S.refreshes);
+          // Importances (Optuna's evaluator over the study) come after the first draw, never before it.
+          const forceImportances = force || TERMINAL.has(S.study.status);
+          loadImportances(forceImportances).then(renderImportance, () => {});
           if (!S.live) setConnection(`updated ${new Date().toLocaleTimeString()}`);
         } catch (error) {
           if (error.status === 404) {
@@ -484,7 +543,7 @@
       }
     }
 
-    function onStudyEvent(study) {
+    function onStudyEvent(study, fromStream) {
       const stamp = `${study.status}|${study.updated_at}|${study.measured}|${JSON.stringify(study.counts)}`;
       S.study = Object.assign({}, S.study || {}, study);
       renderHeader();
@@ -494,7 +553,8 @@
       }
       if (stamp !== S.stamp) {
         S.stamp = stamp;
-        refreshData(TERMINAL.has(study.status));
+        // The stream brings the trials themselves; a poll (or the end of the study) reloads.
+        if (!fromStream || TERMINAL.has(study.status)) refreshData(TERMINAL.has(study.status));
       }
     }
 
@@ -503,12 +563,23 @@
       $("live-indicator").hidden = false;
       if (window.EventSource && !storedToken()) {
         // EventSource cannot send an Authorization header: with a token the page polls instead.
-        const source = new EventSource(`${ROOT}${base}/events`);
+        // From the sequence the page was drawn at: the stream sends only what changed since.
+        const source = new EventSource(`${ROOT}${base}/events?after=${S.seq}`);
         S.events = source;
         source.addEventListener("open", () => setConnection("live (server events)"));
+        source.addEventListener("trials", (event) => {
+          try {
+            const body = JSON.parse(event.data);
+            mergeTrials(body.trials || []);
+            S.seq = Math.max(S.seq, body.seq || 0);
+            scheduleLightRefresh();
+          } catch (_) {
+            /* a malformed event: the backup poll catches up */
+          }
+        });
         source.addEventListener("study", (event) => {
           try {
-            onStudyEvent(JSON.parse(event.data));
+            onStudyEvent(JSON.parse(event.data), true);
           } catch (_) {
             /* a malformed event: the backup poll catches up */
           }
@@ -519,8 +590,8 @@
           S.events = null;
           if (S.live) startPolling();
         });
-        // Events only say that something changed; a slow poll covers a stream that goes quiet.
-        S.backupTimer = setInterval(() => refreshData(false), 10 * POLL_MS);
+        // A slow light refresh covers a stream that goes quiet.
+        S.backupTimer = setInterval(scheduleLightRefresh, 10 * POLL_MS);
       } else {
         startPolling();
       }
@@ -553,22 +624,25 @@
       S.events = null;
       clearTimeout(S.pollTimer);
       clearInterval(S.backupTimer);
+      clearTimeout(S.lightTimer);
+      S.lightTimer = null;
       S.pollTimer = null;
       S.backupTimer = null;
     }
 
     // ------------------------------------------------------------ rendering
+    /** Redraw everything; the milliseconds each part took are kept in ``tunerDashboard.renderMs``. */
     function renderAll() {
-      renderHeader();
-      renderPareto();
-      renderHistory();
-      renderParallel();
-      renderImportance();
-      renderRoofline();
-      renderTable();
-      renderFailures();
-      renderFingerprint();
-      if (S.selected !== null) renderSelected();
+      const parts = [renderHeader, renderPareto, renderHistory, renderParallel, renderImportance, renderRoofline];
+      parts.push(renderTable, renderFailures, renderFingerprint);
+      if (S.selected !== null) parts.push(renderSelected);
+      const times = {};
+      for (const part of parts) {
+        const start = performance.now();
+        part();
+        times[part.name] = Math.round(performance.now() - start);
+      }
+      window.tunerDashboard.renderMs = times;
     }
 
     function renderHeader() {
@@ -626,6 +700,12 @@
       $("timing-note").hidden = !S.trials.some((t) => t.status === "ok" && t.timing_comparable === false);
     }
 
+    /** What the plots leave out of a very large study. */
+    function sampledNote() {
+      if (S.stride <= 1 || !S.study) return "";
+      return ` Plots show every ${S.stride}th of ${S.study.counts ? Object.values(S.study.counts).reduce((a, b) => a + b, 0) : "the"} trials and the whole front.`;
+    }
+
     function renderPareto() {
       const div = $("pareto-plot");
       const objs = objectives();
@@ -645,7 +725,8 @@
       showNote(
         "pareto-note",
         (points.length ? "" : "No feasible successful trial yet. ") +
-          (objs.length > 3 ? `Showing the first three of ${objs.length} objectives.` : ""),
+          (objs.length > 3 ? `Showing the first three of ${objs.length} objectives.` : "") +
+          sampledNote(),
       );
       const three = used.length === 3;
       $("pareto-title").textContent = three ? "Pareto front (3 objectives)" : "Pareto front";
@@ -657,7 +738,7 @@
       const trace = (name, list, style) =>
         Object.assign(
           {
-            type: three ? "scatter3d" : "scatter",
+            type: three ? "scatter3d" : points.length > WEBGL_FROM ? "scattergl" : "scatter",
             mode: "markers",
             name,
             customdata: list.map((t) => t.number),
@@ -727,7 +808,7 @@
       done.sort((a, b) => a.number - b.number);
       const feasible = done.filter(feasibleOk);
       const bad = done.filter(violated);
-      showNote("history-note", feasible.length ? "" : "No feasible successful trial yet.");
+      showNote("history-note", (feasible.length ? "" : "No feasible successful trial yet.") + sampledNote());
       const bestX = [];
       const bestY = [];
       let best = null;
@@ -738,16 +819,17 @@
         bestY.push(best);
       }
       if (bestX.length && S.trials.length) {
-        const last = Math.max(...S.trials.map((t) => t.number));
+        const last = maxOf(S.trials.map((t) => t.number));
         if (last > bestX[bestX.length - 1]) {
           bestX.push(last);
           bestY.push(best);
         }
       }
       const selected = feasible.concat(bad).find((t) => t.number === S.selected);
+      const kind = done.length > WEBGL_FROM ? "scattergl" : "scatter";
       const data = [
         {
-          type: "scatter",
+          type: kind,
           mode: "markers",
           name: escapeHtml(metric), // legend text is HTML too
           x: feasible.map((t) => t.number),
@@ -758,7 +840,7 @@
           marker: { color: "#4c6ef5", size: 7 },
         },
         {
-          type: "scatter",
+          type: kind,
           mode: "markers",
           name: "constraint violated",
           x: bad.map((t) => t.number),
@@ -817,8 +899,8 @@
       if (numeric) {
         const log2 = spec.type === "pow2" && present.every((v) => v > 0);
         const pos = (v) => (log2 ? Math.log2(v) : v);
-        const lo = Math.min(...present.map(pos));
-        const hi = Math.max(...present.map(pos));
+        const lo = minOf(present.map(pos));
+        const hi = maxOf(present.map(pos));
         const span = hi - lo || 1;
         const na = lo - 0.15 * span;
         if (!log2 && !missing) return { label, values: values.map(pos) };
@@ -852,13 +934,20 @@
       const objective = objectives()[0];
       if (!objective) return;
       const metric = objective.metric;
-      const trials = S.trials.filter((t) => feasibleOk(t) && isNum(t.metrics[metric]));
+      let trials = S.trials.filter((t) => feasibleOk(t) && isNum(t.metrics[metric]));
       if (trials.length < 2) {
         showNote("parallel-note", "Needs at least two feasible successful trials.");
         clearPlot(div);
         return;
       }
-      showNote("parallel-note", "");
+      if (trials.length > PARCOORDS_MAX) {
+        const sign = objective.direction === "maximize" ? -1 : 1;
+        const all = trials.length;
+        trials = trials.sort((a, b) => sign * (a.metrics[metric] - b.metrics[metric])).slice(0, PARCOORDS_MAX);
+        showNote("parallel-note", `The best ${PARCOORDS_MAX} of ${all} feasible trials.`);
+      } else {
+        showNote("parallel-note", "");
+      }
       const dims = paramNames().map((name) =>
         dimension(
           name,
@@ -889,6 +978,7 @@
 
     function renderImportance() {
       const div = $("importance-plot");
+      if (S.importances !== null) document.body.dataset.importances = "drawn"; // after the first draw (tests wait on it)
       const entries = Object.entries(S.importances || {}).filter(([, v]) => isNum(v));
       if (!entries.length) {
         showNote(
@@ -965,8 +1055,8 @@
       if (!peaks.length) peaks = [["peak", roof.peak_tflops]];
       const ai = points.map((t) => t.metrics.arithmetic_intensity);
       const ridges = peaks.map(([, peak]) => (peak * 1000) / bw); // FLOP/byte where bandwidth stops limiting
-      const lo = Math.min(...ai, ...ridges) / 4;
-      const hi = Math.max(...ai, ...ridges) * 4;
+      const lo = Math.min(minOf(ai), ...ridges) / 4;
+      const hi = Math.max(maxOf(ai), ...ridges) * 4;
       const roofs = peaks.map(([name, peak], i) => {
         const roofX = [lo, ridges[i], hi];
         return {
@@ -984,7 +1074,7 @@
         [
           ...roofs,
           {
-            type: "scatter",
+            type: ai.length > WEBGL_FROM ? "scattergl" : "scatter",
             mode: "markers",
             name: "trials",
             x: ai,
@@ -1045,6 +1135,22 @@
       return String(a).localeCompare(String(b), undefined, { numeric: true });
     }
 
+    /** Counts by status as the filter offers them (copies are "ok" trials; the summary counts them apart). */
+    function statusCounts() {
+      const counts = Object.assign({}, (S.study && S.study.counts) || {});
+      if (counts.duplicate) counts.ok = (counts.ok || 0) + counts.duplicate;
+      delete counts.duplicate;
+      return counts;
+    }
+
+    function changeTable(update) {
+      update();
+      renderTable(); // the rows at hand at once, then the server's page
+      loadTable()
+        .then(renderTable)
+        .catch((error) => setConnection(`API unreachable (${error.message}); retrying`));
+    }
+
     function renderTable() {
       const table = $("trial-table");
       const cols = tableColumns();
@@ -1055,19 +1161,22 @@
           const th = h("th", { "data-key": c.key, title: c.title || null, scope: "col" }, c.label);
           if (c.key === S.sort.key) th.classList.add(S.sort.dir > 0 ? "sorted-asc" : "sorted-desc");
           th.addEventListener("click", () => {
-            S.sort = S.sort.key === c.key ? { key: c.key, dir: -S.sort.dir } : { key: c.key, dir: 1 };
-            renderTable();
+            const next = S.sort.key === c.key ? { key: c.key, dir: -S.sort.dir } : { key: c.key, dir: 1 };
+            const before = serverSort();
+            S.sort = next;
+            if (serverSort() !== before || next.key === "number") changeTable(() => (S.tableOffset = 0));
+            else renderTable(); // a column the server does not sort: this page sorts in the browser
           });
           return th;
         }),
       );
 
       const filter = $("trial-status-filter");
-      const counts = {};
-      for (const t of S.trials) counts[t.status] = (counts[t.status] || 0) + 1;
+      const counts = statusCounts();
       if (S.filter && !counts[S.filter]) counts[S.filter] = 0;
+      const all = S.study ? Object.values(counts).reduce((a, b) => a + b, 0) : S.table.total;
       filter.replaceChildren(
-        h("option", { value: "" }, `all (${S.trials.length})`),
+        h("option", { value: "" }, `all (${all})`),
         ...Object.keys(counts)
           .sort()
           .map((s) => h("option", { value: s }, `${s} (${counts[s]})`)),
@@ -1075,7 +1184,8 @@
       filter.value = S.filter;
 
       const col = cols.find((c) => c.key === S.sort.key);
-      const rows = S.trials.filter((t) => !S.filter || t.status === S.filter);
+      // The page shown is sorted and filtered here too: a click answers at once, the server's page follows.
+      const rows = (S.table.items || []).filter((t) => !S.filter || t.status === S.filter);
       rows.sort((a, b) => {
         const byValue = compareValues(col.get(a), col.get(b));
         const missing =
@@ -1083,9 +1193,8 @@
         return (missing ? byValue : S.sort.dir * byValue) || a.number - b.number;
       });
       const front = frontNumbers();
-      const shown = rows.slice(0, MAX_TABLE_ROWS);
       table.tBodies[0].replaceChildren(
-        ...shown.map((t) => {
+        ...rows.map((t) => {
           const tr = h("tr", { class: "clickable", "data-trial": t.number });
           if (t.number === S.selected) tr.classList.add("selected");
           for (const c of cols) {
@@ -1113,8 +1222,25 @@
           return tr;
         }),
       );
+      renderPager(rows.length);
+    }
+
+    function renderPager(shown) {
+      const total = S.table.total || 0;
+      const first = shown ? S.tableOffset + 1 : 0;
       $("trial-count").textContent =
-        rows.length > shown.length ? `showing ${shown.length} of ${rows.length}` : `${rows.length} trials`;
+        total > shown ? `trials ${first}–${S.tableOffset + shown} of ${total}` : `${total} trials`;
+      const pager = $("trial-pager");
+      if (!pager) return;
+      pager.hidden = total <= TABLE_PAGE;
+      $("trial-prev").disabled = S.tableOffset <= 0;
+      $("trial-next").disabled = S.tableOffset + TABLE_PAGE >= total;
+    }
+
+    /** A failure group's size: the summary's count of that status (the page holds the latest 500 failures). */
+    function groupSize(status, trials) {
+      const counts = (S.study && S.study.counts) || {};
+      return Math.max(trials.length, counts[status] || 0);
     }
 
     function renderFailures() {
@@ -1127,7 +1253,7 @@
         .join(" · ");
       nodes.push(h("p", {}, summary || "No trials yet."));
       const groups = new Map();
-      for (const t of S.trials) {
+      for (const t of S.failures) {
         let status = null;
         if (!NOT_FAILURES.has(t.status) && t.duplicate_of == null) status = t.status;
         else if (t.status === "infeasible_static") status = "infeasible_static";
@@ -1148,7 +1274,7 @@
         const details = h(
           "details",
           { "data-status": status },
-          h("summary", {}, `${status}: ${trials.length} trial${trials.length === 1 ? "" : "s"}`),
+          h("summary", {}, `${status}: ${groupSize(status, trials)} trial${groupSize(status, trials) === 1 ? "" : "s"}`),
           ...[...byError.entries()].map(([, list]) => {
             const numbers = list.map((t) => `#${t.number}`);
             return h(
@@ -1222,7 +1348,10 @@
     function renderSelected() {
       const panel = $("selected-trial");
       const number = S.selected;
-      const listed = S.trials.find((t) => t.number === number);
+      const listed =
+        (S.table.items || []).find((t) => t.number === number) ||
+        S.failures.find((t) => t.number === number) ||
+        S.trials.find((t) => t.number === number);
       const trial = S.selectedDetail && S.selectedDetail.number === number ? S.selectedDetail : listed;
       panel.dataset.trial = number === null ? "" : String(number);
       if (!trial) {
@@ -1331,10 +1460,16 @@
     $("control-form").addEventListener("submit", (event) => event.preventDefault());
     $("stop-button").addEventListener("click", () => control("stop"));
     $("resume-button").addEventListener("click", () => control("resume"));
-    $("trial-status-filter").addEventListener("change", (event) => {
-      S.filter = event.target.value;
-      renderTable();
-    });
+    $("trial-status-filter").addEventListener("change", (event) =>
+      changeTable(() => {
+        S.filter = event.target.value;
+        S.tableOffset = 0;
+      }),
+    );
+    $("trial-prev").addEventListener("click", () =>
+      changeTable(() => (S.tableOffset = Math.max(0, S.tableOffset - TABLE_PAGE))),
+    );
+    $("trial-next").addEventListener("click", () => changeTable(() => (S.tableOffset += TABLE_PAGE)));
 
     if (!hasPlotly()) showError("plotly.min.js did not load: plots are unavailable, tables still work.");
     refreshData(true).then(() => {
