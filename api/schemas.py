@@ -86,6 +86,9 @@ class TrialOut(BaseModel):
 class TrialDetail(TrialOut):
     samples_ms: list[float]
     fingerprint: dict[str, Any] | None
+    #: What the workload reported beside its metrics: ``timing`` (median_ms, iqr_ms, ci95_ms, reps,
+    #: warmup_calls, mode, rel_ci, converged), loss curves, memory facts... Empty for older trials.
+    extra: dict[str, Any] = {}
 
 
 class TrialPage(BaseModel):

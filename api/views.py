@@ -53,7 +53,9 @@ def trial_out(row: TrialRow, detail: bool = False) -> TrialOut:
         "duration_s": duration,
     }
     if detail:
-        return TrialDetail(**fields, samples_ms=list(row.samples_ms or []), fingerprint=row.fingerprint)
+        return TrialDetail(
+            **fields, samples_ms=list(row.samples_ms or []), fingerprint=row.fingerprint, extra=row.extra or {}
+        )
     return TrialOut(**fields)
 
 

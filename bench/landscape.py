@@ -156,11 +156,12 @@ def record_landscape(
     Returns the count of each status. Each record is flushed as it is written, so an
     interrupted run leaves a readable prefix.
     """
+    from tuner.failures import classify_exception
     from tuner.fingerprint import device_info, fingerprint
     from tuner.registry import workload_class
     from tuner.roofline import gpu_clock_and_temperature
     from tuner.space import compile_space
-    from tuner.workload import TrialContext, TrialResult, TrialStatus, classify_exception
+    from tuner.workload import TrialContext, TrialResult, TrialStatus
 
     workload = workload_class(workload_name)(**args)
     device = device_info()

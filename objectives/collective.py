@@ -43,21 +43,14 @@ import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from tuner.workload import (
-    DeviceInfo,
-    MetricSpec,
-    TrialContext,
-    TrialResult,
-    TrialStatus,
-    Workload,
-    comment_text,
-    compile_failure_result,
-    compile_failure_status,
-    is_pow2,
-    timing_comparable,
-)
+from tuner.rank_workload import RankWorkload, agree_on_failure, slowest
+from tuner.template import Checked
+from tuner.workload import DeviceInfo, MetricSpec, comment_text, is_pow2
+
+if TYPE_CHECKING:
+    from tuner.measure import Timing
 
 OPS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather")
 #: dtype arg -> (torch dtype attribute, bytes per element, roofline precision)
@@ -190,37 +183,8 @@ class _Case:
     expected: Any
     rank: int
     world_size: int
-
-
-class RankWorkload(Workload):
-    """A workload whose trial runs as ``world_size`` rank processes in one process group (:mod:`tuner.gang`).
-
-    ``run`` (the same in every rank) refuses a statically infeasible config, joins the process
-    group the gang set up (or, alone, forms one of one) and hands over to ``_run``; the config's
-    NCCL knobs reach the ranks through ``trial_env`` before the communicator is created.
-    """
-
-    #: Runs as ``world_size`` processes in one process group (``resources.gpus_per_trial``).
-    multi_gpu: ClassVar[bool] = True
-    world_size: int = 1
-
-    def trial_env(self, config: dict[str, Any]) -> dict[str, str | None]:
-        """Environment of the trial's rank processes (read by :mod:`tuner.gang`): None = unset."""
-        return nccl_env(config)
-
-    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
-        comparable = timing_comparable(device)
-        reason = self.static_check(config, device)
-        if reason is not None:
-            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
-        with process_group(self.world_size, device) as error:
-            if error is not None:
-                return TrialResult(TrialStatus.RUNTIME_ERROR, error=error, timing_comparable=comparable)
-            return self._run(config, device, ctx, comparable)
-
-    def _run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext, comparable: bool) -> TrialResult:
-        """The trial on this rank, inside its process group."""
-        raise NotImplementedError
+    device: Any  # torch.device
+    fault: str | None = None
 
 
 class Collective(RankWorkload):
@@ -251,6 +215,7 @@ class Collective(RankWorkload):
         timeout_s: float | None = None,
         faults: dict[str | int, str] | None = None,
     ) -> None:
+        super().__init__()
         if op not in OPS:
             raise ValueError(f"op must be one of {', '.join(OPS)}, got {op!r}")
         if dtype not in DTYPES:
@@ -282,34 +247,66 @@ class Collective(RankWorkload):
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
         return nccl_static_check(config, self.op)
 
-    # ------------------------------------------------------------------ one trial
+    def trial_env(self, config: dict[str, Any]) -> dict[str, str | None]:
+        """The NCCL knobs of ``config`` for the rank processes (None = unset: NCCL decides)."""
+        return nccl_env(config)
 
-    def _run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext, comparable: bool) -> TrialResult:
+    # ------------------------------------------------------------------ one trial (the template's hooks)
+
+    def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
+        """Rank ``rank``'s input, its output and the exact expected output."""
         import torch
         import torch.distributed as dist
 
         rank, n = dist.get_rank(), dist.get_world_size()
-        fault = self.faults.get(ctx.trial_number) if rank == 1 else None
         torch_device = torch.device("cuda", torch.cuda.current_device()) if device.is_gpu else torch.device("cpu")
-        case = self._case(rank, n, torch_device)
-        try:
-            case.out.fill_(math.nan)
-            inject_fault(fault)
-            self._launch(config, case)
-            if device.is_gpu:
-                torch.cuda.synchronize()
-        except Exception as exc:
-            if compile_failure_status(exc) is None:
-                raise
-            return compile_failure_result(exc, comparable)
-        error = self._check(case)
-        others = agree_on_failure(error is not None, torch_device)
+        dtype = getattr(torch, DTYPES[self.dtype][0])
+        total = self.elements
+        chunk = total // n
+        base = (torch.arange(total, device=torch_device) % 7 + 1).to(dtype)
+        ranks_sum = n * (n + 1) // 2
+        if self.op == "all_reduce":
+            inp = base * (rank + 1)
+            out = torch.empty(total, dtype=dtype, device=torch_device)
+            expected = base * ranks_sum
+        elif self.op == "reduce_scatter":
+            inp = base * (rank + 1)
+            out = torch.empty(chunk, dtype=dtype, device=torch_device)
+            expected = base[rank * chunk : (rank + 1) * chunk] * ranks_sum
+        else:
+            inp = base[rank * chunk : (rank + 1) * chunk] * (rank + 1)
+            out = torch.empty(total, dtype=dtype, device=torch_device)
+            owner = torch.arange(total, device=torch_device) // chunk + 1
+            expected = base * owner.to(dtype)
+        fault = self.faults.get(self.trial_ctx.trial_number) if rank == 1 else None
+        return _Case(self.op, inp.contiguous(), out, expected, rank, n, torch_device, fault)
+
+    def _outputs(self, case: _Case) -> list[Any]:
+        return [case.out]
+
+    def _launch(self, config: dict[str, Any], case: _Case) -> None:
+        """The checked collective (after an injected fault): writes the reduced/gathered values into ``case.out``."""
+        inject_fault(case.fault)
+        if case.op == "all_reduce":
+            case.out.copy_(case.inp)
+        _collective(case.op, case.out, case.inp)
+
+    def _check(self, config: dict[str, Any], case: _Case) -> Checked:
+        """This rank's exact comparison, then the ranks agree, so that none goes on to the timed calls alone."""
+        import torch.distributed as dist
+
+        error = self._compare(case)
+        others = agree_on_failure(error is not None, case.device)
         if error is not None or others:
-            return TrialResult(
-                TrialStatus.NUMERICS_FAIL,
-                error=error or "another rank's output was wrong",
-                timing_comparable=comparable,
-            )
+            return Checked({}, failure=error or "another rank's output was wrong")
+        return Checked({}, extra={"world_size": case.world_size, "backend": dist.get_backend()})
+
+    def _time(self, config: dict[str, Any], case: _Case, device: DeviceInfo, comparable: bool) -> Timing:
+        """``warmup_iters`` untimed calls, a barrier, then exactly ``iters`` timed calls on every rank."""
+        import torch.distributed as dist
+
+        from tuner.measure import time_fn
+
         case.expected = None
         if case.op == "all_reduce":
             case.out.zero_()  # timed in place: zeros stay zeros, no overflow over the repetitions
@@ -321,62 +318,26 @@ class Collective(RankWorkload):
             def call() -> None:
                 _collective(case.op, case.out, case.inp)
 
-        from tuner.measure import time_fn
-
         for _ in range(self.warmup_iters):
             call()
         dist.barrier()
-        timing = time_fn(
+        return time_fn(
             call, device, warmup_ms=0.0, rep_ms=0.0, min_reps=self.iters, max_reps=self.iters, flush_l2=False
         )
-        latency_ms = slowest(timing.median_ms, torch_device)
+
+    def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
+        """nccl-tests' bandwidths of the slowest rank's median."""
+        latency_ms = slowest(median_ms, case.device)
         algbw = self.size_bytes / (latency_ms * 1e-3) / 1e9 if latency_ms > 0 else math.inf
-        busbw = algbw * BUS_FACTOR[self.op](n)
-        return TrialResult(
-            TrialStatus.OK,
-            metrics={
-                "busbw_gbps": busbw,
-                "algbw_gbps": algbw,
-                "latency_us": latency_ms * 1e3,
-                "latency_ms": latency_ms,
-            },
-            samples_ms=list(timing.samples_ms),
-            timing_comparable=comparable,
-            extra={"timing": timing.to_dict(), "world_size": n, "backend": dist.get_backend()},
-        )
-
-    def _case(self, rank: int, n: int, device: Any) -> _Case:
-        """Rank ``rank``'s input, its NaN-filled output and the exact expected output."""
-        import torch
-
-        dtype = getattr(torch, DTYPES[self.dtype][0])
-        total = self.elements
-        chunk = total // n
-        base = (torch.arange(total, device=device) % 7 + 1).to(dtype)
-        ranks_sum = n * (n + 1) // 2
-        if self.op == "all_reduce":
-            inp = base * (rank + 1)
-            out = torch.empty(total, dtype=dtype, device=device)
-            expected = base * ranks_sum
-        elif self.op == "reduce_scatter":
-            inp = base * (rank + 1)
-            out = torch.empty(chunk, dtype=dtype, device=device)
-            expected = base[rank * chunk : (rank + 1) * chunk] * ranks_sum
-        else:
-            inp = base[rank * chunk : (rank + 1) * chunk] * (rank + 1)
-            out = torch.empty(total, dtype=dtype, device=device)
-            owner = torch.arange(total, device=device) // chunk + 1
-            expected = base * owner.to(dtype)
-        return _Case(self.op, inp.contiguous(), out, expected, rank, n)
-
-    def _launch(self, config: dict[str, Any], case: _Case) -> None:
-        """The checked collective: writes the reduced/gathered values into ``case.out``."""
-        if case.op == "all_reduce":
-            case.out.copy_(case.inp)
-        _collective(case.op, case.out, case.inp)
+        return {
+            "busbw_gbps": algbw * BUS_FACTOR[self.op](case.world_size),
+            "algbw_gbps": algbw,
+            "latency_us": latency_ms * 1e3,
+            "latency_ms": latency_ms,
+        }
 
     @staticmethod
-    def _check(case: _Case) -> str | None:
+    def _compare(case: _Case) -> str | None:
         import torch
 
         out = case.out
@@ -441,63 +402,6 @@ def inject_fault(fault: str | None) -> None:
             time.sleep(3600)
     if fault == "die":
         os._exit(7)
-
-
-def agree_on_failure(failed: bool, device: Any) -> bool:
-    """Whether any rank failed (a MAX all-reduce of the flag), so that no rank times collectives alone."""
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([1.0 if failed else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item() > 0)
-
-
-def slowest(value: float, device: Any) -> float:
-    """The largest ``value`` over the ranks (a MAX all-reduce)."""
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor([float(value)], dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return float(tensor.item())
-
-
-class process_group:  # a context manager named like a function
-    """Use the process group of a gang rank, or create a one-rank group for a standalone run.
-
-    Yields None, or an error string when ``world_size`` ranks are needed but this process is alone
-    (or in a group of another size). A group this context created is destroyed on exit.
-    """
-
-    def __init__(self, world_size: int, device: DeviceInfo) -> None:
-        self.world_size = world_size
-        self.device = device
-        self.owned = False
-
-    def __enter__(self) -> str | None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            size = dist.get_world_size()
-            if size != self.world_size:
-                return f"args.world_size={self.world_size} but the process group has {size} ranks"
-            return None
-        if self.world_size != 1:
-            return (
-                f"world_size={self.world_size} needs a process group of {self.world_size} ranks: run the study "
-                f"with resources.gpus_per_trial: {self.world_size} (the gang worker starts the ranks)"
-            )
-        backend = "nccl" if self.device.is_gpu else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-        self.owned = True
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.owned:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
 
 
 def size_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

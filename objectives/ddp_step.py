@@ -35,31 +35,21 @@ from __future__ import annotations
 
 import contextlib
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from models.config import PRESETS, model_flops_per_token, resolve_config
 from objectives.collective import (
-    RankWorkload,
-    agree_on_failure,
     inject_fault,
+    nccl_env,
     nccl_static_check,
     parse_faults,
     set_nccl_env,
-    slowest,
 )
-from tuner.measure import step_intervals_ms, timed_steps
-from tuner.workload import (
-    DeviceInfo,
-    MetricSpec,
-    TrialContext,
-    TrialResult,
-    TrialStatus,
-    compile_failure_result,
-    compile_failure_status,
-    missing_params,
-)
+from tuner.measure import Timing, step_intervals_ms, timed_steps
+from tuner.rank_workload import RankWorkload, agree_on_failure, slowest
+from tuner.template import Checked
+from tuner.workload import DeviceInfo, MetricSpec, missing_params
 
 COMM_HOOKS: tuple[str, ...] = ("none", "bf16", "fp16")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16")
@@ -85,6 +75,9 @@ class _Case:
     losses: list[Any] = field(default_factory=list)
     marks: list[Any] = field(default_factory=list)
     final_loss: Any = math.nan
+    rank: int = 0
+    world_size: int = 1
+    samples_ms: list[float] = field(default_factory=list)
 
 
 class DDPStep(RankWorkload):
@@ -120,6 +113,7 @@ class DDPStep(RankWorkload):
         timeout_s: float | None = None,
         faults: dict[str | int, str] | None = None,
     ) -> None:
+        super().__init__()
         if isinstance(model, str) and model not in PRESETS:
             raise ValueError(f"model must be a preset ({', '.join(PRESETS)}) or a dict of GPTConfig fields")
         self.cfg = resolve_config(model)
@@ -168,77 +162,75 @@ class DDPStep(RankWorkload):
             )
         return nccl_static_check(config, "all_reduce")
 
-    # ------------------------------------------------------------------ one trial
+    def trial_env(self, config: dict[str, Any]) -> dict[str, str | None]:
+        """The NCCL knobs of ``config`` for the rank processes (None = unset: NCCL decides)."""
+        return nccl_env(config)
 
-    def _run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext, comparable: bool) -> TrialResult:
+    # ------------------------------------------------------------------ one trial (the template's hooks)
+
+    def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
+        """This rank's fresh replica, after an injected fault and the untimed warm-up steps."""
         import torch
         import torch.distributed as dist
 
         rank, n = dist.get_rank(), dist.get_world_size()
-        fault = self.faults.get(ctx.trial_number) if rank == 1 else None
         torch_device = torch.device("cuda", torch.cuda.current_device()) if device.is_gpu else torch.device("cpu")
-        case = self._case(config, rank, n, torch_device)
-        try:
-            inject_fault(fault)
-            for _ in range(self.warmup_steps):
-                case.losses.append(self._step(case))
-            case.final_loss = math.nan
-            self._launch(config, case)
-            if device.is_gpu:
-                torch.cuda.synchronize()
-        except Exception as exc:
-            if compile_failure_status(exc) is None:
-                raise
-            return compile_failure_result(exc, comparable)
-        samples_ms = step_intervals_ms(case.marks, device.is_gpu) or [math.nan]
+        case = self._replica(config, rank, n, torch_device)
+        inject_fault(self.faults.get(self.trial_ctx.trial_number) if rank == 1 else None)
+        for _ in range(self.warmup_steps):
+            case.losses.append(self._step(case))
+        return case
+
+    def _poison(self, case: _Case) -> None:
+        case.final_loss = math.nan
+
+    def _check(self, config: dict[str, Any], case: _Case) -> Checked:
+        """A finite final loss on every rank and equal replicas; then, with a comm hook, the loss of the same
+        run without it (the replica is dropped first: the reference builds its own)."""
+        import torch.distributed as dist
+
+        case.samples_ms = step_intervals_ms(case.marks, case.device.type == "cuda") or [math.nan]
         final = float(case.final_loss)
         checksum = self._checksum(case)
-        case = None
+        case.ddp = case.optimizer = None
+        device = case.device
         local_bad = not math.isfinite(final)
-        any_bad = agree_on_failure(local_bad, torch_device)
-        mean_loss = _mean_over_ranks(final if not local_bad else 0.0, torch_device)
-        lo, hi = -slowest(-checksum, torch_device), slowest(checksum, torch_device)
+        any_bad = agree_on_failure(local_bad, device)
+        mean_loss = _mean_over_ranks(final if not local_bad else 0.0, device)
+        lo, hi = -slowest(-checksum, device), slowest(checksum, device)
         if any_bad:
-            return TrialResult(
-                TrialStatus.NUMERICS_FAIL,
-                error=f"rank {rank}: final loss {final}" if local_bad else "another rank's loss is NaN/inf",
-                timing_comparable=comparable,
+            return Checked(
+                {}, failure=f"rank {case.rank}: final loss {final}" if local_bad else "another rank's loss is NaN/inf"
             )
         if not math.isclose(lo, hi, rel_tol=1e-6, abs_tol=1e-9):
-            return TrialResult(
-                TrialStatus.NUMERICS_FAIL,
-                error=f"replicas diverged: parameter checksums from {lo!r} to {hi!r} over the ranks",
-                timing_comparable=comparable,
-            )
-        step_ms = slowest(statistics.median(samples_ms), torch_device)
-        loss_delta = 0.0
+            return Checked({}, failure=f"replicas diverged: parameter checksums from {lo!r} to {hi!r} over the ranks")
         reference = None
         if config["comm_hook"] != "none":
-            reference = self._reference_loss({**config, "comm_hook": "none"}, rank, n, torch_device)
-            loss_delta = mean_loss - reference
-        tokens = n * self.batch_per_rank * self.cfg.seq_len
-        from tuner.measure import Timing
-
-        return TrialResult(
-            TrialStatus.OK,
-            metrics={
-                "step_ms": step_ms,
-                "tokens_per_s": tokens / (step_ms * 1e-3) if step_ms > 0 else math.inf,
-                "loss_delta": loss_delta,
-                "latency_ms": step_ms,
-            },
-            samples_ms=samples_ms,
-            timing_comparable=comparable,
+            reference = self._reference_loss({**config, "comm_hook": "none"}, case.rank, case.world_size, device)
+        return Checked(
+            {"loss_delta": 0.0 if reference is None else mean_loss - reference},
             extra={
-                "timing": Timing.from_samples(samples_ms, warmup_calls=self.warmup_steps).to_dict(),
                 "final_loss": mean_loss,
                 "reference_loss": reference,
-                "world_size": n,
+                "world_size": case.world_size,
                 "backend": dist.get_backend(),
             },
         )
 
-    def _case(self, config: dict[str, Any], rank: int, n: int, device: Any) -> _Case:
+    def _time(self, config: dict[str, Any], case: _Case, device: DeviceInfo, comparable: bool) -> Timing:
+        """The intervals between the checked launch's step marks (the launch is the timed run)."""
+        return Timing.from_samples(case.samples_ms, warmup_calls=self.warmup_steps)
+
+    def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
+        step_ms = slowest(median_ms, case.device)
+        tokens = case.world_size * self.batch_per_rank * self.cfg.seq_len
+        return {
+            "step_ms": step_ms,
+            "tokens_per_s": tokens / (step_ms * 1e-3) if step_ms > 0 else math.inf,
+            "latency_ms": step_ms,
+        }
+
+    def _replica(self, config: dict[str, Any], rank: int, n: int, device: Any) -> _Case:
         """A fresh seeded replica in DDP with the config's knobs, its optimizer and this rank's data shards."""
         import torch
         from torch.nn.parallel import DistributedDataParallel
@@ -267,7 +259,7 @@ class DDPStep(RankWorkload):
             tokens, targets = synthetic_batch(self.cfg, n * self.batch_per_rank, self.seed + 1 + step, device)
             batches.append((tokens[rows], targets[rows]))
         autocast_dtype = torch.bfloat16 if self.precision == "bf16" else None
-        return _Case(ddp, optimizer, batches, device, autocast_dtype)
+        return _Case(ddp, optimizer, batches, device, autocast_dtype, rank=rank, world_size=n)
 
     @staticmethod
     def _step(case: _Case) -> Any:
@@ -304,7 +296,7 @@ class DDPStep(RankWorkload):
 
     def _reference_loss(self, config: dict[str, Any], rank: int, n: int, device: Any) -> float:
         """The final loss (mean over the ranks) of the same run without a comm hook."""
-        case = self._case(config, rank, n, device)
+        case = self._replica(config, rank, n, device)
         for _ in range(self.warmup_steps + self.steps):
             case.losses.append(self._step(case))
         return _mean_over_ranks(float(case.losses[-1]), device)

@@ -73,19 +73,8 @@ from pathlib import Path
 from typing import Any
 
 from models.config import GPTConfig, model_flops_per_token, resolve_config
-from tuner.workload import (
-    DeviceInfo,
-    MetricSpec,
-    TrialContext,
-    TrialResult,
-    TrialStatus,
-    Workload,
-    comment_text,
-    compile_failure_result,
-    compile_failure_status,
-    missing_params,
-    timing_comparable,
-)
+from tuner.template import Checked, MeasuredWorkload
+from tuner.workload import DeviceInfo, MetricSpec, comment_text, missing_params
 
 WEIGHT_BITS: tuple[int, ...] = (16, 8, 4)
 KV_DTYPES: tuple[str, ...] = ("bf16", "fp8_e4m3")
@@ -281,7 +270,7 @@ class _Case:
     transient_bytes: int = 0
 
 
-class DecodeStep(Workload):
+class DecodeStep(MeasuredWorkload):
     """Greedy KV-cache decoding of a GPT: weight bits, KV dtype, attention, CUDA graphs and batch, vs bf16.
 
     Args: ``model`` (preset name of ``models.config.PRESETS`` or dict of GPTConfig fields, default
@@ -326,6 +315,7 @@ class DecodeStep(Workload):
         min_top1_agreement: float = MIN_TOP1_AGREEMENT,
         train_steps: int = 0,
     ) -> None:
+        super().__init__()
         self.cfg = resolve_model(model)
         self.model_arg = model if not isinstance(model, GPTConfig) else model.to_dict()
         for arg, value in (("prompt_len", prompt_len), ("gen_tokens", gen_tokens)):
@@ -492,31 +482,21 @@ class DecodeStep(Workload):
 
     # ------------------------------------------------------------------ one trial
 
-    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
-        comparable = timing_comparable(device)
-        reason = self.static_check(config, device)
-        if reason is not None:
-            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
-
+    def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
+        """The config's case (kept per worker), its prompt prefilled and one eager step (and graph capture) done."""
         import torch
 
-        from tuner.measure import time_fn, timing_options
+        case = self._get_case(config, device)
+        with torch.no_grad():
+            case.model.prefill(case.ref.prompt, case.cache)
+            self._warm_up(config, case, device)
+        return case
 
-        try:
-            case = self._get_case(config, device)
-            with torch.no_grad():
-                case.model.prefill(case.ref.prompt, case.cache)
-                self._warm_up(config, case, device)
-            case.out.fill_(float("nan"))
-            self._launch(config, case)
-            if device.is_gpu:
-                torch.cuda.synchronize()
-        except Exception as exc:
-            if compile_failure_status(exc) is None:
-                raise
-            return compile_failure_result(exc, comparable)
+    def _outputs(self, case: _Case) -> list[Any]:
+        return [case.out]
 
-        check = self._check(case)
+    def _check(self, config: dict[str, Any], case: _Case) -> Checked:
+        check = self._logit_errors(case)
         extra: dict[str, Any] = {
             "ref_logit_std": check["ref_logit_std"],
             "top1_same_index": check.get("top1_same_index"),
@@ -526,33 +506,17 @@ class DecodeStep(Workload):
             "batch": case.batch,
         }
         errors = {k: check[k] for k in ("max_logit_error", "mean_logit_error", "top1_agreement")}
-        if check["failure"] is not None:
-            return TrialResult(
-                TrialStatus.NUMERICS_FAIL,
-                metrics=errors,
-                error=check["failure"],
-                timing_comparable=comparable,
-                extra=extra,
-            )
+        return Checked(errors, failure=check["failure"], extra=extra)
 
-        timing = time_fn(lambda: self._launch(config, case), device, **timing_options(comparable))
-        extra["timing"] = timing.to_dict()
-        step_ms = timing.median_ms / self.gen_tokens
-        loop_s = timing.median_ms * 1e-3
+    def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
+        loop_s = median_ms * 1e-3
         peak = case.model_bytes + case.cache.nbytes() + case.transient_bytes
-        return TrialResult(
-            TrialStatus.OK,
-            metrics={
-                "tokens_per_s": case.batch * self.gen_tokens / loop_s if loop_s > 0 else math.inf,
-                "ms_per_token": step_ms,
-                "peak_mem_gb": peak / 1e9,
-                **errors,
-                "latency_ms": timing.median_ms,
-            },
-            samples_ms=timing.samples_ms,
-            timing_comparable=comparable,
-            extra=extra,
-        )
+        return {
+            "tokens_per_s": case.batch * self.gen_tokens / loop_s if loop_s > 0 else math.inf,
+            "ms_per_token": median_ms / self.gen_tokens,
+            "peak_mem_gb": peak / 1e9,
+            "latency_ms": median_ms,
+        }
 
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
         """The timed decode loop: ``gen_tokens`` teacher-forced steps from ``pos = prompt_len``, logits into
@@ -610,7 +574,7 @@ class DecodeStep(Workload):
             torch.cuda.synchronize()
             case.graph = graph
 
-    def _check(self, case: _Case) -> dict[str, Any]:
+    def _logit_errors(self, case: _Case) -> dict[str, Any]:
         """Errors of ``case.out`` against the reference, one step at a time (no [G, B, V] temporaries)."""
         import torch
 

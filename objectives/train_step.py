@@ -39,9 +39,10 @@ on a CPU) and one synchronization at the end: ``samples_ms`` holds the per-step 
 
 Failures: NaN/inf in any step's loss is ``numerics_fail`` (``run`` sets the case's final loss to
 NaN before ``_launch``, so a ``_launch`` that does nothing fails too). A CUDA out-of-memory error is
-``oom``: the trial's tensors are freed (``gc.collect``, ``torch.cuda.empty_cache``) and when the
-allocator does not return to what it held before the trial (within :data:`LEAK_TOLERANCE_BYTES`)
-the result asks for a fresh worker (``extra["replace_worker"]``). ``memory_limit_gb`` simulates a
+``oom`` (the trial template's ``reported_failures``). After every trial its tensors are freed
+(``gc.collect``, ``torch.cuda.empty_cache``) and when the allocator does not return to what it held
+before the trial (within :data:`LEAK_TOLERANCE_BYTES`) the result asks for a fresh worker
+(``extra["replace_worker"]``). ``memory_limit_gb`` simulates a
 smaller card: a trial whose peak exceeds it is ``oom`` (on a CPU by the estimate); on a GPU a config
 whose estimate exceeds it by more than 10% is refused before it runs (``infeasible_static``).
 ``torch.compile``/Triton failures are ``compile_error``/``out_of_resources``.
@@ -54,25 +55,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import statistics
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from models.config import PRESETS, GPTConfig, model_flops_per_token, resolve_config
-from tuner.measure import step_intervals_ms, timed_steps
-from tuner.workload import (
-    DeviceInfo,
-    MetricSpec,
-    TrialContext,
-    TrialResult,
-    TrialStatus,
-    Workload,
-    compile_failure_result,
-    compile_failure_status,
-    missing_params,
-    timing_comparable,
-)
+from tuner.measure import Timing, step_intervals_ms, timed_steps
+from tuner.template import Checked, MeasuredWorkload
+from tuner.workload import DeviceInfo, MetricSpec, TrialContext, TrialStatus, missing_params
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 #: attention knob -> (GPT attention mode, forced SDPA backend name or None for torch's pick)
@@ -162,9 +152,13 @@ class _Case:
     losses: list[Any] = field(default_factory=list)
     marks: list[Any] = field(default_factory=list)  # CUDA events or perf_counter values around timed steps
     final_loss: Any = math.nan
+    info: DeviceInfo | None = None  # the device of the trial (the MFU's peak)
+    before_bytes: int = 0  # allocated before the case was built
+    reference: list[float] = field(default_factory=list)  # the fp32 reference's per-step losses
+    samples_ms: list[float] = field(default_factory=list)
 
 
-class TrainStep(Workload):
+class TrainStep(MeasuredWorkload):
     """Optimizer steps of a GPT (``models/gpt.py``) under one config of the training knobs.
 
     Args: ``model`` (preset name of ``models.config.PRESETS`` or a dict of ``GPTConfig`` fields),
@@ -196,6 +190,8 @@ class TrainStep(Workload):
         MetricSpec("loss_error", "minimize", "nats", "|loss_delta|: the drift from the fp32 reference either way"),
         MetricSpec("step_ms", "minimize", "ms", "median time of one optimizer step (grad_accum micro-batches)"),
     )
+    #: Out of memory is a result of the config here (a larger micro-batch), not of a broken worker.
+    reported_failures = frozenset({TrialStatus.COMPILE_ERROR, TrialStatus.OUT_OF_RESOURCES, TrialStatus.OOM})
     description = (
         "Whole training step of a GPT (models/gpt.py): micro-batch, grad accumulation, precision "
         "fp32/tf32/bf16/fp16/fp8, activation checkpointing, torch.compile, SDPA backend, AdamW fused/foreach"
@@ -212,6 +208,7 @@ class TrainStep(Workload):
         memory_limit_gb: float | None = None,
         lr: float = 1e-3,
     ) -> None:
+        super().__init__()
         if isinstance(model, str) and model not in PRESETS:
             raise ValueError(f"model must be a preset ({', '.join(PRESETS)}) or a dict of GPTConfig fields")
         self.cfg = resolve_config(model)  # ValueError naming "model" or the field
@@ -338,115 +335,103 @@ class TrainStep(Workload):
 
     # ------------------------------------------------------------------ one trial
 
-    def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
-        comparable = timing_comparable(device)
-        reason = self.static_check(config, device)
-        if reason is not None:
-            return TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason, timing_comparable=comparable)
-        batching = self._batching(config)
-        assert not isinstance(batching, str)
-        micro, accum = batching
-        global_batch = micro * accum
-
+    @contextlib.contextmanager
+    def _scope(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> Iterator[dict[str, Any]]:
+        """The fp32 reference first (cached per worker), the config's matmul precision around the trial, and
+        after it everything freed: leaked memory above :data:`LEAK_TOLERANCE_BYTES` asks for a fresh worker."""
         import torch
 
         on_gpu = device.is_gpu
         torch_device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
-        reference = self._reference_losses(global_batch, torch_device)
+        self._reference_losses(self._global_batch(config), torch_device)
         before = self._allocated(on_gpu)
-        compiled = config["compile"] != "off"
-        failure: TrialResult | None = None
-        case: _Case | None = None
-        losses: list[float] = []
-        samples_ms: list[float] = []
-        peak_bytes = 0.0
+        notes: dict[str, Any] = {}
         try:
             with _float32_matmul(config["precision"]):
-                case = self._case(config, micro, accum, torch_device)
-                for _ in range(self.warmup_steps):
-                    case.losses.append(self._step(case))
-                if on_gpu:
-                    torch.cuda.synchronize()
-                    torch.cuda.reset_peak_memory_stats()
-                case.final_loss = math.nan
-                self._launch(config, case)
-                if on_gpu:
-                    torch.cuda.synchronize()
-                samples_ms = step_intervals_ms(case.marks, on_gpu)
-                losses = (
-                    [float(x) for x in torch.stack([t.float() for t in case.losses]).tolist()] if case.losses else []
-                )
-                final = float(case.final_loss)
-                if on_gpu:
-                    peak_bytes = float(torch.cuda.max_memory_allocated() - before)
-                else:
-                    peak_bytes = estimate_peak_bytes(self.cfg, micro, config["precision"], config["checkpoint"])
-        except Exception as exc:
-            failure = _failure_result(exc, comparable)
-            if failure is None:
-                raise
+                yield notes
         finally:
-            case = None
-            leaked = self._free(on_gpu, compiled, before)
-        if failure is not None:
-            if failure.status == TrialStatus.OOM and on_gpu and leaked > LEAK_TOLERANCE_BYTES:
-                failure.extra["replace_worker"] = True
-                failure.extra["leaked_bytes"] = leaked
-            return failure
+            leaked = self._free(on_gpu, config["compile"] != "off", before)
+            if on_gpu and leaked > LEAK_TOLERANCE_BYTES:
+                notes.update(replace_worker=True, leaked_bytes=leaked)
 
+    def _global_batch(self, config: dict[str, Any]) -> int:
+        batching = self._batching(config)
+        assert not isinstance(batching, str)
+        return batching[0] * batching[1]
+
+    def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
+        """A fresh model after ``warmup_steps`` untimed steps, the GPU's peak-memory counter reset after them."""
+        import torch
+
+        batching = self._batching(config)
+        assert not isinstance(batching, str)
+        micro, accum = batching
+        on_gpu = device.is_gpu
+        torch_device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        before = self._allocated(on_gpu)
+        case = self._build(config, micro, accum, torch_device)
+        case.info, case.before_bytes = device, before
+        case.reference = self._reference_losses(micro * accum, torch_device)
+        for _ in range(self.warmup_steps):
+            case.losses.append(self._step(case))
+        if on_gpu:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        return case
+
+    def _poison(self, case: _Case) -> None:
+        case.final_loss = math.nan
+
+    def _check(self, config: dict[str, Any], case: _Case) -> Checked:
+        """Finite losses at every step, the peak within ``memory_limit_gb``, and the drift from the fp32 reference."""
+        import torch
+
+        on_gpu = case.device.type == "cuda"
+        case.samples_ms = step_intervals_ms(case.marks, on_gpu)
+        losses = [float(x) for x in torch.stack([t.float() for t in case.losses]).tolist()] if case.losses else []
+        final = float(case.final_loss)
+        if on_gpu:
+            peak_bytes = float(torch.cuda.max_memory_allocated() - case.before_bytes)
+        else:
+            peak_bytes = estimate_peak_bytes(self.cfg, case.micro_batch, config["precision"], config["checkpoint"])
+        global_batch = case.micro_batch * case.grad_accum
         extra: dict[str, Any] = {
             "global_batch": global_batch,
-            "grad_accum": accum,
+            "grad_accum": case.grad_accum,
             "tokens_per_step": global_batch * self.cfg.seq_len,
             "losses": losses,
-            "reference_losses": reference,
+            "reference_losses": case.reference,
             "peak_mem_source": "max_memory_allocated" if on_gpu else "estimate",
         }
-        if on_gpu and leaked > LEAK_TOLERANCE_BYTES:
-            extra["replace_worker"] = True
-            extra["leaked_bytes"] = leaked
-        peak_gb = peak_bytes / 1e9
+        peak = {"peak_mem_gb": peak_bytes / 1e9}
         if not math.isfinite(final) or not losses or not all(math.isfinite(x) for x in losses):
-            return TrialResult(
-                TrialStatus.NUMERICS_FAIL,
-                metrics={"peak_mem_gb": peak_gb},
-                error=f"loss is NaN/inf (final {final}, per step {losses})",
-                timing_comparable=comparable,
-                extra=extra,
+            return Checked(peak, failure=f"loss is NaN/inf (final {final}, per step {losses})", extra=extra)
+        if self.memory_limit_gb is not None and peak["peak_mem_gb"] > self.memory_limit_gb:
+            failure = (
+                f"peak {peak['peak_mem_gb']:.3f} GB exceeds memory_limit_gb={self.memory_limit_gb:g} "
+                "(simulates a smaller card)"
             )
-        if self.memory_limit_gb is not None and peak_gb > self.memory_limit_gb:
-            return TrialResult(
-                TrialStatus.OOM,
-                metrics={"peak_mem_gb": peak_gb},
-                error=(
-                    f"peak {peak_gb:.3f} GB exceeds memory_limit_gb={self.memory_limit_gb:g} (simulates a smaller card)"
-                ),
-                timing_comparable=comparable,
-                extra=extra,
-            )
+            return Checked(peak, failure=failure, extra=extra, status=TrialStatus.OOM)
         index = self.reference_steps - 1
-        delta = losses[index] - reference[index]
-        step_ms = statistics.median(samples_ms)
-        tokens_per_s = extra["tokens_per_step"] / (step_ms * 1e-3) if step_ms > 0 else math.inf
-        from tuner.measure import Timing
+        delta = losses[index] - case.reference[index]
+        return Checked({**peak, "loss_delta": delta, "loss_error": abs(delta)}, extra=extra)
 
-        extra["timing"] = Timing.from_samples(samples_ms, warmup_calls=self.warmup_steps).to_dict()
-        return TrialResult(
-            TrialStatus.OK,
-            metrics={
-                "tokens_per_s": tokens_per_s,
-                "mfu": self._mfu(tokens_per_s, config["precision"], device),
-                "peak_mem_gb": peak_gb,
-                "loss_delta": delta,
-                "loss_error": abs(delta),
-                "step_ms": step_ms,
-                # not declared: the key the worker's roofline position reads (with work())
-                "latency_ms": step_ms,
-            },
-            samples_ms=samples_ms,
-            timing_comparable=comparable,
-            extra=extra,
+    def _time(self, config: dict[str, Any], case: _Case, device: DeviceInfo, comparable: bool) -> Timing:
+        """The intervals between the checked launch's step marks (the launch is the timed run)."""
+        return Timing.from_samples(case.samples_ms, warmup_calls=self.warmup_steps)
+
+    def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
+        tokens_per_s = (
+            case.micro_batch * case.grad_accum * self.cfg.seq_len / (median_ms * 1e-3) if median_ms > 0 else math.inf
         )
+        assert case.info is not None
+        return {
+            "tokens_per_s": tokens_per_s,
+            "mfu": self._mfu(tokens_per_s, config["precision"], case.info),
+            "step_ms": median_ms,
+            # not declared: the key the worker's roofline position reads (with work())
+            "latency_ms": median_ms,
+        }
 
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
         """The ``steps`` timed optimizer steps, back to back, with a timing mark between consecutive steps;
@@ -565,7 +550,7 @@ class TrainStep(Workload):
         except Exception:
             return 0
 
-    def _case(self, config: dict[str, Any], micro: int, accum: int, device: Any) -> _Case:
+    def _build(self, config: dict[str, Any], micro: int, accum: int, device: Any) -> _Case:
         """A fresh seeded model, its optimizer and the data of every step, for ``config``."""
         import torch
 
@@ -661,7 +646,7 @@ class TrainStep(Workload):
         case: _Case | None = None
         try:
             with _float32_matmul("fp32"):
-                case = self._case(config, micro, global_batch // micro, device)
+                case = self._build(config, micro, global_batch // micro, device)
                 for _ in range(self.reference_steps):
                     case.losses.append(self._step(case))
                 losses = [float(x) for x in torch.stack(case.losses).tolist()]
@@ -687,28 +672,3 @@ def _float32_matmul(precision: str) -> Iterator[None]:
         yield
     finally:
         torch.set_float32_matmul_precision(previous)
-
-
-#: Exception class names of torch.compile failures (dynamo, AOTAutograd, inductor).
-_COMPILE_EXCEPTIONS = {
-    "BackendCompilerFailed",
-    "InductorError",
-    "TorchDynamoException",
-    "Unsupported",
-    "LoweringException",
-}
-
-
-def _failure_result(exc: BaseException, comparable: bool) -> TrialResult | None:
-    """OOM, compile and out-of-resources failures as trial results; None for anything else (re-raised)."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    text = f"{type(exc).__name__}: {exc}"
-    lowered = text.lower()
-    oom_texts = ("out of memory", "can't allocate memory", "cublas_status_alloc_failed")
-    if "OutOfMemoryError" in names or any(t in lowered for t in oom_texts):
-        return TrialResult(TrialStatus.OOM, error=text[:4000], timing_comparable=comparable)
-    if compile_failure_status(exc) is not None:
-        return compile_failure_result(exc, comparable)
-    if names & _COMPILE_EXCEPTIONS:
-        return TrialResult(TrialStatus.COMPILE_ERROR, error=text[:4000], timing_comparable=comparable)
-    return None

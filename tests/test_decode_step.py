@@ -470,7 +470,7 @@ def test_top1_agreement_counts_a_token_the_reference_ties_for_first() -> None:
         for t, row in enumerate(chosen):
             for b, token in enumerate(row):
                 out[t, b, token] = 10.0
-        return w._check(SimpleNamespace(out=out, ref=ref, batch=2))
+        return w._logit_errors(SimpleNamespace(out=out, ref=ref, batch=2))
 
     tied = agreement([[3, 0], [2, 1]])
     assert tied["top1_agreement"] == 1.0 and tied["top1_same_index"] == 0.75

@@ -164,7 +164,7 @@ def test_every_cpu_precision_trains_close_to_the_fp32_reference(tiny: TrainStep,
 def test_the_reference_is_computed_once(tiny: TrainStep, monkeypatch) -> None:
     _run(tiny, _config())
     assert set(tiny._references) == {("cpu", 4)}
-    monkeypatch.setattr(tiny, "_case", lambda *a, **k: pytest.fail("recomputed"), raising=True)
+    monkeypatch.setattr(tiny, "_build", lambda *a, **k: pytest.fail("recomputed"), raising=True)
     assert tiny._reference_losses(4, torch.device("cpu")) == tiny._references[("cpu", 4)]
 
 

@@ -46,6 +46,14 @@ NORM_TILE = {"BLOCK": 512, "ROWS_PER_PROGRAM": 4, "num_warps": 4, "num_stages": 
 TRAIN = {"checkpoint": 0, "compile": "off", "attention": "sdpa", "optimizer": "adamw_foreach"}
 CASES = [
     Case(
+        "axpy",  # the README's example of a new workload
+        {"n": 1000, "alpha": 1.5},
+        {"n": 0, "alpha": "x", "seed": 1.5},
+        [{"BLOCK": 256, "num_warps": 4, "precision": p} for p in ("fp32", "fp16", "bf16")],
+        {"BLOCK": 384, "num_warps": 4, "precision": "fp32"},
+        seed_args={"n": 1 << 24},
+    ),
+    Case(
         "triton_gemm",
         {"m": 48, "n": 40, "k": 64},
         {"m": 0, "k": -3, "seed": "x"},

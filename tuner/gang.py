@@ -43,9 +43,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner.failures import short_error
 from tuner.registry import workload_class
-from tuner.worker import MAX_ERROR_CHARS, DispatchOrder
-from tuner.workload import DeviceInfo, TrialStatus
+from tuner.worker import DispatchOrder
+from tuner.workload import RESULT_VERSION, DeviceInfo, TrialReport, TrialStatus, Workload
 
 #: Seconds the other ranks get to finish after one rank failed, before they are killed.
 GRACE_S = 1.5
@@ -57,9 +58,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TRIAL_TIMEOUT_S = 300.0
 
 
-def pg_timeout_s(workload: Any, trial_timeout_s: float) -> float:
+def pg_timeout_s(workload: Workload, trial_timeout_s: float) -> float:
     """The process-group timeout of a trial: the workload's ``timeout_s``, else 0.4 x the trial timeout in [5, 60]."""
-    explicit = getattr(workload, "timeout_s", None)
+    explicit = workload.timeout_s
     if explicit:
         return float(explicit)
     return min(60.0, max(5.0, 0.4 * trial_timeout_s))
@@ -121,10 +122,6 @@ def _tail(path: Path, chars: int = 1500) -> str:
     return text[-chars:]
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_CHARS else "...\n" + text[-MAX_ERROR_CHARS:]
-
-
 def _read_result(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
@@ -142,13 +139,13 @@ def run_gang(
     trial_number: int = -1,
     attempt: int = 1,
     trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
-    workload: Any = None,
-) -> dict[str, Any]:
+    workload: Workload | None = None,
+) -> TrialReport:
     """Run one trial as ``world_size`` rank processes; the trial's result dict (``worker.result_to_dict``
     keys plus ``ranks``: each rank's status). Usable without Ray (the benchmark scripts re-measure with it)."""
     if workload is None:
         workload = workload_class(workload_name)(**args)
-    trial_env = workload.trial_env(config) if hasattr(workload, "trial_env") else {}
+    trial_env = workload.trial_env(config)
     timeout_s = pg_timeout_s(workload, trial_timeout_s)
     deadline_s = gang_deadline_s(trial_timeout_s)
     folder = Path(tempfile.mkdtemp(prefix="tuner-gang-"))
@@ -230,18 +227,18 @@ def _merge(
     deadline_s: float,
     timeout_s: float,
     logs: list[Path],
-) -> dict[str, Any]:
+) -> TrialReport:
     """One trial result from the ranks' results and exit codes (see the module docstring)."""
     ranks = [
         {"rank": r, "status": (res or {}).get("status"), "exit_code": codes[r], "killed": r in killed}
         for r, res in enumerate(results)
     ]
 
-    def failed(status: str, error: str, base: dict[str, Any] | None = None) -> dict[str, Any]:
-        out = {"status": status, "metrics": {}, "samples_ms": [], "timing_comparable": None}
+    def failed(status: str, error: str, base: dict[str, Any] | None = None) -> TrialReport:
+        out = no_result(status, error)
         if base:
-            out.update({k: base[k] for k in ("metrics", "samples_ms", "timing_comparable") if k in base})
-        out.update({"error": _short(error), "ranks": ranks})
+            out.update({k: base[k] for k in ("metrics", "samples_ms", "timing_comparable", "extra") if k in base})
+        out["ranks"] = ranks
         return out
 
     if timed_out:
@@ -271,7 +268,20 @@ def _merge(
     out = dict(results[0] or {})
     out.pop("rank", None)
     out["ranks"] = ranks
-    return out
+    return out  # type: ignore[return-value]
+
+
+def no_result(status: str, error: str) -> TrialReport:
+    """The report of a multi-GPU trial that ended without a rank's measurement."""
+    return {
+        "version": RESULT_VERSION,
+        "status": status,
+        "metrics": {},
+        "samples_ms": [],
+        "error": short_error(error),
+        "timing_comparable": None,
+        "extra": {},
+    }
 
 
 class GangWorker:
@@ -317,18 +327,12 @@ class GangWorker:
     def reset_sequence(self, next_seq: int) -> None:
         self._order.reset(next_seq)
 
-    def run_trial(self, config: dict[str, Any], trial_number: int, attempt: int, seq: int) -> dict[str, Any]:
+    def run_trial(self, config: dict[str, Any], trial_number: int, attempt: int, seq: int) -> TrialReport:
         started = time.time()
         with self._order.turn(seq):
             reason = self.workload.static_check(config, self.device)
             if reason is not None:
-                out: dict[str, Any] = {
-                    "status": TrialStatus.INFEASIBLE_STATIC.value,
-                    "metrics": {},
-                    "samples_ms": [],
-                    "error": reason,
-                    "timing_comparable": None,
-                }
+                out = no_result(TrialStatus.INFEASIBLE_STATIC.value, reason)
             else:
                 out = run_gang(
                     self.workload_name,

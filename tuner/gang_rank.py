@@ -22,20 +22,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.worker import MAX_ERROR_CHARS, result_to_dict
-from tuner.workload import TrialContext, TrialResult, TrialStatus, classify_exception
+from tuner.failures import classify_exception, short_error
+from tuner.worker import result_to_dict
+from tuner.workload import TrialContext, TrialResult
 
 PR_SET_PDEATHSIG = 1
-#: Text of the errors a hung collective ends with (gloo's "Timed out waiting ... for recv", the NCCL watchdog).
-TIMEOUT_TEXTS = ("timed out", "timeout", "watchdog caught collective")
-
-
-def exception_status(exc: BaseException) -> TrialStatus:
-    """The status of an exception raised in a rank: a process-group timeout is ``timeout``."""
-    text = f"{type(exc).__name__}: {exc}".lower()
-    if any(t in text for t in TIMEOUT_TEXTS):
-        return TrialStatus.TIMEOUT
-    return classify_exception(exc)
 
 
 def _die_with_parent() -> None:
@@ -75,10 +66,9 @@ def run_rank(job: dict[str, Any], rank: int, world_size: int, local_rank: int) -
         ctx = TrialContext(trial_number=int(job["trial_number"]), attempt=int(job["attempt"]))
         return workload.run(job["config"], device_info(), ctx)
     except Exception as exc:
-        text = traceback.format_exc()
-        if len(text) > MAX_ERROR_CHARS:
-            text = "...\n" + text[-MAX_ERROR_CHARS:]
-        return TrialResult(status=exception_status(exc), error=text)
+        return TrialResult(
+            status=classify_exception(exc, process_group=True), error=short_error(traceback.format_exc())
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

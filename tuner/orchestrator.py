@@ -341,6 +341,7 @@ class Orchestrator:
             status=status,
             metrics=metrics,
             samples_ms=result.get("samples_ms") or [],
+            extra=result.get("extra") or {},
             feasible=feasible,
             timing_comparable=result.get("timing_comparable"),
             error=error,
@@ -464,6 +465,7 @@ class _Reusable:
     status: str
     metrics: dict[str, Any]
     samples_ms: list[float]
+    extra: dict[str, Any] | None
     feasible: bool
     timing_comparable: bool | None
     fingerprint: dict[str, Any] | None

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from tuner.workload import Workload
 
 WORKLOADS: dict[str, str] = {
+    "axpy": "objectives.axpy:Axpy",
     "triton_gemm": "objectives.triton_gemm:TritonGemm",
     "flash_attention": "objectives.flash_attention:FlashAttention",
     "noop": "objectives.noop:NoOp",

@@ -173,7 +173,7 @@ def load_spec(source: str | Path | dict[str, Any]) -> CompiledStudy:
 def _check_gpus_per_trial(spec: StudySpec, cls: type[Workload], workload: Workload | None) -> list[tuple[str, str]]:
     """A multi-GPU workload's ``world_size`` arg must equal ``resources.gpus_per_trial``; other workloads take one."""
     k = spec.resources.gpus_per_trial
-    if not getattr(cls, "multi_gpu", False):
+    if not cls.multi_gpu:
         if k > 1:
             return [
                 (
@@ -182,7 +182,7 @@ def _check_gpus_per_trial(spec: StudySpec, cls: type[Workload], workload: Worklo
                 )
             ]
         return []
-    world_size = getattr(workload, "world_size", None)
+    world_size = None if workload is None else workload.world_size
     if world_size is not None and world_size != k:
         return [("args.world_size", f"must equal resources.gpus_per_trial ({k}), got {world_size}")]
     return []

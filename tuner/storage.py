@@ -45,6 +45,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
+from tuner.workload import json_safe
+
 log = logging.getLogger("tuner.storage")
 
 DEFAULT_DB_URL = "sqlite:///tuner.db"
@@ -124,6 +126,9 @@ class TrialRow(Base):
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     samples_ms: Mapped[list[float]] = mapped_column(JSON, default=list)
+    # What the workload reported beside its metrics (TrialResult.extra, JSON-safe): the timing summary
+    # ("timing": median, 95% interval, repetitions, convergence), loss curves, memory facts...
+    extra: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     feasible: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     timing_comparable: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -568,7 +573,15 @@ class StudyDB:
         if copy_of is not None:
             values = {
                 column: getattr(copy_of, column)
-                for column in ("status", "metrics", "samples_ms", "feasible", "timing_comparable", "fingerprint")
+                for column in (
+                    "status",
+                    "metrics",
+                    "samples_ms",
+                    "extra",
+                    "feasible",
+                    "timing_comparable",
+                    "fingerprint",
+                )
             }
             values.update(
                 optuna_trial_id=optuna_trial_id,
@@ -604,6 +617,7 @@ class StudyDB:
         status: str,
         metrics: Mapping[str, Any],
         samples_ms: Iterable[float] = (),
+        extra: Mapping[str, Any] | None = None,
         feasible: bool,
         timing_comparable: bool | None,
         error: str | None,
@@ -619,6 +633,7 @@ class StudyDB:
                 "status": status,
                 "metrics": clean_metrics(metrics),
                 "samples_ms": [x for x in (clean_number(v) for v in samples_ms) if x is not None],
+                "extra": json_safe(dict(extra or {})),
                 "feasible": feasible,
                 "timing_comparable": timing_comparable,
                 "error": error,

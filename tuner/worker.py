@@ -7,8 +7,10 @@ on the worker's threads while another trial is timed, but the measured part
 trial never shares the GPU while it is being timed, and the orchestrator
 knows which trial holds the device if the worker hangs or dies.
 
-Exceptions become statuses here; a worker whose CUDA context is unusable
-after a trial says so (``replace_worker``) and the orchestrator replaces it.
+Exceptions a workload lets through become statuses here (:func:`tuner.failures.classify_exception`);
+a worker whose CUDA context is unusable after a trial says so (``replace_worker``) and the
+orchestrator replaces it. What it returns is a :class:`tuner.workload.TrialReport`: the versioned
+wire form of the result, ``extra`` included, plus where and how long it ran.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
+from tuner.failures import MAX_ERROR_CHARS, classify_exception, short_error
 from tuner.registry import workload_class
-from tuner.workload import DeviceInfo, TrialContext, TrialResult, TrialStatus, classify_exception
+from tuner.workload import DeviceInfo, TrialContext, TrialReport, TrialResult, TrialStatus
 
-MAX_ERROR_CHARS = 4000
+__all__ = ["MAX_ERROR_CHARS", "DispatchOrder", "TrialWorker", "result_to_dict"]
 
 
 class DispatchOrder:
@@ -83,8 +86,8 @@ class TrialWorker:
     def reset_sequence(self, next_seq: int) -> None:
         self._order.reset(next_seq)
 
-    def run_trial(self, config: dict[str, Any], trial_number: int, attempt: int, seq: int) -> dict[str, Any]:
-        """Prepare (concurrently), then run in dispatch order. Returns a plain dict (see ``result_to_dict``)."""
+    def run_trial(self, config: dict[str, Any], trial_number: int, attempt: int, seq: int) -> TrialReport:
+        """Prepare (concurrently), then run in dispatch order. Returns the trial's report (``result_to_dict``)."""
         started = time.time()
         prepare_error: BaseException | None = None
         prepare_tb = ""
@@ -94,10 +97,8 @@ class TrialWorker:
             prepare_error, prepare_tb = exc, traceback.format_exc()
         with self._order.turn(seq):
             if prepare_error is not None:
-                status = classify_exception(prepare_error)
-                if status == TrialStatus.RUNTIME_ERROR:
-                    status = TrialStatus.COMPILE_ERROR
-                result = TrialResult(status=status, error=_short(prepare_tb))
+                status = classify_exception(prepare_error, prepare=True)
+                result = TrialResult(status=status, error=short_error(prepare_tb))
             else:
                 result = self._run(config, TrialContext(trial_number=trial_number, attempt=attempt))
         if result.ok and self.device.is_gpu:
@@ -126,7 +127,7 @@ class TrialWorker:
         try:
             return self.workload.run(config, self.device, ctx)
         except Exception as exc:
-            result = TrialResult(status=classify_exception(exc), error=_short(traceback.format_exc()))
+            result = TrialResult(status=classify_exception(exc), error=short_error(traceback.format_exc()))
             if self.device.is_gpu:
                 result.extra["replace_worker"] = not _cuda_usable(result.status)
             return result
@@ -146,15 +147,6 @@ def _cuda_usable(status: TrialStatus) -> bool:
         return False
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_CHARS else "...\n" + text[-MAX_ERROR_CHARS:]
-
-
-def result_to_dict(result: TrialResult) -> dict[str, Any]:
-    return {
-        "status": result.status.value,
-        "metrics": dict(result.metrics),
-        "samples_ms": list(result.samples_ms),
-        "error": result.error,
-        "timing_comparable": result.timing_comparable,
-    }
+def result_to_dict(result: TrialResult) -> TrialReport:
+    """The report of a result: its wire form (:meth:`TrialResult.to_wire`), which keeps ``extra``."""
+    return result.to_wire()  # type: ignore[return-value]

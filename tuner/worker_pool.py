@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.study_session import StudyFailed
-from tuner.workload import TrialStatus
+from tuner.workload import TrialStatus, read_report
 
 log = logging.getLogger("tuner.orchestrator")
 MAX_ATTEMPTS = 2
@@ -221,7 +221,7 @@ class WorkerPool:
 
         ref = worker.actor.run_trial.remote(dict(config), -1, 1, self._next_seq(worker))
         try:
-            return ray.get(ref, timeout=self.spec.budget.trial_timeout_s)
+            return dict(read_report(ray.get(ref, timeout=self.spec.budget.trial_timeout_s)))
         except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError) as exc:
             log.warning("re-measurement abandoned: %s", type(exc).__name__)
             self.replace(worker)
@@ -267,7 +267,7 @@ class WorkerPool:
         if work is None:  # already settled with its worker's loss
             return
         try:
-            result = ray.get(ref)
+            result = dict(read_report(ray.get(ref)))
         except ray.exceptions.RayActorError as exc:
             self._worker_lost(work.worker, str(exc).splitlines()[0] if str(exc) else type(exc).__name__, outcomes)
             return

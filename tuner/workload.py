@@ -5,15 +5,25 @@ numerics against a reference, and report metrics. It receives plain data (a
 config dict, a :class:`DeviceInfo`, a :class:`TrialContext`) and returns a
 :class:`TrialResult`. It never imports Optuna, Ray or SQLAlchemy, so it runs
 the same under the orchestrator, in a test, or from a one-off script.
+
+A result crosses process boundaries (a Ray actor's return value, a rank's JSON file) in one
+versioned form, :class:`WireResult` (:meth:`TrialResult.to_wire`, :func:`read_report`), which keeps
+``extra`` (the timing interval, convergence, loss curves) all the way to the database.
 """
 
 from __future__ import annotations
 
 import enum
+import math
+import numbers
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
+
+#: Version of :class:`WireResult`: a worker of another version is refused, not misread.
+RESULT_VERSION = 1
 
 
 class TrialStatus(str, enum.Enum):
@@ -111,35 +121,140 @@ class TrialResult:
     def ok(self) -> bool:
         return self.status == TrialStatus.OK
 
+    def to_wire(self) -> WireResult:
+        """The result as it crosses processes: plain JSON types, ``extra`` made JSON-safe (NaN/inf -> null)."""
+        return {
+            "version": RESULT_VERSION,
+            "status": self.status.value,
+            "metrics": dict(self.metrics),
+            "samples_ms": list(self.samples_ms),
+            "error": self.error,
+            "timing_comparable": self.timing_comparable,
+            "extra": json_safe(self.extra),
+        }
 
-class Workload:
-    """Base class of every workload.
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> TrialResult:
+        """The inverse of :meth:`to_wire`; ValueError for another version or an unknown status."""
+        check_version(data)
+        return cls(
+            status=TrialStatus(data["status"]),
+            metrics=dict(data.get("metrics") or {}),
+            samples_ms=list(data.get("samples_ms") or []),
+            error=data.get("error"),
+            timing_comparable=bool(data.get("timing_comparable", True)),
+            extra=dict(data.get("extra") or {}),
+        )
 
-    Contract:
-    - ``name``: registry key; ``space_file``: the YAML in ``search_spaces/``
-      that holds its default space; ``metrics``: what ``run`` reports.
-    - ``__init__(**args)`` takes the spec's ``args`` (shapes, dtypes...) and
-      must validate them, raising ``ValueError`` naming the argument.
-    - ``static_check(config, device)`` returns ``None`` when the config may be
-      dispatched, or a reason string when it is statically infeasible. It must
-      be cheap and must not touch a GPU: the orchestrator calls it before
-      dispatch.
-    - ``prepare(config, device)`` may compile ahead of timing; it may run on a
-      thread while another trial is being timed on the same GPU.
-    - ``run(config, device, ctx)`` checks numerics against a reference, then
-      times, and returns a :class:`TrialResult`. It may raise; the worker turns
-      exceptions into statuses (``classify_exception``).
+
+class WireResult(TypedDict):
+    """A :class:`TrialResult` across processes (:meth:`TrialResult.to_wire`). ``timing_comparable`` is
+    None where no measurement ran (a gang's failure before any rank reported)."""
+
+    version: int
+    status: str
+    metrics: dict[str, float]
+    samples_ms: list[float]
+    error: str | None
+    timing_comparable: bool | None
+    extra: dict[str, Any]
+
+
+class TrialReport(WireResult, total=False):
+    """What a worker returns for one trial: the result and where and how it ran."""
+
+    worker: str
+    duration_s: float
+    #: The worker's device is unusable after this trial (a poisoned CUDA context, leaked memory).
+    replace_worker: bool
+    #: Multi-GPU trials: each rank's status, exit code and whether it was killed.
+    ranks: list[dict[str, Any]]
+    rank: int
+
+
+def check_version(data: dict[str, Any]) -> None:
+    """ValueError unless ``data`` is a :class:`WireResult` of :data:`RESULT_VERSION`."""
+    version = data.get("version")
+    if version != RESULT_VERSION:
+        raise ValueError(f"trial result format version {version!r}; this engine reads version {RESULT_VERSION}")
+
+
+def read_report(data: Any) -> TrialReport:
+    """A worker's report as the engine reads it: itself when it is of this version, else a
+    ``runtime_error`` report that says why (a worker of another release on the cluster)."""
+    if isinstance(data, dict):
+        try:
+            check_version(data)
+            TrialStatus(data.get("status"))
+            return data  # type: ignore[return-value]
+        except ValueError as exc:
+            problem = str(exc)
+    else:
+        problem = f"a worker returned {type(data).__name__}, not a trial report"
+    report: dict[str, Any] = dict(TrialResult(TrialStatus.RUNTIME_ERROR, error=problem).to_wire())
+    if isinstance(data, dict) and "worker" in data:
+        report["worker"] = str(data["worker"])
+    return report  # type: ignore[return-value]
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with only JSON types: NaN/inf become None, tuples lists, other objects their ``str``."""
+    if value is None or isinstance(value, (bool, str, int)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        number = float(value)
+        return number if math.isfinite(number) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return str(value)
+
+
+class Workload(ABC):
+    """Base class of every workload: what it declares and the one method the engine calls to run a trial.
+
+    Declared, as class attributes (the engine reads them, never probes for them):
+
+    - ``name``: registry key; ``space_file``: the YAML in ``search_spaces/`` that holds its default
+      space; ``metrics``: what ``run`` reports; ``description``: one line for ``GET /workloads``.
+    - ``trials_in_flight``: trials a GPU worker holds at once (``resources.trials_per_worker``
+      overrides it). More than one pays off where ``prepare`` compiles ahead (the kernel workloads):
+      the next configs compile on the worker's threads while one is timed. A whole training or
+      decode step gains nothing from a queue, which would only run on past the study's time budget.
+    - ``multi_gpu``: a trial runs as ``world_size`` rank processes in one process group
+      (:mod:`tuner.gang`, :class:`tuner.rank_workload.RankWorkload`); ``world_size`` (ranks, an
+      arg of such a workload: it must equal ``resources.gpus_per_trial``) and ``timeout_s`` (the
+      process-group timeout in seconds; None: derived from ``budget.trial_timeout_s``) are set per
+      instance; ``trial_env(config)`` is the environment of the rank processes.
+
+    Contract of the methods:
+
+    - ``__init__(**args)`` takes the spec's ``args`` (shapes, dtypes...) and must validate them,
+      raising ``ValueError`` naming the argument.
+    - ``static_check(config, device)`` returns ``None`` when the config may be dispatched, or a
+      reason string when it is statically infeasible. It must be cheap and must not touch a GPU
+      (nor import torch or triton): the orchestrator calls it before dispatch.
+    - ``prepare(config, device)`` may compile ahead of timing; it may run on a thread while another
+      trial is being timed on the same GPU.
+    - ``run(config, device, ctx)`` checks numerics against a reference, then times, and returns a
+      :class:`TrialResult`. It may raise; the worker turns exceptions into statuses
+      (:func:`tuner.failures.classify_exception`). Workloads that measure something implement it
+      through the trial template (:class:`tuner.template.MeasuredWorkload`), not by hand.
     """
 
     name: ClassVar[str] = ""
     space_file: ClassVar[str] = ""
     metrics: ClassVar[tuple[MetricSpec, ...]] = ()
     description: ClassVar[str] = ""
-    #: Trials a GPU worker holds at once (``resources.trials_per_worker`` overrides it). More than one
-    #: pays off where ``prepare`` compiles ahead (the kernel workloads): the next configs compile on
-    #: the worker's threads while one is timed. A whole training or decode step gains nothing from a
-    #: queue, which would only run on past the study's time budget.
     trials_in_flight: ClassVar[int] = 1
+    multi_gpu: ClassVar[bool] = False
+    #: Ranks of one trial (an arg of a multi-GPU workload; 1 for every other).
+    world_size: int = 1
+    #: Process-group timeout of a multi-GPU trial in seconds (None: 0.4 x the trial timeout, in [5, 60]).
+    timeout_s: float | None = None
 
     def __init__(self, **args: Any) -> None:
         if args:
@@ -161,8 +276,13 @@ class Workload:
     def prepare(self, config: dict[str, Any], device: DeviceInfo) -> None:
         return None
 
+    @abstractmethod
     def run(self, config: dict[str, Any], device: DeviceInfo, ctx: TrialContext) -> TrialResult:
-        raise NotImplementedError
+        """One trial of ``config`` on ``device``."""
+
+    def trial_env(self, config: dict[str, Any]) -> dict[str, str | None]:
+        """Environment variables of a multi-GPU trial's rank processes (None: unset); none by default."""
+        return {}
 
     def work(self, config: dict[str, Any]) -> tuple[float, float, str | None] | None:
         """``(flops, bytes, precision)``: the FLOPs a config computes and the fewest bytes it must move
@@ -183,22 +303,6 @@ class Workload:
         """Python source a user pastes into their code (default: a dict literal). Every value from a config
         goes in as a literal (``repr``), and into a comment only through :func:`comment_text`."""
         return f"config = {dict(config)!r}\n"
-
-
-def classify_exception(exc: BaseException) -> TrialStatus:
-    """Map an exception raised by a workload to a trial status, by type and message."""
-    name = type(exc).__name__
-    text = str(exc)
-    lowered = text.lower()
-    if name == "OutOfMemoryError" or "out of memory" in lowered:
-        return TrialStatus.OOM
-    if name in ("OutOfResources",) or "out of resource" in lowered:
-        return TrialStatus.OUT_OF_RESOURCES
-    if name in ("CompilationError", "CompileTimeAssertionFailure", "MLIRCompilationError") or (
-        "compil" in lowered and "error" in lowered
-    ):
-        return TrialStatus.COMPILE_ERROR
-    return TrialStatus.RUNTIME_ERROR
 
 
 def is_pow2(value: Any) -> bool:
@@ -255,23 +359,3 @@ def interpreter_active() -> bool:
 def timing_comparable(device: DeviceInfo) -> bool:
     """Whether a trial's timings on ``device`` may be compared with GPU timings (real GPU, no interpreter)."""
     return device.is_gpu and not interpreter_active()
-
-
-def compile_failure_status(exc: BaseException) -> TrialStatus | None:
-    """OUT_OF_RESOURCES / COMPILE_ERROR for Triton's own exceptions, None for anything else."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    if "OutOfResources" in names:
-        return TrialStatus.OUT_OF_RESOURCES
-    if names & {"CompilationError", "PTXASError", "MLIRCompilationError", "CompileTimeAssertionFailure"}:
-        return TrialStatus.COMPILE_ERROR
-    if isinstance(exc, RuntimeError) and "PassManager::run failed" in str(exc):
-        # Triton's MLIR pipeline gave up on the config (e.g. warp specialization of a small tile).
-        return TrialStatus.COMPILE_ERROR
-    return None
-
-
-def compile_failure_result(exc: BaseException, comparable: bool) -> TrialResult:
-    """The trial result of a kernel that failed to compile or did not fit the device."""
-    status = compile_failure_status(exc) or TrialStatus.COMPILE_ERROR
-    text = f"{type(exc).__name__}: {exc}"
-    return TrialResult(status, error=text[:4000], timing_comparable=comparable)

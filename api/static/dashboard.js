@@ -1382,6 +1382,17 @@
           `${sorted.length}: median ${fmtNum(median)}, min ${fmtNum(sorted[0])}, max ${fmtNum(sorted[sorted.length - 1])}`,
         ]);
       }
+      const timing = trial.extra && trial.extra.timing;
+      if (timing && Array.isArray(timing.ci95_ms) && timing.ci95_ms.length === 2) {
+        info.push([
+          "median 95% interval (ms)",
+          `${fmtNum(timing.ci95_ms[0])} – ${fmtNum(timing.ci95_ms[1])} over ${fmtValue(timing.reps)} reps`,
+        ]);
+      }
+      if (timing && timing.converged !== undefined && timing.converged !== null)
+        info.push(["timing converged", `${fmtValue(timing.converged)} (±${fmtNum(100 * (timing.rel_ci ?? NaN))}%)`]);
+      if (timing && timing.mode) info.push(["timing mode", fmtValue(timing.mode)]);
+      const extraEntries = Object.entries(trial.extra || {}).filter(([k]) => k !== "timing");
       const title = h("h3", { id: "selected-trial-title" }, `Trial #${trial.number} `, statusBadge(trial.status));
       if (front.has(trial.number))
         title.appendChild(h("span", { class: "muted" }, trial.number === pick ? " ★ default pick" : " ★ Pareto front"));
@@ -1423,6 +1434,14 @@
           kvTable(Object.entries(trial.params || {}).map(([k, v]) => [k, fmtValue(v)])),
           exports,
           kvTable(info),
+          extraEntries.length
+            ? h(
+                "details",
+                { id: "selected-trial-extra" },
+                h("summary", {}, "workload report"),
+                kvTable(extraEntries.map(([k, v]) => [k, fmtValue(v)])),
+              )
+            : null,
           trial.error ? h("details", {}, h("summary", {}, "error"), h("pre", {}, trial.error)) : null,
         ].filter(Boolean),
       );
