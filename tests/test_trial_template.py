@@ -119,11 +119,11 @@ def test_a_database_at_the_previous_revision_gains_the_extra_column(sqlite_url: 
     from tuner.storage import StudyDB
 
     db = StudyDB(sqlite_url)
-    upgrade(db.engine, "0002")
+    upgrade(db.engine, "0003")
     with db.engine.connect() as conn:
         assert "extra" not in {row[1] for row in conn.execute(text("PRAGMA table_info(tuner_trials)"))}
     db.create_tables()
-    assert head() == "0003"
+    assert head() == "0004"
     study = db.create_study(name="s", workload="noop", spec={}, space={}, space_hash="h")
     db.insert_trial(study.id, 0, {"x": 1}, optuna_trial_id=None)
     db.finish_trial(

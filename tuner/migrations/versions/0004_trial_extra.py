@@ -1,8 +1,8 @@
 """What a workload reports beside its metrics (``TrialResult.extra``: the timing summary with its 95%
 interval and convergence, loss curves, memory facts), kept with the trial (NULL for earlier trials).
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 Create Date: 2026-12-01
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003"
-down_revision = "0002"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 
