@@ -45,12 +45,14 @@ from tuner.storage import (
     owner_is_dead,
     tune_sqlite_engine,
 )
+from tuner.strategy import SpaceExhausted, TunerSampler
 from tuner.workload import DeviceInfo, TrialStatus
 
 log = logging.getLogger("tuner")
 MAX_ATTEMPTS = 2
 MAX_WORKER_START_FAILURES = 3
 STATIC_REJECT_LIMIT = 2000  # consecutive statically infeasible proposals before giving up
+EXHAUSTED = "the space is exhausted: every statically feasible config is measured"
 DUPLICATE_LIMIT = 200  # consecutive proposals of measured configs: the space is exhausted or the search converged
 # A repeated config reuses the earlier result when that result does not depend on luck.
 REUSABLE = frozenset({"ok", "compile_error", "out_of_resources", "numerics_fail"})
@@ -421,6 +423,9 @@ class Orchestrator:
             budget_trials=spec.budget.trials,
             has_conditions=any(p.when is not None for p in compiled.space.params.values()),
             grid_points=grid,
+            space=compiled.space,
+            device=self.device.to_dict(),
+            static_check=lambda config: self.workload.static_check(config, self.device),
         )
         engine_kwargs = {"connect_args": {"timeout": 30}} if self.db.url.startswith("sqlite") else {}
         storage = optuna.storages.RDBStorage(self.db.url, engine_kwargs=engine_kwargs)
@@ -432,7 +437,8 @@ class Orchestrator:
             sampler=sampler,
             load_if_exists=True,
         )
-        self._grid_sampler = sampler if isinstance(sampler, EnumeratedGridSampler) else None
+        # Samplers that know when nothing new is left to propose (the grid, the project's strategy).
+        self._grid_sampler = sampler if isinstance(sampler, (EnumeratedGridSampler, TunerSampler)) else None
         self._constraints_on_every_trial = name not in ("tpe", "random", "grid")
         if spec.warm_start and name != "grid" and not study.get_trials(deepcopy=False):
             limit = max(1, spec.budget.trials // 4)
@@ -525,14 +531,26 @@ class Orchestrator:
         if minutes is not None and self._elapsed() >= minutes * 60:
             return True
         if self._grid_sampler is not None and self._grid_sampler.is_exhausted(self._optuna):
+            self._space_exhausted()
             return True
         return False
+
+    def _space_exhausted(self, reason: str = EXHAUSTED) -> None:
+        """Record why the study ends early (the grid sampler's end is its plan, not worth a message)."""
+        if isinstance(self._grid_sampler, TunerSampler) and self._exhausted is None:
+            self._exhausted = reason
 
     def _ask(self) -> _Work | None:
         """Ask Optuna until a statically feasible config comes (each rejection is recorded)."""
         for _ in range(STATIC_REJECT_LIMIT):
             trial = self._optuna.ask()
-            work = self._admit(trial.number, trial._trial_id, self.compiled.space.suggest(trial))
+            try:
+                config = self.compiled.space.suggest(trial)
+            except SpaceExhausted as exc:  # nothing new to propose: the asked trial never ran
+                self._optuna.tell(trial, state=optuna.trial.TrialState.FAIL)
+                self._space_exhausted(f"the space is exhausted: {exc}")
+                return None
+            work = self._admit(trial.number, trial._trial_id, config)
             if work is not None:
                 return work
             if self._exhausted is not None:
