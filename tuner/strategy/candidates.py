@@ -23,6 +23,8 @@ from tuner.space import SearchSpace
 from tuner.strategy.encoding import Encoder, config_key
 
 ENUMERATE_LIMIT = 50_000
+POOL_BLOCK = 1000  # feasible random configs drawn at a time for a sampled space
+MAX_POOL_BLOCKS = 20
 StaticCheck = Callable[[dict[str, Any]], "str | None"]
 
 
@@ -48,8 +50,14 @@ class FeasibleSet:
         self.keys: list[str] = []
         self.index: dict[str, int] = {}
         self.X = np.zeros((0, self.encoder.width))
+        self._pool: list[dict[str, Any]] = []  # a sampled space's candidates (see sample_pool)
+        self._pool_keys: list[str] = []
+        self._pool_X: list[np.ndarray] = []
+        self._pool_blocks = 0
         self.levels = np.zeros((0, len(space.params)), dtype=int)
         self.ordered = np.array([self._is_ordered(name) for name in space.params])
+        self._counts = [len(v) if v is not None else 0 for v in self._values.values()]
+        self._by_levels: dict[tuple[int, ...], int] | None = None
         if self.enumerated:
             self.configs = [c for c in space.grid(limit=enumerate_limit) if self.feasible(c)]
             self.keys = [config_key(c) for c in self.configs]
@@ -68,17 +76,39 @@ class FeasibleSet:
         return mask
 
     def neighbour_indices(self, i: int, rng: np.random.Generator, n_random: int, free: np.ndarray) -> np.ndarray:
-        """Of an enumerated set: the free one-knob moves of member ``i`` (ordered knobs by one step) and
-        ``n_random`` free moves of 2-3 knobs (ordered knobs by up to two steps)."""
-        step = np.abs(self.levels - self.levels[i])
-        differs = step > 0
-        n_diff = differs.sum(1)
-        far = differs & self.ordered[None, :]
-        one = np.flatnonzero(free & (n_diff == 1) & ~(far & (step > 1)).any(1))
-        multi = np.flatnonzero(free & (n_diff >= 2) & (n_diff <= 3) & ~(far & (step > 2)).any(1))
-        if len(multi) > n_random:
-            multi = rng.choice(multi, size=n_random, replace=False)
-        return np.concatenate([one, multi]).astype(int)
+        """Of an enumerated set: the free one-knob moves of member ``i`` (ordered knobs by one step, categoricals
+        to any other choice) and ``n_random`` free moves of 2-3 knobs (ordered knobs by up to two steps).
+
+        Moves are looked up by their level vectors, so the cost does not grow with the set; a move that would
+        switch a conditional param on or off is not among them (the random candidates cover those)."""
+        if self._by_levels is None:
+            self._by_levels = {tuple(row): j for j, row in enumerate(self.levels.tolist())}
+        base = self.levels[i].tolist()
+        active = [p for p, level in enumerate(base) if level >= 0]
+        found: list[int] = []
+
+        def look(levels: list[int]) -> None:
+            j = self._by_levels.get(tuple(levels))  # type: ignore[union-attr]
+            if j is not None and free[j]:
+                found.append(j)
+
+        for p in active:
+            for level in self._moves(p, base[p], 1):
+                look([*base[:p], level, *base[p + 1 :]])
+        for _ in range(n_random):
+            moved = list(base)
+            for p in rng.choice(active, size=min(int(rng.integers(2, 4)), len(active)), replace=False):
+                options = self._moves(int(p), base[int(p)], 2)
+                if options:
+                    moved[int(p)] = options[int(rng.integers(len(options)))]
+            look(moved)
+        return np.unique(np.array(found, dtype=int))
+
+    def _moves(self, p: int, level: int, reach: int) -> list[int]:
+        count = self._counts[p]
+        if not self.ordered[p]:
+            return [v for v in range(count) if v != level]
+        return [level + d for d in range(-reach, reach + 1) if d and 0 <= level + d < count]
 
     def _is_ordered(self, name: str) -> bool:
         values = self._values[name]
@@ -125,6 +155,32 @@ class FeasibleSet:
             if len(out) >= n:
                 break
         return list(out.values())
+
+    def sample_pool(
+        self, seed: int, rng: np.random.Generator, n: int, exclude: set[str]
+    ) -> tuple[list[dict[str, Any]], np.ndarray]:
+        """Of a sampled space: up to ``n`` free configs of a pool of feasible random configs, and their encodings.
+
+        Drawing and checking configs is the slow part of a proposal, so the pool is drawn once, in blocks of
+        :data:`POOL_BLOCK` each seeded by ``(seed, block)``, and grows by a block whenever fewer than ``n`` of
+        its members are free: the pool is a function of the seed and the measured configs alone (resume
+        proposes the same configs).
+        """
+        while True:
+            free = [i for i, k in enumerate(self._pool_keys) if k not in exclude]
+            if len(free) >= n or self._pool_blocks >= MAX_POOL_BLOCKS:
+                break
+            block = np.random.default_rng([seed, self._pool_blocks, 7])
+            self._pool_blocks += 1
+            known = set(self._pool_keys)
+            for config in self.sample(block, POOL_BLOCK, known):
+                self._pool.append(config)
+                self._pool_keys.append(config_key(config))
+                self._pool_X.append(self.encoder.encode(config))
+        if len(free) > n:
+            free = sorted(rng.choice(free, size=n, replace=False).tolist())
+        configs = [self._pool[i] for i in free]
+        return configs, np.stack([self._pool_X[i] for i in free]) if free else np.zeros((0, self.encoder.width))
 
     def neighbours(
         self, config: Mapping[str, Any], rng: np.random.Generator, n_random: int, exclude: set[str]

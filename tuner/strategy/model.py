@@ -1,7 +1,8 @@
 """The proposal step: from what a study has measured and has in flight, the next config to measure.
 
-1. Space-filling start: until ``n_startup`` trials exist, the candidate farthest (in encoded
-   units) from every measured or in-flight config.
+1. Space-filling start: until ``n_startup`` trials exist, of 20 random candidates the one farthest
+   (in encoded units) from every measured or in-flight config; random ones while fewer than two
+   feasible results exist.
 2. Then a Gaussian process over the feasible results (objective log-scaled when positive,
    standardised; 2-3 objectives scalarised with random Chebyshev weights per proposal, as ParEGO
    does), expected improvement times the probability of feasibility (a kernel-weighted share of
@@ -32,6 +33,7 @@ from tuner.strategy.history import Observation
 
 FIT_CAP = 150  # observations the hyperparameters are fitted on
 PREDICT_CAP = 300  # observations the posterior conditions on
+SPREAD_CHOICES = 20  # random candidates a space-filling proposal picks the most distant of
 INCUMBENTS = 3  # best configs whose local moves join the candidates
 CHEBYSHEV_RHO = 0.05
 
@@ -102,15 +104,19 @@ class Strategy:
         if self.remaining(exclude) == 0:
             raise SpaceExhausted("every statically feasible config of the space has been measured")
         done = [o for o in observations if o.feasible]
-        startup = len(observations) + len(planned) < self.n_startup or len(done) < 2
-        y_all = np.zeros(0) if startup else self._targets(done, rng)
-        incumbents = [] if startup else [done[int(i)] for i in np.argsort(-y_all, kind="stable")[:INCUMBENTS]]
+        startup = len(observations) + len(planned) < self.n_startup
+        modelled = not startup and len(done) >= 2
+        y_all = self._targets(done, rng) if modelled else np.zeros(0)
+        top = np.argsort(-y_all, kind="stable")[:INCUMBENTS]
+        incumbents = [done[int(i)] for i in top]
         Xc, pick = self._candidates(rng, exclude, incumbents)
         if not len(Xc):
             raise SpaceExhausted("no statically feasible unmeasured config could be drawn")
         pending = [o.x for o in observations if o.running] + [self.feasible.encoder.encode(c) for c in planned]
         if startup:
             return pick(self._space_filling(Xc, [o.x for o in observations] + pending, rng))
+        if len(done) < 2:  # past the start with almost nothing feasible: search at random until something is
+            return pick(int(rng.integers(len(Xc))))
         # A portfolio of two views of the results, alternating: as measured (standardised) and half-rank
         # warped; each wins on some landscapes (a far-off tile's collapse either matters or is noise).
         transform = warp if number % 2 else standardise
@@ -143,18 +149,20 @@ class Strategy:
                 parts += [fs.neighbour_indices(fs.index[o.key], rng, 30, free) for o in incumbents if o.key in fs.index]
                 index = np.unique(np.concatenate(parts))
             return fs.X[index], lambda j: fs.configs[int(index[j])]
-        configs = fs.sample(rng, self.n_candidates, exclude)
-        for o in incumbents:
-            configs += fs.neighbours(o.config, rng, 30, exclude)
-        configs = list({config_key(c): c for c in configs}.values())
-        return fs.encoder.encode_many(configs), lambda j: configs[j]
+        configs, X = fs.sample_pool(self.seed, rng, self.n_candidates, exclude)
+        local = [c for o in incumbents for c in fs.neighbours(o.config, rng, 10, exclude)]
+        local = list({config_key(c): c for c in local}.values())
+        configs = configs + local
+        return np.vstack([X, fs.encoder.encode_many(local)]), lambda j: configs[j]
 
     # pieces ------------------------------------------------------------------
     def _space_filling(self, Xc: np.ndarray, taken: list[np.ndarray], rng: np.random.Generator) -> int:
-        """The candidate farthest from every taken config (a random one when nothing is taken)."""
+        """Of a few random candidates, the one farthest from every taken config: spread out, without the
+        pull to the corners of the space (huge tiles, where configs fail) that the farthest of all has."""
         if not taken:
             return int(rng.integers(len(Xc)))
-        return int(np.argmax(gp.sqdist(Xc, np.stack(taken)).min(1)))
+        few = rng.choice(len(Xc), size=min(SPREAD_CHOICES, len(Xc)), replace=False)
+        return int(few[np.argmax(gp.sqdist(Xc[few], np.stack(taken)).min(1))])
 
     def _targets(self, done: list[Observation], rng: np.random.Generator | None) -> np.ndarray:
         """One number per feasible observation, larger is better (random Chebyshev weights with ``rng``)."""
