@@ -41,10 +41,10 @@ from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.samplers import EnumeratedGridSampler, make_sampler, resolve_sampler_name
-from tuner.strategy import SpaceExhausted, TunerSampler
 from tuner.space import SearchSpace
 from tuner.spec import CompiledStudy
 from tuner.storage import RUNNING
+from tuner.strategy import SpaceExhausted, TunerSampler
 from tuner.workload import TrialStatus
 
 log = logging.getLogger("tuner.orchestrator")
