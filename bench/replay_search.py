@@ -1,94 +1,125 @@
-"""How fast each search strategy finds a recorded landscape's best config, on a CPU, through the whole engine.
+"""How fast each search strategy finds a recorded landscape's best config, replayed on a CPU.
 
-A landscape (``bench/landscapes/*.jsonl``) holds every config of a grid measured on a GPU.
-The ``replay`` workload answers trials from it, so a study costs no GPU time and every
-strategy faces the very same numbers, failures included. For each strategy and seed this
-runs a study of ``--trials`` trials and records, trial by trial, the best value found so far
-as a fraction of the landscape's best; the summary gives, per strategy, the median over
-seeds of the trials needed to reach 95% and 99% of the best and the fraction reached after
-10, 20 and all trials.
+A landscape (``bench/landscapes/*.jsonl``) holds every config of a grid measured on a GPU. Each
+study drives a sampler exactly as the engine does (``tuner.samplers.make_sampler``, Optuna's
+ask, ``SearchSpace.suggest``, the orchestrator's static check, its tell with constraint values),
+with the ``replay`` workload answering each trial from the file: no Ray, no database, so twenty
+seeds of every strategy fit in minutes on a CPU. A proposal of a config measured before costs no
+trial (the engine reuses the earlier result) and one that fails a static check neither: both are
+counted. A study ends after ``--trials`` measured configs, or when the sampler says the space is
+exhausted.
 
-Strategies: ``random`` (Optuna's random sampler, no seeds), ``tpe`` (Optuna's multivariate
-TPE, no seeds), ``gp`` (Optuna's Gaussian-process sampler, no seeds) and ``tuner`` (the
-engine's default: ``sampler: auto`` with the workload's known-good seed configs tried first --
-those that the grid contains).
+Strategies: ``random`` (uniform random search without repeats over the statically feasible
+configs, computed exactly from the landscape: no sampling), ``tpe`` and ``gp`` (Optuna's
+samplers as ``make_sampler`` configures them) and ``tuner`` (``sampler: auto``, the project's
+own strategy). No strategy is given seed configs.
+
+Per strategy: the median and p90 over seeds of the trials to within 2% and 5% of the landscape's
+best and to the best itself (None when more than the budget), the share of seeds within 2% by
+the budget, repeated and statically infeasible proposals per study, and milliseconds per
+proposal (ask plus suggest).
 
     PYTHONPATH=. python bench/replay_search.py --landscape bench/landscapes/gemm-bf16-fp16-4096.jsonl \\
-        --metric tflops --out bench/results/replay-search-gemm-4096.json
+        --out bench/results/replay-search-gemm-4096.json
 """
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # small matrices: threads only contend on a shared CPU
+
 import argparse
 import json
-import os
+import math
 import statistics
-import tempfile
+import time
 from pathlib import Path
 from typing import Any
+
+import optuna
 
 from bench.common import write_result
 
 STRATEGIES = ("random", "tpe", "gp", "tuner")
+SAMPLER = {"tpe": "tpe", "gp": "gp", "tuner": "auto"}
+BENCHMARK = "search strategies on a recorded landscape (samplers driven as the engine drives them, CPU)"
+REPEAT_LIMIT = 200  # as the engine's DUPLICATE_LIMIT: consecutive repeats end a study
 
 
-def landscape_best(path: Path, metric: str, maximize: bool) -> tuple[float, dict[str, Any]]:
-    """The best OK value of ``metric`` in the landscape and its params."""
-    rows = [json.loads(line) for line in path.read_text().splitlines()[1:] if line.strip()]
-    ok = [r for r in rows if r["status"] == "ok" and r["metrics"].get(metric) is not None]
-    best = (max if maximize else min)(ok, key=lambda r: r["metrics"][metric])
-    return best["metrics"][metric], best["params"]
+def load(path: Path, metric: str) -> tuple[Any, Any, bool, list[dict[str, Any]]]:
+    """The replay workload, its compiled space, whether ``metric`` is maximised, and the records."""
+    from objectives.replay import Replay
+    from tuner.space import compile_space
+
+    replay = Replay(file=str(path))
+    space = compile_space(replay.space_document())
+    direction = next(m.direction for m in replay.metric_specs() if m.name == metric)
+    return replay, space, direction == "maximize", list(replay.landscape.records.values())
 
 
-def seed_configs(path: Path) -> list[dict[str, Any]]:
-    """The recorded workload's default seeds restricted to the grid's params, those the grid contains."""
-    from tuner.registry import workload_class
+def run_one(path: Path, metric: str, strategy: str, seed: int, trials: int) -> dict[str, Any]:
+    """One study: the best-so-far value after each measured trial, waste counts and proposal times."""
+    from objectives.replay import params_key
+    from tuner.samplers import CONSTRAINTS_ATTR, make_sampler
+    from tuner.strategy import SpaceExhausted
+    from tuner.workload import DeviceInfo, TrialStatus
 
-    header = json.loads(path.read_text().splitlines()[0])
-    workload = workload_class(header["workload"])(**header["args"])
-    grid = header["grid"]
-    seeds = []
-    for seed in workload.space_document().get("seeds", []):
-        config = {name: seed.get(name) for name in grid}
-        if all(config[name] in values for name, values in grid.items()) and config not in seeds:
-            seeds.append(config)
-    return seeds
-
-
-def run_one(path: Path, metric: str, strategy: str, seed: int, trials: int, seeds: list[dict[str, Any]]) -> list[float]:
-    """Best-so-far value of ``metric`` after each trial of one study (NaN until the first OK trial)."""
-    from tuner.orchestrator import Orchestrator
-    from tuner.spec import load_spec
-    from tuner.storage import StudyDB
-
-    spec: dict[str, Any] = {
-        "name": f"replay-{strategy}-{seed}",
-        "workload": "replay",
-        "args": {"file": str(path), "seeds": seeds if strategy == "tuner" else []},
-        "objectives": [{"metric": metric}],
-        "budget": {"trials": trials},
-        "sampler": {"random": "random", "tpe": "tpe", "gp": "gp", "tuner": "auto"}[strategy],
-        "seed": seed,
-        "warm_start": strategy == "tuner",
-        "remeasure": {"top_k": 0},
-        "resources": {"workers": 1},
-    }
-    compiled = load_spec(spec)
-    db = StudyDB(str(Path(tempfile.mkdtemp()) / "replay.db"))
-    summary = Orchestrator(compiled, db).run()
-    maximize = compiled.directions[0] == "maximize"
-    rows = sorted(
-        (t for t in db.trials(summary.study_id) if t.status != "infeasible_static" and t.duplicate_of is None),
-        key=lambda t: t.number,
+    replay, space, maximize, _ = load(path, metric)
+    device = DeviceInfo()
+    sampler = make_sampler(
+        SAMPLER[strategy],
+        n_objectives=1,
+        seed=seed,
+        budget_trials=trials,
+        has_conditions=any(p.when is not None for p in space.params.values()),
+        space=space,
+        device=device.to_dict(),
+        static_check=lambda c: replay.static_check(c, device),
     )
-    best, curve = float("nan"), []
-    for t in rows:
-        value = t.metrics.get(metric) if t.status == "ok" else None
-        if value is not None and (best != best or (value > best if maximize else value < best)):
-            best = value
-        curve.append(best)
-    db.dispose()
-    return curve[:trials]
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize" if maximize else "minimize", sampler=sampler)
+    measured: dict[str, tuple[bool, float]] = {}
+    best, worst, curve, ask_ms = math.nan, math.nan, [], []
+    repeats = infeasible = in_a_row = 0
+    exhausted = False
+    while len(curve) < trials and in_a_row < REPEAT_LIMIT:
+        if hasattr(sampler, "is_exhausted") and sampler.is_exhausted(study):
+            exhausted = True
+            break
+        started = time.perf_counter()
+        trial = study.ask()
+        try:
+            config = space.suggest(trial)
+        except SpaceExhausted:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            exhausted = True
+            break
+        ask_ms.append((time.perf_counter() - started) * 1e3)
+        key = params_key(config)
+        if key in measured:
+            repeats, in_a_row = repeats + 1, in_a_row + 1
+            ok, value = measured[key]
+        elif space.static_violation(config, device.to_dict()) or replay.static_check(config, device):
+            infeasible += 1
+            ok, value = False, math.nan
+        else:
+            in_a_row = 0
+            record = replay.landscape.records[key]
+            value = (record.get("metrics") or {}).get(metric)
+            ok = record["status"] == TrialStatus.OK.value and value is not None and math.isfinite(value)
+            value = float(value) if ok else math.nan
+            measured[key] = (ok, value)
+            if ok:
+                better = best != best or (value > best if maximize else value < best)
+                best = value if better else best
+                worse = worst != worst or (value < worst if maximize else value > worst)
+                worst = value if worse else worst
+            curve.append(best)
+        # told as the orchestrator tells it: a failure at the worst value seen, its constraint violated
+        study._storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, [0.0 if ok else 1.0])
+        study.tell(trial, value if ok else (worst if worst == worst else 0.0))
+    return {"curve": curve, "repeats": repeats, "infeasible": infeasible, "ask_ms": ask_ms, "exhausted": exhausted}
 
 
 def trials_to(curve: list[float], target: float, maximize: bool) -> int | None:
@@ -98,62 +129,186 @@ def trials_to(curve: list[float], target: float, maximize: bool) -> int | None:
     return None
 
 
+def random_exact(n_configs: int, n_good: int, budget: int) -> dict[str, Any]:
+    """Uniform random search without repeats over ``n_configs``, ``n_good`` of them on target: the first hit's
+    median and p90 trial (P(T > t) = C(N - K, t) / C(N, t)) and P(T <= budget)."""
+    survive, cdf = 1.0, []
+    for t in range(1, n_configs + 1):
+        survive *= max(0.0, (n_configs - n_good - t + 1) / (n_configs - t + 1))
+        cdf.append(1.0 - survive)
+    median = next(t for t, p in enumerate(cdf, start=1) if p >= 0.5)
+    p90 = next(t for t, p in enumerate(cdf, start=1) if p >= 0.9)
+    return {"median": median, "p90": p90, "reach": cdf[min(budget, n_configs) - 1]}
+
+
+def quantile(needed: list[int | None], q: float) -> int | None:
+    """The ``q`` quantile of trials needed (nearest rank), None when it lies beyond the budget."""
+    ranked = sorted(math.inf if n is None else n for n in needed)
+    value = ranked[min(len(ranked) - 1, math.ceil(q * len(ranked)) - 1)]
+    return None if value == math.inf else int(value)
+
+
+def summarise(runs: list[dict[str, Any]], best: float, maximize: bool, budget: int) -> dict[str, Any]:
+    entry: dict[str, Any] = {}
+    for name, share in (("2pct", 0.98), ("5pct", 0.95), ("best", 1.0), ("95pct", 0.95), ("99pct", 0.99)):
+        target = best * share if maximize else best / share
+        needed = [trials_to(r["curve"], target, maximize) for r in runs]
+        if name in ("95pct", "99pct"):  # the keys of the earlier version of this benchmark
+            reached = [n for n in needed if n is not None]
+            entry[f"trials_to_{name}_median"] = statistics.median(reached) if reached else None
+            entry[f"runs_reaching_{name}"] = f"{len(reached)}/{len(runs)}"
+            continue
+        entry[f"trials_to_{name}_median"] = quantile(needed, 0.5)
+        entry[f"trials_to_{name}_p90"] = quantile(needed, 0.9)
+        if name == "2pct":
+            entry["reach_2pct_fraction"] = sum(n is not None for n in needed) / len(runs)
+    for n in (10, 20, budget):
+        values = [c[min(n, len(c)) - 1] for c in (r["curve"] for r in runs) if c]
+        values = [v / best if maximize else best / v for v in values if v == v]
+        entry[f"fraction_of_best_after_{n}_median"] = round(statistics.median(values), 4) if values else None
+    asks = [ms for r in runs for ms in r["ask_ms"]]
+    tail = [ms for r in runs for ms in r["ask_ms"][-20:]]
+    entry.update(
+        repeated_proposals_per_study=statistics.mean(r["repeats"] for r in runs),
+        infeasible_proposals_per_study=statistics.mean(r["infeasible"] for r in runs),
+        measured_per_study=statistics.mean(len(r["curve"]) for r in runs),
+        ms_per_proposal_mean=round(statistics.mean(asks), 2) if asks else None,
+        ms_per_proposal_last20=round(statistics.mean(tail), 2) if tail else None,
+    )
+    return entry
+
+
+def random_summary(records: list[dict[str, Any]], metric: str, best: float, maximize: bool, budget: int) -> dict:
+    """The random strategy's entry, exact: over the configs that pass the static checks (failures included)."""
+    measurable = [r for r in records if r["status"] != "infeasible_static"]
+    values = [r["metrics"][metric] for r in measurable if r["status"] == "ok" and r["metrics"].get(metric) is not None]
+    entry: dict[str, Any] = {"computed": "exactly, uniform without repeats over the statically feasible configs"}
+    for name, share in (("2pct", 0.98), ("5pct", 0.95), ("best", 1.0)):
+        target = best * share if maximize else best / share
+        good = sum(1 for v in values if (v >= target if maximize else v <= target))
+        exact = random_exact(len(measurable), good, budget)
+        entry[f"trials_to_{name}_median"] = exact["median"] if exact["median"] <= budget else None
+        entry[f"trials_to_{name}_p90"] = exact["p90"] if exact["p90"] <= budget else None
+        entry[f"trials_to_{name}_median_unbounded"], entry[f"trials_to_{name}_p90_unbounded"] = (
+            exact["median"],
+            exact["p90"],
+        )
+        if name == "2pct":
+            entry["reach_2pct_fraction"] = round(exact["reach"], 4)
+    entry.update(repeated_proposals_per_study=0, infeasible_proposals_per_study=0, ms_per_proposal_mean=None)
+    return entry
+
+
+def proposal_times(trials: int, strategies: list[str]) -> dict[str, Any]:
+    """Milliseconds per proposal over a ``trials``-trial study of the default GEMM space (H200 rules, every
+    precision: tens of thousands of configs) with a synthetic objective, each strategy in the same run."""
+    from tuner.registry import workload_class
+    from tuner.samplers import make_sampler
+    from tuner.space import compile_space
+
+    workload = workload_class("triton_gemm")(m=4096, n=4096, k=4096)
+    space = compile_space(workload.space_document())
+    device = {"smem_per_block_bytes": 232448}
+
+    def synthetic(config: dict[str, Any]) -> float:  # a smooth peak at 128 x 256 x 64, 8 warps, 3 stages
+        shape = [math.log2(config["BLOCK_M"]) - 7, math.log2(config["BLOCK_N"]) - 8, math.log2(config["BLOCK_K"]) - 6]
+        return -sum(v * v for v in shape) - (config["num_stages"] - 3) ** 2 / 4 - (config["num_warps"] != 8) / 2
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    out: dict[str, Any] = {"space": "triton_gemm default, H200 smem", "space_points": space.size(), "trials": trials}
+    for strategy in strategies:
+        sampler = make_sampler(
+            SAMPLER[strategy],
+            n_objectives=1,
+            seed=0,
+            budget_trials=trials,
+            has_conditions=False,
+            space=space,
+            device=device,
+        )
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        times = []
+        for _ in range(trials):
+            started = time.perf_counter()
+            trial = study.ask()
+            config = space.suggest(trial)
+            times.append((time.perf_counter() - started) * 1e3)
+            study.tell(trial, synthetic(config))
+        out[strategy] = {
+            "ms_per_proposal_mean": round(statistics.mean(times), 2),
+            "ms_first_proposal": round(times[0], 1),  # the project's strategy enumerates the feasible set here
+            "ms_per_proposal_after_first": round(statistics.mean(times[1:]), 2),
+            "ms_per_proposal_last100": round(statistics.mean(times[-100:]), 2),
+        }
+        print(strategy, out[strategy], flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--landscape", required=True)
-    parser.add_argument("--metric", default="tflops")
-    parser.add_argument("--trials", type=int, default=40)
-    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--landscape")
+    parser.add_argument(
+        "--timing-trials", type=int, help="instead of a landscape: time proposals over this many trials"
+    )
+    parser.add_argument("--metric", help="default: the landscape's first metric")
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--strategies", nargs="*", default=list(STRATEGIES), choices=STRATEGIES)
     parser.add_argument("--out")
+    parser.add_argument(
+        "--merge", action="store_true", help="keep the other strategies' entries of --out when it is this benchmark's"
+    )
     args = parser.parse_args()
+    if args.timing_trials:
+        strategies = [s for s in args.strategies if s in ("tpe", "tuner")]
+        result = proposal_times(args.timing_trials, strategies)
+        write_result({"benchmark": "milliseconds per proposal (ask + suggest), CPU", "summary": result}, args.out)
+        return
+    if not args.landscape:
+        parser.error("--landscape is required (or --timing-trials)")
     path = Path(args.landscape)
     # The replay workload reads only bench/landscapes/ and $TUNER_LANDSCAPE_DIR: a landscape named on the
-    # command line may lie elsewhere, so name its directory (before the engine starts Ray, whose workers inherit it).
+    # command line may lie elsewhere, so name its directory.
     allowed = [d for d in os.environ.get("TUNER_LANDSCAPE_DIR", "").split(os.pathsep) if d]
     os.environ["TUNER_LANDSCAPE_DIR"] = os.pathsep.join([*allowed, str(path.resolve().parent)])
     header = json.loads(path.read_text().splitlines()[0])
-    direction = next(m["direction"] for m in header["metrics"] if m["name"] == args.metric)
-    maximize = direction == "maximize"
-    best, best_params = landscape_best(path, args.metric, maximize)
-    seeds = seed_configs(path)
-    curves: dict[str, list[list[float]]] = {}
+    metric = args.metric or header["metrics"][0]["name"]
+    _, _, maximize, records = load(path, metric)
+    ok = [r for r in records if r["status"] == "ok" and r["metrics"].get(metric) is not None]
+    best_record = (max if maximize else min)(ok, key=lambda r: r["metrics"][metric])
+    best = best_record["metrics"][metric]
+    summary: dict[str, Any] = {}
+    curves: dict[str, list[list[float | None]]] = {}
     for strategy in args.strategies:
-        curves[strategy] = [run_one(path, args.metric, strategy, s, args.trials, seeds) for s in range(args.seeds)]
-        print(f"{strategy}: final {[round(c[-1] / best, 3) for c in curves[strategy]]}", flush=True)
-
-    def fraction(value: float) -> float | None:
-        if value != value:
-            return None
-        return round(value / best if maximize else best / value, 4)
-
-    summary = {}
-    for strategy, runs in curves.items():
-        entry: dict[str, Any] = {}
-        for share in (0.95, 0.99):
-            target = best * share if maximize else best / share
-            needed = [trials_to(c, target, maximize) for c in runs]
-            reached = [n for n in needed if n is not None]
-            entry[f"trials_to_{int(share * 100)}pct_median"] = statistics.median(reached) if reached else None
-            entry[f"runs_reaching_{int(share * 100)}pct"] = f"{len(reached)}/{len(runs)}"
-        for n in (10, 20, args.trials):
-            values = [fraction(c[min(n, len(c)) - 1]) for c in runs if c]
-            values = [v for v in values if v is not None]
-            entry[f"fraction_of_best_after_{n}_median"] = statistics.median(values) if values else None
-        summary[strategy] = entry
+        if strategy == "random":
+            summary[strategy] = random_summary(records, metric, best, maximize, args.trials)
+            continue
+        runs = [run_one(path, metric, strategy, s, args.trials) for s in range(args.seeds)]
+        summary[strategy] = {"seeds": args.seeds, **summarise(runs, best, maximize, args.trials)}
+        curves[strategy] = [
+            [round(v / best if maximize else best / v, 4) if v == v else None for v in r["curve"]] for r in runs
+        ]
+        print(strategy, json.dumps(summary[strategy]), flush=True)
+    if args.merge and args.out and Path(args.out).is_file():
+        earlier = json.loads(Path(args.out).read_text())
+        if earlier.get("benchmark") == BENCHMARK and earlier.get("trials_per_study") == args.trials:
+            summary = {**earlier["summary"], **summary}
+            curves = {**earlier.get("curves_fraction_of_best", {}), **curves}
+    summary = {s: summary[s] for s in STRATEGIES if s in summary}
     write_result(
         {
-            "benchmark": "search strategies on a recorded landscape (replay workload, whole engine, CPU)",
+            "benchmark": BENCHMARK,
             "landscape": str(path),
             "landscape_fingerprint": header.get("fingerprint"),
             "grid_configs": header.get("configs"),
-            "metric": args.metric,
-            "landscape_best": {"value": best, "params": best_params},
-            "seed_configs_in_grid": seeds,
+            "statically_feasible_configs": sum(1 for r in records if r["status"] != "infeasible_static"),
+            "metric": metric,
+            "landscape_best": {"value": best, "params": best_record["params"]},
             "trials_per_study": args.trials,
-            "seeds_per_strategy": args.seeds,
+            "seeds_per_strategy": {s: e.get("seeds") for s, e in summary.items() if s != "random"},
+            "seed_configs": "none (every strategy starts from nothing)",
             "summary": summary,
-            "curves_fraction_of_best": {s: [[fraction(v) for v in c] for c in runs] for s, runs in curves.items()},
+            "curves_fraction_of_best": curves,
         },
         args.out,
     )

@@ -207,7 +207,10 @@ def test_statically_infeasible_configs_cost_no_worker_time(sqlite_url: str) -> N
     db = StudyDB(sqlite_url)
     # tile in {128, 256} and stages in {5, 6}: tile * stages > 1024 except 128 * 5 = 640 and 128 * 6 = 768
     space = {"tile": {"low": 128, "high": 256}, "stages": {"low": 5, "high": 6}}
-    summary = run(noop_spec("static", space=space, budget={"trials": 6}, args={}), db, workers=1)
+    # TPE proposes infeasible configs, which the orchestrator prunes (``auto`` never proposes one:
+    # test_the_default_strategy_measures_only_new_feasible_configs_and_ends_an_exhausted_space)
+    spec = noop_spec("static", space=space, budget={"trials": 6}, args={}, sampler="tpe")
+    summary = run(spec, db, workers=1)
     trials = db.trials(summary.study_id)
     static = [t for t in trials if t.status == "infeasible_static"]
     assert static, "the sampler proposed no infeasible config: the test does not test anything"
@@ -260,7 +263,8 @@ def test_repeated_configs_reuse_results_and_an_exhausted_space_ends_the_study(sq
         "stages": {"choices": [3]},
         "mode": {"choices": ["balanced"]},
     }
-    spec = noop_spec("tiny", space=space, budget={"trials": 10}, args={}, warm_start=False)
+    # TPE repeats configs, which the orchestrator answers from the earlier trial (``auto`` never repeats one)
+    spec = noop_spec("tiny", space=space, budget={"trials": 10}, args={}, warm_start=False, sampler="tpe")
     summary = run(spec, db, workers=1)
     trials = db.trials(summary.study_id)
     originals = [t for t in trials if t.duplicate_of is None]
@@ -274,6 +278,27 @@ def test_repeated_configs_reuse_results_and_an_exhausted_space_ends_the_study(sq
         source = by_number[copy.duplicate_of]
         assert (copy.params, copy.status, copy.metrics) == (source.params, source.status, source.metrics)
         assert copy.worker is None and "reused" in copy.error
+    db.dispose()
+
+
+def test_the_default_strategy_measures_only_new_feasible_configs_and_ends_an_exhausted_space(sqlite_url: str) -> None:
+    db = StudyDB(sqlite_url)
+    # 2 x 2 x 3 x 2 = 24 points, 16 of them feasible: tile * stages > 1024 for tile 256 and stages 5 or 6
+    space = {
+        "x": {"low": 0.0, "high": 1.0, "step": 1.0},
+        "tile": {"choices": [128, 256]},
+        "stages": {"low": 4, "high": 6},
+        "mode": {"choices": ["balanced", "fast"]},
+    }
+    spec = noop_spec("auto-tiny", space=space, budget={"trials": 20}, args={}, warm_start=False)
+    assert spec.get("sampler", "auto") == "auto"
+    summary = run(spec, db, workers=2)
+    trials = db.trials(summary.study_id)
+    assert summary.status == "completed" and "exhausted" in summary.message
+    assert len(trials) == 16 and all(t.status == "ok" and t.duplicate_of is None for t in trials)
+    assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == 16
+    assert all(t.params["tile"] * t.params["stages"] <= 1024 for t in trials)
+    assert "duplicate" not in summary.counts and "infeasible_static" not in summary.counts
     db.dispose()
 
 

@@ -206,7 +206,7 @@ class Orchestrator:
             device={**info["device"], "roofline": info.get("roofline")}, fingerprint=info["fingerprint"]
         )
         rows = self.db.trials(self.study_id)
-        self.sampler = SamplerAdapter(self.compiled, rows, self._static_reason)
+        self.sampler = SamplerAdapter(self.compiled, rows, self._static_reason, device=self.device.to_dict())
         for row in rows:
             self._count(DUPLICATE if row.duplicate_of is not None else row.status, +1)
             if row.status in REUSABLE and row.duplicate_of is None:
@@ -267,8 +267,15 @@ class Orchestrator:
             or measured_count(self._counts, include_running=True) >= self.spec.budget.trials
             or self._exhausted is not None
             or (minutes is not None and self._elapsed() >= minutes * 60)
-            or self._sampler().exhausted()
+            or self._sampler_exhausted()
         )
+
+    def _sampler_exhausted(self) -> bool:
+        """Whether the sampler has nothing new left; the study's message says why (a grid's end is its plan)."""
+        if not self._sampler().exhausted():
+            return False
+        self._exhausted = self._exhausted or self._sampler().exhausted_reason
+        return True
 
     def _sampler(self) -> SamplerAdapter:
         assert self.sampler is not None, "the sampler is made once the workers are up"
@@ -277,10 +284,15 @@ class Orchestrator:
     def _ask(self) -> Work | None:
         """Ask the sampler until a statically feasible config comes (each rejection is recorded)."""
         for _ in range(STATIC_REJECT_LIMIT):
-            work = self._admit(self._sampler().ask())
+            proposal = self._sampler().ask()
+            if proposal is None:  # the project's strategy has nothing new to propose
+                self._exhausted = self._sampler().exhausted_reason
+                return None
+            work = self._admit(proposal)
             if work is not None:
                 return work
             if self._exhausted is not None or self._sampler().exhausted():
+                self._exhausted = self._exhausted or self._sampler().exhausted_reason
                 return None
         raise StudyFailed(f"{STATIC_REJECT_LIMIT} proposals in a row were statically infeasible; widen the space")
 

@@ -16,8 +16,10 @@ A sampler therefore keeps no state between proposals that it cannot derive from
 the study's trials' params, values and constraints (Optuna's TPE, GP and random
 samplers keep none; NSGA-II's generation numbers, kept in its trials' system
 attributes, are not rebuilt: after a restart it counts generations afresh).
-The grid sampler is made once: its order comes from the study's seed and the
-points it has visited from the trials' params.
+The grid sampler and the project's own strategy (``auto``, :mod:`tuner.strategy`) are made
+once: the grid's order comes from the study's seed and the points it has visited from the
+trials' params; the strategy derives each proposal from the seed, the trial number and the
+trials, and enumerates the feasible set once.
 
 Only Optuna's public API is used: ``create_trial`` + ``add_trials`` to rebuild,
 ``enqueue_trial`` for warm-start seeds and for the trials in flight,
@@ -42,6 +44,7 @@ from tuner.samplers import EnumeratedGridSampler, make_sampler, resolve_sampler_
 from tuner.space import SearchSpace
 from tuner.spec import CompiledStudy
 from tuner.storage import RUNNING
+from tuner.strategy import SpaceExhausted, TunerSampler
 from tuner.workload import TrialStatus
 
 log = logging.getLogger("tuner.orchestrator")
@@ -88,7 +91,8 @@ class SamplerAdapter:
 
     ``rows``: the study's trial rows, numbered 0, 1, ... (a gap is filled with a failed trial, which
     samplers ignore, so numbers stay aligned). ``static_reason``: why a config is statically
-    infeasible, or None; it filters the warm-start seeds.
+    infeasible, or None; it filters the warm-start seeds, and the project's strategy proposes only
+    configs it passes. ``device``: the device fields of the space's ``device.*`` rules.
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class SamplerAdapter:
         compiled: CompiledStudy,
         rows: Sequence[Any],
         static_reason: Callable[[dict[str, Any]], str | None],
+        device: Mapping[str, Any] | None = None,
     ) -> None:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.compiled = compiled
@@ -108,7 +113,9 @@ class SamplerAdapter:
         # TPE and random read a trial without constraints as feasible, so satisfied ones get none
         # (as before); GP and NSGA-II want the same constraints on every trial.
         self._constraints_on_every_trial = self.sampler_name not in ("tpe", "random", "grid")
-        self._per_trial_seed = self._seed is not None and self.sampler_name != "grid"
+        self._per_trial_seed = self._seed is not None and self.sampler_name not in ("grid", "auto")
+        self._device, self._static_reason = device, static_reason
+        self.exhausted_reason: str | None = None  # set when the strategy has nothing new to propose
         self._storage = optuna.storages.InMemoryStorage()
         self._sampler = self._make_sampler(self._seed)
         self._study = optuna.create_study(
@@ -133,6 +140,9 @@ class SamplerAdapter:
             budget_trials=spec.budget.trials,
             has_conditions=any(p.when is not None for p in compiled.space.params.values()),
             grid_points=self._grid,
+            space=compiled.space,
+            device=self._device,
+            static_check=self._static_reason,
         )
 
     def _study_for(self, number: int) -> optuna.Study:
@@ -147,17 +157,32 @@ class SamplerAdapter:
         return self._study.get_trials(deepcopy=True)
 
     def exhausted(self) -> bool:
-        """Whether the sampler has nothing new left to propose (a grid visited in full)."""
-        return isinstance(self._sampler, EnumeratedGridSampler) and self._sampler.is_exhausted(self._study)
+        """Whether the sampler has nothing new left to propose (a grid visited in full, or every statically
+        feasible config measured or in flight under the project's strategy)."""
+        if self.exhausted_reason is not None:
+            return True
+        if not isinstance(self._sampler, (EnumeratedGridSampler, TunerSampler)):
+            return False
+        done = self._sampler.is_exhausted(self._study)
+        if done and isinstance(self._sampler, TunerSampler):
+            self.exhausted_reason = "the space is exhausted: every statically feasible config is measured"
+        return done
 
     # ask and tell -------------------------------------------------------------
-    def ask(self) -> Proposal:
-        """The next config, suggested by the space's code through an Optuna trial."""
+    def ask(self) -> Proposal | None:
+        """The next config, suggested by the space's code through an Optuna trial; None when the
+        project's strategy finds nothing new to propose (:attr:`exhausted_reason` says why)."""
         number = self._queued.popleft() if self._queued else self._take_number()
         trial = self._study_for(number).ask()
         assert trial.number == number, (trial.number, number)
+        try:
+            config = self.compiled.space.suggest(trial)
+        except SpaceExhausted as exc:  # the asked trial never runs: it is no row, and samplers ignore it
+            trial.study.tell(trial, state=TrialState.FAIL)
+            self.exhausted_reason = f"the space is exhausted: {exc}"
+            return None
         self._open[number] = trial
-        return Proposal(number, self.compiled.space.suggest(trial))
+        return Proposal(number, config)
 
     def _take_number(self) -> int:
         self._n_trials += 1

@@ -6,26 +6,34 @@ entry per spec constraint plus one "the trial failed" entry. A failed trial
 (compile error, timeout, wrong numerics...) is told to Optuna as COMPLETE with
 that entry violated, so constraint-aware samplers learn to avoid the region,
 instead of FAIL, which TPE ignores and would propose again.
+
+``auto`` is the project's own strategy (:mod:`tuner.strategy`): it proposes only statically
+feasible configs that are neither measured nor in flight, and says when the space is exhausted.
 """
 
 from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+CONSTRAINTS_ATTR = "constraints"  # Optuna's system-attribute key of a trial's constraint values
+
+if TYPE_CHECKING:
+    from tuner.space import SearchSpace
+
 
 def resolve_sampler_name(name: str, n_objectives: int) -> str:
-    """``auto``: TPE (multivariate, constant liar; MOTPE for 2-3 objectives), NSGA-II above 3."""
+    """``auto``: the project's strategy for 1-3 objectives (``auto``), NSGA-II above 3."""
     if name != "auto":
         return name
-    return "tpe" if n_objectives <= 3 else "nsga2"
+    return "auto" if n_objectives <= 3 else "nsga2"
 
 
 def make_sampler(
@@ -36,9 +44,22 @@ def make_sampler(
     budget_trials: int,
     has_conditions: bool,
     grid_points: list[dict[str, Any]] | None = None,
+    space: SearchSpace | None = None,
+    device: Mapping[str, Any] | None = None,
+    static_check: Callable[[dict[str, Any]], str | None] | None = None,
 ) -> BaseSampler:
+    """The sampler called ``name`` (see :func:`resolve_sampler_name` for ``auto``).
+
+    ``auto`` needs the compiled ``space``; ``device`` (the fields of ``device.<field>`` rules) and
+    ``static_check`` (the workload's static check: a reason when infeasible) let it apply every
+    static rule before it proposes. Without ``space``, ``auto`` falls back to TPE.
+    """
     name = resolve_sampler_name(name, n_objectives)
-    if name == "tpe":
+    if name == "auto" and space is not None:
+        from tuner.strategy import TunerSampler
+
+        return TunerSampler(space, seed=seed, device=device, static_check=static_check, budget_trials=budget_trials)
+    if name in ("tpe", "auto"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # `group`
             return optuna.samplers.TPESampler(

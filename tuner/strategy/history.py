@@ -1,0 +1,87 @@
+"""What a study has measured and has in flight, read through Optuna's public trial API only.
+
+The engine tells a failed or constraint-violating trial as COMPLETE with a positive entry in the
+trial's constraint values (``tuner.samplers.CONSTRAINTS_ATTR``, Optuna's own key); a FAIL trial
+counts as infeasible too. So this works on any storage, including an in-memory study rebuilt
+from the project's trial table.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.space import SearchSpace
+from tuner.strategy.encoding import Encoder, config_from_optuna, config_key
+
+CONSTRAINTS_ATTR = "constraints"  # as tuner.samplers writes it (Optuna's key for Trial.set_constraint too)
+STATES = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.FAIL)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One trial as the strategy sees it. ``values`` is None unless the trial is complete and feasible."""
+
+    number: int
+    key: str
+    config: dict[str, Any]
+    x: np.ndarray
+    running: bool
+    feasible: bool
+    values: tuple[float, ...] | None
+
+
+def _violated(trial: FrozenTrial) -> bool:
+    attrs = trial.system_attrs
+    values = list(attrs.get(CONSTRAINTS_ATTR) or [])
+    values += [v for k, v in attrs.items() if k.startswith(CONSTRAINTS_ATTR + ":")]
+    return any(v is None or not math.isfinite(v) or v > 0 for v in values)
+
+
+class History:
+    """Parses a study's trials into :class:`Observation` s; finished trials are parsed once and cached."""
+
+    def __init__(self, space: SearchSpace, encoder: Encoder) -> None:
+        self.space, self.encoder = space, encoder
+        self._finished: dict[int, Observation | None] = {}
+
+    def read(self, study: optuna.Study, current: int | None = None) -> list[Observation]:
+        """Every trial with a complete config of the space, but the trial numbered ``current``."""
+        out: list[Observation] = []
+        for trial in study.get_trials(deepcopy=False, states=STATES):
+            if trial.number == current:
+                continue
+            if trial.state != TrialState.RUNNING and trial.number in self._finished:
+                cached = self._finished[trial.number]
+                if cached is not None:
+                    out.append(cached)
+                continue
+            obs = self._parse(trial)
+            if trial.state != TrialState.RUNNING:
+                self._finished[trial.number] = obs
+            if obs is not None:
+                out.append(obs)
+        return out
+
+    def _parse(self, trial: FrozenTrial) -> Observation | None:
+        params = trial.params
+        if trial.state == TrialState.RUNNING and not params:
+            params = trial.system_attrs.get("fixed_params") or {}  # enqueued (a seed) but not yet suggested
+        config = config_from_optuna(self.space, params)
+        if config is None:
+            return None
+        running = trial.state == TrialState.RUNNING
+        values: tuple[float, ...] | None = None
+        feasible = False
+        if trial.state == TrialState.COMPLETE and trial.values is not None and not _violated(trial):
+            vals = tuple(float(v) for v in trial.values)
+            if all(math.isfinite(v) for v in vals):
+                values, feasible = vals, True
+        return Observation(
+            trial.number, config_key(config), config, self.encoder.encode(config), running, feasible, values
+        )

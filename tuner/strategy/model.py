@@ -1,0 +1,238 @@
+"""The proposal step: from what a study has measured and has in flight, the next config to measure.
+
+1. Space-filling start: until ``n_startup`` trials exist, of 20 random candidates the one farthest
+   (in encoded units) from every measured or in-flight config; random ones while fewer than two
+   feasible results exist.
+2. Then a Gaussian process over the feasible results (objective log-scaled when positive,
+   standardised; 2-3 objectives scalarised with random Chebyshev weights per proposal, as ParEGO
+   does), expected improvement times the probability of feasibility (a kernel-weighted share of
+   the feasible trials nearby: failures and constraint violations), maximised over a sample of
+   feasible unmeasured candidates plus 1-3-knob moves around the best configs.
+3. In-flight configs are excluded and enter the GP at their predicted mean (kriging believer), so a
+   batch of proposals spreads out instead of piling onto one peak.
+4. When the best has not improved for ``patience`` trials, every third proposal is the most
+   uncertain feasible candidate instead: a restart somewhere the model knows little about.
+
+Every choice is a function of the seed, the trial number and the observations, so a study
+rebuilt from the same trials proposes the same configs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from scipy.special import erfc, ndtri
+
+from tuner.strategy import gp
+from tuner.strategy.candidates import FeasibleSet
+from tuner.strategy.encoding import config_key
+from tuner.strategy.history import Observation
+
+FIT_CAP = 150  # observations the hyperparameters are fitted on
+PREDICT_CAP = 300  # observations the posterior conditions on
+SPREAD_CHOICES = 20  # random candidates a space-filling proposal picks the most distant of
+INCUMBENTS = 3  # best configs whose local moves join the candidates
+CHEBYSHEV_RHO = 0.05
+
+
+def standardise(y: np.ndarray) -> np.ndarray:
+    """Zero mean, unit variance."""
+    return (y - y.mean()) / (y.std() or 1.0)
+
+
+def warp(y: np.ndarray) -> np.ndarray:
+    """Standardised targets with the worse half replaced by Gaussian rank scores (half-rank warping):
+    a few very bad configs (a tile far off its plateau) no longer flatten the model of the good ones."""
+    n = len(y)
+    median = float(np.median(y))
+    upper = y >= median
+    scale = math.sqrt(float(np.mean((y[upper] - median) ** 2))) or float(y.std()) or 1.0
+    out = (y - median) / scale
+    if n >= 4:
+        ranks = np.argsort(np.argsort(y, kind="stable"), kind="stable")
+        scores = ndtri((ranks + 0.5) / n)
+        out[~upper] = np.minimum(scores[~upper], 0.0)
+    return (out - out.mean()) / (out.std() or 1.0)
+
+
+class SpaceExhausted(RuntimeError):
+    """Every statically feasible config of the space has been measured or is in flight."""
+
+
+def _schedule_point(n: int) -> int:
+    """The largest refit point <= n: hyperparameters are refitted as the data grows by a quarter."""
+    point, nxt = 2, 2
+    while nxt <= n:
+        point = nxt
+        nxt = max(point + 1, math.ceil(point * 1.25))
+    return point
+
+
+class Strategy:
+    """Proposes configs from a :class:`FeasibleSet`. ``directions``: one per objective."""
+
+    def __init__(
+        self,
+        feasible: FeasibleSet,
+        directions: Sequence[str],
+        *,
+        seed: int,
+        n_startup: int,
+        n_candidates: int = 1000,
+    ) -> None:
+        self.feasible = feasible
+        self.signs = np.array([1.0 if d == "maximize" else -1.0 for d in directions])
+        self.seed = seed
+        self.n_startup = n_startup
+        self.n_candidates = n_candidates
+        self.patience = max(8, 2 * len(feasible.space.params))
+        self._hyper: dict[tuple[Any, ...], gp.Hyper] = {}
+
+    def remaining(self, exclude: set[str]) -> int | None:
+        """Feasible configs not in ``exclude``; None when the space is sampled, not enumerated."""
+        if not self.feasible.enumerated:
+            return None
+        return len(self.feasible.keys) - sum(1 for k in exclude if k in self.feasible.index)
+
+    def propose(self, observations: list[Observation], planned: list[dict[str, Any]], number: int) -> dict[str, Any]:
+        """The config for trial ``number``; raises :class:`SpaceExhausted` when none is left."""
+        rng = np.random.default_rng([self.seed, number])
+        exclude = {o.key for o in observations} | {config_key(c) for c in planned}
+        if self.remaining(exclude) == 0:
+            raise SpaceExhausted("every statically feasible config of the space has been measured")
+        done = [o for o in observations if o.feasible]
+        startup = len(observations) + len(planned) < self.n_startup
+        modelled = not startup and len(done) >= 2
+        y_all = self._targets(done, rng) if modelled else np.zeros(0)
+        top = np.argsort(-y_all, kind="stable")[:INCUMBENTS]
+        incumbents = [done[int(i)] for i in top]
+        Xc, pick = self._candidates(rng, exclude, incumbents)
+        if not len(Xc):
+            raise SpaceExhausted("no statically feasible unmeasured config could be drawn")
+        pending = [o.x for o in observations if o.running] + [self.feasible.encoder.encode(c) for c in planned]
+        if startup:
+            return pick(self._space_filling(Xc, [o.x for o in observations] + pending, rng))
+        if len(done) < 2:  # past the start with almost nothing feasible: search at random until something is
+            return pick(int(rng.integers(len(Xc))))
+        # A portfolio of two views of the results, alternating: as measured (standardised) and half-rank
+        # warped; each wins on some landscapes (a far-off tile's collapse either matters or is noise).
+        transform = warp if number % 2 else standardise
+        hyper = self._fitted(done, transform)
+        keep = self._subset(done, y_all, PREDICT_CAP)
+        X, y = np.stack([done[i].x for i in keep]), transform(y_all[keep])
+        posterior = gp.Posterior(X, y, hyper)
+        if pending:  # kriging believer: in-flight configs "measured" at their predicted mean
+            Xp = np.stack(pending)
+            posterior = gp.Posterior(np.vstack([X, Xp]), np.concatenate([y, posterior.predict(Xp)[0]]), hyper)
+        mean, std = posterior.predict(Xc)
+        log_feasible = self._log_feasibility(Xc, observations)
+        if self._stalled(done, y_all) and number % 3 == 0:
+            score = np.log(std) + log_feasible
+        else:
+            score = gp.log_expected_improvement(mean, std, float(y.max())) + log_feasible
+        return pick(int(np.argmax(score)))
+
+    def _candidates(
+        self, rng: np.random.Generator, exclude: set[str], incumbents: list[Observation]
+    ) -> tuple[np.ndarray, Callable[[int], dict[str, Any]]]:
+        """Encoded candidates (a random sample of the free feasible configs plus local moves around the
+        incumbents) and a function from a row to its config."""
+        fs = self.feasible
+        if fs.enumerated:
+            free = fs.free_mask(exclude)
+            index = np.flatnonzero(free)
+            if len(index) > self.n_candidates:
+                parts = [rng.choice(index, size=self.n_candidates, replace=False)]
+                parts += [fs.neighbour_indices(fs.index[o.key], rng, 30, free) for o in incumbents if o.key in fs.index]
+                index = np.unique(np.concatenate(parts))
+            return fs.X[index], lambda j: fs.configs[int(index[j])]
+        configs, X = fs.sample_pool(self.seed, rng, self.n_candidates, exclude)
+        local = [c for o in incumbents for c in fs.neighbours(o.config, rng, 10, exclude)]
+        local = list({config_key(c): c for c in local}.values())
+        configs = configs + local
+        return np.vstack([X, fs.encoder.encode_many(local)]), lambda j: configs[j]
+
+    # pieces ------------------------------------------------------------------
+    def _space_filling(self, Xc: np.ndarray, taken: list[np.ndarray], rng: np.random.Generator) -> int:
+        """Of a few random candidates, the one farthest from every taken config: spread out, without the
+        pull to the corners of the space (huge tiles, where configs fail) that the farthest of all has."""
+        if not taken:
+            return int(rng.integers(len(Xc)))
+        few = rng.choice(len(Xc), size=min(SPREAD_CHOICES, len(Xc)), replace=False)
+        return int(few[np.argmax(gp.sqdist(Xc[few], np.stack(taken)).min(1))])
+
+    def _targets(self, done: list[Observation], rng: np.random.Generator | None) -> np.ndarray:
+        """One number per feasible observation, larger is better (random Chebyshev weights with ``rng``)."""
+        values = np.array([o.values for o in done], dtype=float)
+        for j in range(values.shape[1]):
+            if (values[:, j] > 0).all():
+                values[:, j] = np.log(values[:, j])
+        values = values * self.signs
+        if values.shape[1] == 1:
+            return values[:, 0]
+        low, high = values.min(0), values.max(0)
+        regret = (high - values) / np.where(high > low, high - low, 1.0)  # 0 at the best of each objective
+        k = values.shape[1]
+        weights = rng.dirichlet(np.ones(k)) if rng is not None else np.full(k, 1.0 / k)
+        weighted = regret * weights
+        return -(weighted.max(1) + CHEBYSHEV_RHO * weighted.sum(1))
+
+    def _subset(self, done: list[Observation], y: np.ndarray, cap: int) -> np.ndarray:
+        """Indices of at most ``cap`` observations: the best half by target, the rest the latest by number."""
+        n = len(done)
+        if n <= cap:
+            return np.arange(n)
+        best = np.argsort(-y, kind="stable")[: cap // 2]
+        chosen = set(best.tolist())
+        rest = [i for i in np.argsort([-o.number for o in done], kind="stable") if i not in chosen]
+        return np.sort(np.concatenate([best, np.array(rest[: cap - len(best)], dtype=int)]))
+
+    def _fitted(self, done: list[Observation], transform: Callable[[np.ndarray], np.ndarray]) -> gp.Hyper:
+        """Hyperparameters fitted on the first (by trial number) observations up to the last refit point."""
+        first = sorted(done, key=lambda o: o.number)[: _schedule_point(len(done))]
+        key = (transform.__name__, *(o.number for o in first))
+        hyper = self._hyper.get(key)
+        if hyper is None:
+            y = self._targets(first, None)
+            keep = self._subset(first, y, FIT_CAP)
+            hyper = gp.fit(np.stack([first[i].x for i in keep]), transform(y[keep]))
+            # one entry per model: the next refit point supersedes it
+            self._hyper = {k: v for k, v in self._hyper.items() if k[0] != key[0]} | {key: hyper}
+        return hyper
+
+    def _log_feasibility(self, Xc: np.ndarray, observations: list[Observation]) -> np.ndarray:
+        """log P(feasible) per candidate: a GP regression of the measured configs' labels (+1 feasible,
+        -1 failed or violating a constraint) read through a probit; 0 when nothing has failed."""
+        measured = [o for o in observations if not o.running]
+        if len(measured) > 2 * PREDICT_CAP:
+            measured = sorted(measured, key=lambda o: o.number)[-2 * PREDICT_CAP :]
+        labels = np.array([1.0 if o.feasible else -1.0 for o in measured])
+        if not len(labels) or (labels > 0).all():
+            return np.zeros(len(Xc))
+        X = np.stack([o.x for o in measured])
+        first = sorted(range(len(measured)), key=lambda i: measured[i].number)[: _schedule_point(len(measured))]
+        key = ("feasibility", *(measured[i].number for i in first))
+        hyper = self._hyper.get(key)
+        if hyper is None:
+            fit_on = first[:: max(1, math.ceil(len(first) / FIT_CAP))]
+            hyper = gp.fit(X[fit_on], labels[fit_on] - labels[fit_on].mean())
+            self._hyper = {k: v for k, v in self._hyper.items() if k[0] != "feasibility"} | {key: hyper}
+        offset = labels.mean()
+        mean, std = gp.Posterior(X, labels - offset, hyper).predict(Xc)
+        z = (mean + offset) / np.sqrt(std * std + 0.25)
+        return np.log(np.clip(0.5 * erfc(-z / math.sqrt(2)), 1e-6, 1.0))
+
+    def _stalled(self, done: list[Observation], y: np.ndarray) -> bool:
+        if len(self.signs) > 1:
+            return False  # the random weights already move the search around the front
+        order = np.argsort([o.number for o in done], kind="stable")
+        best, since = -math.inf, 0
+        for i in order:
+            if y[i] > best + 1e-12 * max(1.0, abs(best)):
+                best, since = y[i], 0
+            else:
+                since += 1
+        return since >= self.patience
