@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -58,6 +59,7 @@ def test_each_move_happens_only_from_the_statuses_it_allows(db_url: str) -> None
         assert lifecycle.start_run(db, study_id, "dead-runner")
     lifecycle.delete(db, c)
     lifecycle.request_stop(db, d)
+    time.sleep(0.05)  # the dead runner's 10 ms leases have lapsed (a fast machine gets here sooner)
     lifecycle.sweep(db)
     assert db.get_study(c) is None and db.get_study(d).status == "stopped"
     assert lifecycle.delete(db, d) == "deleted" and db.get_study(d) is None
