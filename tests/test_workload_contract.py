@@ -57,14 +57,23 @@ CASES = [
         "triton_gemm",
         {"m": 48, "n": 40, "k": 64},
         {"m": 0, "k": -3, "seed": "x"},
-        [{**GEMM_TILE, "precision": p} for p in ("fp32", "tf32", "fp16", "fp8")],
+        [{**GEMM_TILE, "precision": p} for p in ("fp32", "tf32", "fp16", "fp8")]
+        + [  # the persistent TMA variants
+            {**GEMM_TILE, "precision": "fp16", "kernel": "persistent_tma", "EPILOGUE_SUBTILE": True},
+            {**GEMM_TILE, "precision": "fp8", "kernel": "persistent_tma_ws", "EPILOGUE_SUBTILE": False,
+             "FP8_FAST_ACCUM": False},
+        ],
         {**GEMM_TILE, "BLOCK_M": 24, "precision": "fp16"},
     ),
     Case(
         "flash_attention",
         {"batch": 1, "heads": 2, "seq_len": 80, "head_dim": 64, "causal": True},
         {"batch": 0, "head_dim": 96, "seq_len": -1},
-        [{"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "precision": "fp16", "use_tma": False}],
+        [
+            {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "precision": "fp16", "use_tma": False},
+            {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "precision": "fp16",
+             "kernel": "persistent_tma_ws", "SPLIT_M": True},
+        ],
         {"BLOCK_M": 48, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "precision": "fp16", "use_tma": False},
         seed_args={"batch": 4, "heads": 16, "seq_len": 4096, "head_dim": 128},
     ),
