@@ -298,7 +298,31 @@ def _descriptors(q: Any, k: Any, v: Any, rows: int, head_dim: int, block_m: int,
     )
 
 
-def _check_block(name: str, value: int) -> None:
+def check_operands(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None
+) -> torch.Tensor:
+    """Raise ValueError unless Q, K, V, ``out`` and ``lse`` are what the forward kernels read and write
+    (see :func:`attention`); returns ``out``, allocated when None."""
+    if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
+        shapes = ", ".join(str(tuple(t.shape)) for t in (q, k, v))
+        raise ValueError(f"q, k, v must be [B, H, S, D] of one shape, got {shapes}")
+    if q.dtype not in DTYPES.values() or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must all be bfloat16 or float16, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
+        raise ValueError("q, k, v must be contiguous [B, H, S, D]")
+    head_dim = q.shape[3]
+    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two in [16, 256], got {head_dim}")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
+    if lse is not None and (lse.shape != q.shape[:3] or lse.dtype != torch.float32 or not lse.is_contiguous()):
+        raise ValueError(f"lse must be contiguous {tuple(q.shape[:3])} float32, got {tuple(lse.shape)} {lse.dtype}")
+    return out
+
+
+def check_block(name: str, value: int) -> None:
     if value < 16 or value & (value - 1):
         raise ValueError(f"{name} must be a power of two >= 16, got {value}")
 
@@ -328,26 +352,12 @@ def attention(
     mask keeps key j for query i when ``j <= i`` (SDPA's ``is_causal``).
     Returns the output; launches asynchronously on the current stream.
     """
-    if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
-        shapes = ", ".join(str(tuple(t.shape)) for t in (q, k, v))
-        raise ValueError(f"q, k, v must be [B, H, S, D] of one shape, got {shapes}")
-    if q.dtype not in DTYPES.values() or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must all be bfloat16 or float16, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
-        raise ValueError("q, k, v must be contiguous [B, H, S, D]")
+    check_block("BLOCK_M", BLOCK_M)
+    check_block("BLOCK_N", BLOCK_N)
+    out = check_operands(q, k, v, out, lse)
     batch, heads, seq_len, head_dim = q.shape
-    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two in [16, 256], got {head_dim}")
-    _check_block("BLOCK_M", BLOCK_M)
-    _check_block("BLOCK_N", BLOCK_N)
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous {tuple(q.shape)} {q.dtype}, got {tuple(out.shape)} {out.dtype}")
     if use_tma and not tma_available():
         raise ValueError("use_tma needs triton.tools.tensor_descriptor (Triton >= 3.3)")
-    if lse is not None and (lse.shape != q.shape[:3] or lse.dtype != torch.float32 or not lse.is_contiguous()):
-        raise ValueError(f"lse must be contiguous {tuple(q.shape[:3])} float32, got {tuple(lse.shape)} {lse.dtype}")
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     desc_q = desc_k = desc_v = None
     if use_tma:

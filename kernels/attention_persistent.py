@@ -36,6 +36,8 @@ import triton.language as tl
 from kernels.attention import (
     DTYPES,
     PRECISIONS,
+    check_block,
+    check_operands,
     compile_jit_for_target,
     mock_tensor_class,
     online_softmax_step,
@@ -205,9 +207,8 @@ def _meta_args(seq_len: int, head_dim: int, causal: bool, tile: dict[str, Any], 
 
 
 def check_tile(block_m: int, block_n: int, split_m: bool) -> None:
-    for name, value in (("BLOCK_M", block_m), ("BLOCK_N", block_n)):
-        if value < 16 or value & (value - 1):
-            raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+    check_block("BLOCK_M", block_m)
+    check_block("BLOCK_N", block_n)
     if split_m and block_m < 32:
         raise ValueError(f"split_m needs BLOCK_M >= 32 (two sub-tiles of >= 16 rows), got {block_m}")
 
@@ -235,24 +236,11 @@ def attention_persistent(
     fp16, ``lse`` ``[B, H, S]`` fp32 when given); ``num_sms`` programs are launched (the device's
     multiprocessor count). Launches asynchronously on the current stream.
     """
-    if q.ndim != 4 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"q, k, v must be [B, H, S, D] of one shape, got {tuple(q.shape)}, {tuple(k.shape)}")
-    if q.dtype not in DTYPES.values() or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must all be bfloat16 or float16, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.is_contiguous() and k.is_contiguous() and v.is_contiguous()):
-        raise ValueError("q, k, v must be contiguous [B, H, S, D]")
+    out = check_operands(q, k, v, out, lse)
     if not tma_available():
         raise ValueError("the persistent attention kernel needs triton.tools.tensor_descriptor (Triton >= 3.3)")
     batch, heads, seq_len, head_dim = q.shape
-    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two in [16, 256], got {head_dim}")
     check_tile(BLOCK_M, BLOCK_N, split_m)
-    if out is None:
-        out = torch.empty_like(q)
-    elif out.shape != q.shape or out.dtype != q.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous {tuple(q.shape)} {q.dtype}")
-    if lse is not None and (lse.shape != q.shape[:3] or lse.dtype != torch.float32 or not lse.is_contiguous()):
-        raise ValueError(f"lse must be contiguous {tuple(q.shape[:3])} float32")
     rows = batch * heads * seq_len
     descs = _descriptors(
         q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim), rows, head_dim, BLOCK_M, BLOCK_N,
