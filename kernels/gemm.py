@@ -189,17 +189,8 @@ def matmul(
     ignored otherwise); ``out`` (M, N) in ``OUTPUT_DTYPES[precision]`` is written
     in place when given. Returns C. Launches asynchronously on the current stream.
     """
-    _check_precision(precision)
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"incompatible shapes for A @ B: {tuple(a.shape)} @ {tuple(b.shape)}")
-    expected = INPUT_DTYPES[precision]
-    if a.dtype != expected or b.dtype != expected:
-        raise ValueError(f"precision {precision!r} needs {expected} operands, got {a.dtype} and {b.dtype}")
-    m, k = a.shape
-    n = b.shape[1]
+    m, n, k = check_operands(a, b, precision, scale_a, scale_b)
     has_scale = precision == "fp8"
-    if has_scale and (scale_a is None or scale_b is None):
-        raise ValueError("precision 'fp8' needs scale_a and scale_b (one-element float32 tensors)")
     if out is None:
         out = torch.empty((m, n), device=a.device, dtype=OUTPUT_DTYPES[precision])
     elif out.shape != (m, n) or out.dtype != OUTPUT_DTYPES[precision]:
@@ -225,6 +216,22 @@ def matmul(
         **_meta_args(precision, k, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages),
     )
     return out
+
+
+def check_operands(
+    a: torch.Tensor, b: torch.Tensor, precision: str, scale_a: torch.Tensor | None, scale_b: torch.Tensor | None
+) -> tuple[int, int, int]:
+    """Raise ValueError unless A (M, K) and B (K, N) are operands of ``precision`` (fp8: with both scales);
+    returns (M, N, K). Layouts are each kernel's own check."""
+    _check_precision(precision)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"incompatible shapes for A @ B: {tuple(a.shape)} @ {tuple(b.shape)}")
+    expected = INPUT_DTYPES[precision]
+    if a.dtype != expected or b.dtype != expected:
+        raise ValueError(f"precision {precision!r} needs {expected} operands, got {a.dtype} and {b.dtype}")
+    if precision == "fp8" and (scale_a is None or scale_b is None):
+        raise ValueError("precision 'fp8' needs scale_a and scale_b (one-element float32 tensors)")
+    return a.shape[0], b.shape[1], a.shape[1]
 
 
 def operand_strides(m: int, n: int, k: int, precision: str) -> dict[str, tuple[int, int]]:

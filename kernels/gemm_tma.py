@@ -34,6 +34,7 @@ import triton.language as tl
 from kernels.gemm import (
     INPUT_DTYPES,
     OUTPUT_DTYPES,
+    check_operands,
     operand_strides,
     raise_if_over_shared_memory,
     strided_mock,
@@ -227,13 +228,7 @@ def matmul_persistent(
     device's multiprocessor count is the natural value). Launches asynchronously.
     """
     _check_precision(precision)
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
-        raise ValueError(f"incompatible shapes for A @ B: {tuple(a.shape)} @ {tuple(b.shape)}")
-    expected = INPUT_DTYPES[precision]
-    if a.dtype != expected or b.dtype != expected:
-        raise ValueError(f"precision {precision!r} needs {expected} operands, got {a.dtype} and {b.dtype}")
-    m, k = a.shape
-    n = b.shape[1]
+    m, n, k = check_operands(a, b, precision, scale_a, scale_b)
     if a.stride() != (k, 1):
         raise ValueError(f"A must be row-major (M, K), got strides {a.stride()}")
     b_k_major = _b_k_major(b.stride())
@@ -241,8 +236,6 @@ def matmul_persistent(
         raise ValueError(f"B must be row-major (K, N) or K-major (fp8: K-major), got strides {b.stride()}")
     if not tma_strides_aligned(m, n, k, precision):
         raise ValueError(f"TMA needs 16-byte aligned rows: {m}x{n}x{k} in {precision} is not")
-    if precision == "fp8" and (scale_a is None or scale_b is None):
-        raise ValueError("precision 'fp8' needs scale_a and scale_b (one-element float32 tensors)")
     if out is None:
         out = torch.empty((m, n), device=a.device, dtype=OUTPUT_DTYPES[precision])
     elif out.shape != (m, n) or out.dtype != OUTPUT_DTYPES[precision] or not out.is_contiguous():
