@@ -37,6 +37,7 @@ from typing import Any
 import optuna
 
 from objectives.noop import NoOp
+from tuner.fingerprint import fingerprint
 from tuner.orchestrator import Orchestrator, ensure_ray
 from tuner.samplers import make_sampler
 from tuner.spec import load_spec
@@ -184,6 +185,7 @@ def main() -> None:
             "python": platform.python_version(),
             "optuna": optuna.__version__,
         },
+        "fingerprint": fingerprint(),
     }
     print(json.dumps(result, indent=2))
     if args.out:
