@@ -9,8 +9,8 @@ from tuner.queries import StudyView, study_view
 from tuner.storage import RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics, measured_count
 
 
-def trial_dict(row: TrialRow) -> dict[str, Any]:
-    """A trial as ``TrialOut`` serialises it, built without the model (long lists: fronts, overviews)."""
+def _trial_fields(row: TrialRow) -> dict[str, Any]:
+    """The fields of ``TrialOut``, times as datetimes."""
     duration = None
     if row.started_at is not None and row.finished_at is not None:
         duration = max(0.0, (row.finished_at - row.started_at).total_seconds())
@@ -26,32 +26,22 @@ def trial_dict(row: TrialRow) -> dict[str, Any]:
         "attempt": row.attempt or 1,
         "duplicate_of": row.duplicate_of,
         "remeasured": row.remeasured,
-        "started_at": None if row.started_at is None else row.started_at.isoformat(),
-        "finished_at": None if row.finished_at is None else row.finished_at.isoformat(),
-        "duration_s": duration,
-    }
-
-
-def trial_out(row: TrialRow, detail: bool = False) -> TrialOut:
-    duration = None
-    if row.started_at is not None and row.finished_at is not None:
-        duration = max(0.0, (row.finished_at - row.started_at).total_seconds())
-    fields: dict[str, Any] = {
-        "number": row.number,
-        "status": row.status,
-        "params": row.params or {},
-        "metrics": clean_metrics(row.metrics or {}),
-        "feasible": row.feasible,
-        "timing_comparable": row.timing_comparable,
-        "error": row.error,
-        "worker": row.worker,
-        "attempt": row.attempt or 1,
-        "duplicate_of": row.duplicate_of,
-        "remeasured": row.remeasured,
         "started_at": row.started_at,
         "finished_at": row.finished_at,
         "duration_s": duration,
     }
+
+
+def trial_dict(row: TrialRow) -> dict[str, Any]:
+    """A trial as ``TrialOut`` serialises it, built without the model (long lists: fronts, overviews)."""
+    fields = _trial_fields(row)
+    for key in ("started_at", "finished_at"):
+        fields[key] = None if fields[key] is None else fields[key].isoformat()
+    return fields
+
+
+def trial_out(row: TrialRow, detail: bool = False) -> TrialOut:
+    fields = _trial_fields(row)
     if detail:
         return TrialDetail(
             **fields, samples_ms=list(row.samples_ms or []), fingerprint=row.fingerprint, extra=row.extra or {}
