@@ -5,6 +5,8 @@
 
 ``attention``: the attention winner at S=4096, D=128, causal (B 4, H 16, bf16); ``gemm``: the bf16 GEMM
 winner at 8192 x 4096 x 4096. Both as measured in ``bench/results/kernel-variants-h200.json``.
+``quant '{"m": 1, "n": 4096, "k": 14336, "bits": 4, "config": {...}}'``: the packed weight-only GEMM
+(:mod:`kernels.quant_gemm_packed`, group 128, bf16) with that tile (``-k regex:packed_quant``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ def main() -> None:
     from tuner.fingerprint import device_info
 
     which = sys.argv[1] if len(sys.argv) > 1 else "attention"
+    if which == "quant":
+        return quant(sys.argv[2])
     device = device_info()
     if which == "attention":
         from objectives.flash_attention import FlashAttention
@@ -37,6 +41,25 @@ def main() -> None:
         workload._launch(config, case)
     torch.cuda.synchronize()
     print(workload._check(config, case))
+
+
+def quant(case_json: str) -> None:
+    """Launch the packed weight-only GEMM of ``case_json`` six times on fresh standard-normal operands."""
+    import json
+
+    import torch
+
+    from kernels.quant_gemm_packed import packed_matmul, quantize_packed
+
+    case = json.loads(case_json)
+    w = torch.randn(case["k"], case["n"], device="cuda") * 0.02
+    weights = quantize_packed(w, case["bits"], 128, torch.bfloat16)
+    x = torch.randn(case["m"], case["k"], device="cuda").to(torch.bfloat16)
+    for _ in range(6):
+        y = packed_matmul(x, weights, **case["config"])
+    torch.cuda.synchronize()
+    ref = x.float() @ weights.dequantize()
+    print("max rel error", float((y.float() - ref).abs().max() / ref.abs().max()))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,367 @@
+"""Weight-only int4/int8 GEMM against the HBM roofline and bf16 ``torch.matmul``, on this GPU.
+
+For each weight shape (N, K) and batch M, every candidate tile of the packed kernel
+(:mod:`kernels.quant_gemm_packed`) and the best configs of the older kernel
+(:mod:`kernels.quant_gemm`, its space's seeds) are compiled ahead in a process pool, checked
+against the fp32 product and timed; the fastest is then re-measured interleaved with bf16
+``torch.matmul`` (the baseline) and the ratio of the medians is the verdict.
+
+Timing: each candidate is captured in a CUDA graph of ``calls`` back-to-back products rotating
+over copies of the weights that together exceed twice the L2 (so every call streams its weights
+from HBM, as a decode step does), and a sample is one replay divided by the calls. The copy
+bandwidth is a device-to-device ``copy_`` of a 2 GiB buffer (bytes read plus written, per second),
+measured the same way in the same run; the bandwidth target is the bytes of packed weights plus
+scales over the time, divided by it.
+
+    PYTHONPATH=. python bench/int4_roofline.py --out bench/results/int4-roofline-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import itertools
+import os
+import statistics
+import time
+from typing import Any
+
+from bench.common import median, verdict, write_result
+
+#: (N, K): the Llama-style MLP up (4096 -> 14336) and down (14336 -> 4096) projections and a square one.
+SHAPES: list[tuple[int, int]] = [(14336, 4096), (4096, 14336), (8192, 8192)]
+GROUP = 128
+L2_BYTES = 60 * 2**20  # above the H200's 50 MiB
+
+
+def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
+    """Tiles of the packed kernel for M rows: the GEMV path at M = 1, tensor cores above."""
+    out: list[dict[str, int]] = []
+    base = {"UNROLL": 1}
+    if m == 1:
+        for bn, sk, w, pf in itertools.product((32, 64, 128), (2, 4, 8, 16), (2, 4, 8), (0, 1)):
+            out.append({**base, "BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
+                        "num_stages": 1})  # fmt: skip
+        out += [{**c, "FAST_DECODE": 0} for c in out if c["BLOCK_N"] == 64 and c["num_warps"] == 4]
+    elif m < 32:
+        for bn, sk, w, (pf, st) in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), ((1, 1), (0, 2), (0, 3))):
+            out.append({**base, "BLOCK_M": 16, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
+                        "num_stages": st})  # fmt: skip
+    else:
+        for bm, bn, sk, w, (pf, st) in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4, 8), ((1, 1), (0, 3))):
+            out.append({**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
+                        "num_stages": st})  # fmt: skip
+    if bits == 8:
+        out = [c for c in out if c["num_warps"] >= 4 and "FAST_DECODE" not in c]
+    return out
+
+
+def old_candidates(m: int, bits: int) -> list[dict[str, int]]:
+    """The older kernel's space seeds that fit this M and bit width (its tuned and hand-picked tiles)."""
+    from tuner.space import compile_space, load_space_file
+
+    space = compile_space(load_space_file("quant_gemm.yaml"))
+    picks = []
+    for seed in space.seeds:
+        if seed["bits"] != bits or seed["group_size"] != GROUP or seed["precision"] != "bf16":
+            continue
+        if (m == 1) != (seed["BLOCK_M"] == 1) or seed["BLOCK_M"] > max(16, m):
+            continue
+        picks.append({p: seed[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")}
+                     | {"SWAP_AB": seed.get("SWAP_AB", 0)})  # fmt: skip
+    return picks
+
+
+def _compile(job: dict[str, Any]) -> tuple[str, str | None]:
+    """Compile one candidate in a worker process (fills Triton's disk cache); the error text when it fails."""
+    try:
+        if job["family"] == "packed":
+            from kernels.quant_gemm_packed import compile_only
+        else:
+            from kernels.quant_gemm import compile_only
+        compile_only(*job["shape"], precision="bf16", bits=job["bits"], group_size=GROUP, **job["config"])
+        return job["key"], None
+    except Exception as exc:  # reported per candidate
+        return job["key"], f"{type(exc).__name__}: {exc}"[:300]
+
+
+def graph_time_us(fn: Any, calls: int, replays: int = 15) -> float:
+    """Median microseconds per call of ``calls`` back-to-back calls captured in one CUDA graph."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(samples)
+
+
+def copy_bandwidth_gbs() -> float:
+    """Device-to-device copy bandwidth: bytes read plus written per second, in GB/s."""
+    import torch
+
+    src = torch.empty(2**31 // 4, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    warm = time.time()
+    while time.time() - warm < 0.5:  # clocks up from idle before the first sample
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    us = min(graph_time_us(lambda: dst.copy_(src), calls=5) for _ in range(3))
+    return 2 * src.numel() * 4 / (us * 1e-6) / 1e9
+
+
+class Bench:
+    """Operands of one (N, K): fp32 master weights, their packed / old-layout / bf16 copies, rotated."""
+
+    def __init__(self, n: int, k: int, bits: int) -> None:
+        import torch
+
+        from kernels.quant_gemm import quantize_weights
+        from kernels.quant_gemm_packed import repack
+
+        self.n, self.k, self.bits = n, k, bits
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        w = torch.randn(k, n, device="cuda", generator=gen) * 0.02
+        old = quantize_weights(w, bits, GROUP, torch.bfloat16)
+        packed = repack(old.qweight, old.scales, bits, GROUP)
+        copies = max(2, -(-2 * L2_BYTES // packed.nbytes))
+        self.packed = [packed] + [packed.clone() for _ in range(copies - 1)]
+        self.old = [old] + [old.clone() for _ in range(copies - 1)]
+        self.reference_w = packed.dequantize()
+        dense = w.to(torch.bfloat16)
+        self.dense = [dense] + [dense.clone() for _ in range(max(1, -(-2 * L2_BYTES // (k * n * 2)) - 1))]
+        self.weight_bytes = packed.nbytes
+        del w
+
+    def x(self, m: int) -> Any:
+        import torch
+
+        gen = torch.Generator(device="cuda").manual_seed(m)
+        return torch.randn(m, self.k, device="cuda", generator=gen).to(torch.bfloat16)
+
+    def rotating(self, copies: list[Any], call: Any) -> tuple[Any, int]:
+        state = {"i": 0}
+
+        def fn() -> Any:
+            state["i"] = (state["i"] + 1) % len(copies)
+            return call(copies[state["i"]])
+
+        return fn, len(copies) * max(2, 24 // len(copies))
+
+    def packed_fn(self, x: Any, config: dict[str, int]) -> tuple[Any, int]:
+        import torch
+
+        from kernels.quant_gemm_packed import packed_matmul
+
+        out = torch.empty(x.shape[0], self.n, device="cuda", dtype=x.dtype)
+        return self.rotating(self.packed, lambda w: packed_matmul(x, w, out=out, **config))
+
+    def old_fn(self, x: Any, config: dict[str, int]) -> tuple[Any, int]:
+        import torch
+
+        from kernels.quant_gemm import quant_matmul
+
+        out = torch.empty(x.shape[0], self.n, device="cuda", dtype=x.dtype)
+        ws = torch.empty(x.shape[0], self.n, device="cuda", dtype=torch.float32)
+        return self.rotating(
+            self.old,
+            lambda w: quant_matmul(
+                x, w.qweight, w.scales, bits=self.bits, group_size=GROUP, out=out, workspace=ws, **config
+            ),
+        )
+
+    def dense_fn(self, x: Any) -> tuple[Any, int]:
+        import torch
+
+        out = torch.empty(x.shape[0], self.n, device="cuda", dtype=x.dtype)
+        return self.rotating(self.dense, lambda w: torch.matmul(x, w, out=out))
+
+    def error(self, x: Any, y: Any) -> float:
+        ref = x.float() @ self.reference_w
+        return float((y.float() - ref).abs().max() / ref.abs().max().clamp(min=1e-30))
+
+
+def sweep(bench: Bench, m: int, failed: dict[str, str], families: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Every candidate of (N, K, M) that compiled, checked and timed; fastest first."""
+    x = bench.x(m)
+    rows = []
+    for family in families:
+        configs = packed_candidates(m, bench.bits) if family == "packed" else old_candidates(m, bench.bits)
+        for config in configs:
+            key = _key(family, bench.bits, m, config)
+            if key in failed:
+                continue
+            try:
+                fn, calls = (bench.packed_fn if family == "packed" else bench.old_fn)(x, config)
+                err = bench.error(x, fn())
+                if not err < 2e-2:
+                    rows.append({"family": family, "config": config, "error": err, "status": "wrong"})
+                    continue
+                us = graph_time_us(fn, calls)
+            except Exception as exc:  # reported per candidate
+                rows.append({"family": family, "config": config, "status": f"{type(exc).__name__}: {exc}"[:200]})
+                continue
+            rows.append({"family": family, "config": config, "us": us, "error": err, "status": "ok",
+                         "tb_s": bench.weight_bytes / (us * 1e-6) / 1e12})  # fmt: skip
+    return sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["us"]) + [
+        r for r in rows if r["status"] != "ok"
+    ]
+
+
+def _key(family: str, bits: int, m: int, config: dict[str, int]) -> str:
+    # One binary per config for all shapes here (Triton specializes ints on divisibility by 16 and on 1):
+    # M == 1 compiles its own, the other Ms share one.
+    return f"{family}|{bits}|{'m1' if m == 1 else 'm'}|{sorted(config.items())}"
+
+
+def precompile(plan: list[tuple[int, int, int, int]], workers: int) -> dict[str, str]:
+    """Compile every candidate of the plan (bits, n, k, m) in worker processes; failures by key."""
+    jobs, seen = [], set()
+    for bits, n, k, m in plan:
+        for family, configs in (("packed", packed_candidates(m, bits)), ("old", old_candidates(m, bits))):
+            for config in configs:
+                key = _key(family, bits, m, config)
+                if key not in seen:
+                    seen.add(key)
+                    jobs.append({"family": family, "key": key, "shape": (m, n, k), "bits": bits, "config": config})
+    failed: dict[str, str] = {}
+    ctx = __import__("multiprocessing").get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        for key, error in pool.map(_compile, jobs, chunksize=4):
+            if error:
+                failed[key] = error
+    print(f"compiled {len(jobs) - len(failed)} of {len(jobs)} candidates", flush=True)
+    return failed
+
+
+def interleaved_us(fns: dict[str, tuple[Any, int]], rounds: int) -> dict[str, float]:
+    values: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, (fn, calls) in fns.items():
+            values[name].append(graph_time_us(fn, calls))
+    return {name: median(v) for name, v in values.items()}  # type: ignore[misc]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 2))
+    parser.add_argument("--ms", default="1,16,64")
+    parser.add_argument("--quick", action="store_true", help="one shape, fewer candidates (smoke run)")
+    args = parser.parse_args()
+    import torch
+
+    started = time.time()
+    ms = [int(v) for v in args.ms.split(",")]
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    plan = [(4, n, k, m) for n, k in shapes for m in ms] + [(8, n, k, 1) for n, k in shapes]
+    failed = precompile(plan, args.workers)
+    bandwidth = copy_bandwidth_gbs()
+    print(f"copy bandwidth {bandwidth:.0f} GB/s", flush=True)
+    shapes_out: list[dict[str, Any]] = []
+    for bits in (4, 8):
+        for n, k in shapes:
+            bench = Bench(n, k, bits)
+            for m in ms if bits == 4 else [1]:
+                rows = sweep(bench, m, failed, ("packed", "old"))
+                ok = [r for r in rows if r["status"] == "ok"]
+                best = next((r for r in ok if r["family"] == "packed"), None)
+                best_old = next((r for r in ok if r["family"] == "old"), None)
+                x = bench.x(m)
+                fns = {"bf16_matmul": bench.dense_fn(x)}
+                if best:
+                    fns["packed"] = bench.packed_fn(x, best["config"])
+                if best_old:
+                    fns["old"] = bench.old_fn(x, best_old["config"])
+                final = interleaved_us(fns, args.rounds)
+                entry = {
+                    "bits": bits, "n": n, "k": k, "m": m, "weight_bytes": bench.weight_bytes,
+                    "interleaved_us": final, "best_packed": best, "best_old": best_old,
+                    "speedup_vs_bf16": final["bf16_matmul"] / final["packed"] if best else None,
+                    "bandwidth_fraction": bench.weight_bytes / (final["packed"] * 1e-6) / (bandwidth * 1e9)
+                    if best else None,
+                    "top": ok[:12], "failures": [r for r in rows if r["status"] != "ok"][:20],
+                }  # fmt: skip
+                shapes_out.append(entry)
+                print(f"int{bits} M={m} N={n} K={k}: {final}  x{entry['speedup_vs_bf16']}", flush=True)
+                save(shapes_out, bandwidth, failed, started, args.out)
+            del bench
+            torch.cuda.empty_cache()
+    bandwidth_end = copy_bandwidth_gbs()
+    print(f"copy bandwidth at the end {bandwidth_end:.0f} GB/s", flush=True)
+    save(shapes_out, bandwidth, failed, started, args.out, bandwidth_end)
+
+
+def save(shapes_out: list[dict[str, Any]], bandwidth: float, failed: dict[str, str], started: float,
+         out: str | None, bandwidth_end: float | None = None) -> None:  # fmt: skip
+    """Write what is measured so far (called after every shape, so a run cut short keeps its results)."""
+    targets = make_targets(shapes_out)
+    write_result(
+        {
+            "what": "weight-only int4/int8 GEMM (group 128, bf16 activations) vs bf16 torch.matmul and copy bandwidth",
+            "copy_bandwidth_gbs": bandwidth,
+            "copy_bandwidth_end_gbs": bandwidth_end,
+            "compile_failures": len(failed),
+            "compile_failure_examples": list(failed.items())[:10],
+            "wall_s": time.time() - started,
+            "shapes": shapes_out,
+            "targets": targets,
+            "summary": [{k: t[k] for k in ("target", "ratio", "verdict")} for t in targets],
+        },
+        out,
+    )
+
+
+def make_targets(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets from the measured entries (ratio: higher is better)."""
+    by = {(e["bits"], e["n"], e["k"], e["m"]): e for e in entries}
+    targets = []
+
+    def add(target: str, tuned: float | None, baseline: float | None, ratio: float | None, goal: float) -> None:
+        targets.append({"target": target, "tuned": tuned, "baseline": baseline, "ratio": ratio, "goal": goal,
+                        "verdict": verdict(ratio, goal)})  # fmt: skip
+
+    for (bits, n, k, m), e in sorted(by.items()):
+        us = e["interleaved_us"]
+        shape = f"N={n} K={k}"
+        if bits == 4 and m == 1:
+            add(f"int4 M=1 {shape}: weight+scale bytes at >= 60% of copy bandwidth (tuned us, fraction)",
+                us.get("packed"), None, e["bandwidth_fraction"], 0.60)  # fmt: skip
+            add(f"int4 M=1 {shape}: >= 3x bf16 torch.matmul (us)", us.get("packed"), us["bf16_matmul"],
+                e["speedup_vs_bf16"], 3.0)  # fmt: skip
+        if bits == 4 and m == 16 and (4, n, k, 1) in by:
+            one = by[(4, n, k, 1)]["interleaved_us"].get("packed")
+            sixteen = us.get("packed")
+            ratio = one / sixteen * 1.25 if one and sixteen else None  # >= 1 <=> M=16 time <= 1.25 x M=1 time
+            add(f"int4 M=16 {shape}: within 1.25x of the M=1 time (M=16 us vs M=1 us; ratio 1.25*t1/t16)",
+                sixteen, one, ratio, 1.0)  # fmt: skip
+        if bits == 4 and m == 64:
+            add(f"int4 M=64 {shape}: >= 1.3x bf16 torch.matmul (us)", us.get("packed"), us["bf16_matmul"],
+                e["speedup_vs_bf16"], 1.3)  # fmt: skip
+        if bits == 8 and m == 1:
+            add(f"int8 M=1 {shape}: >= 1.8x bf16 torch.matmul (us)", us.get("packed"), us["bf16_matmul"],
+                e["speedup_vs_bf16"], 1.8)  # fmt: skip
+    return targets
+
+
+if __name__ == "__main__":
+    main()

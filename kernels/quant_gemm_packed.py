@@ -1,0 +1,564 @@
+"""Weight-only int4/int8 GEMM built for the HBM roofline: an offline K-interleaved int32 layout,
+CUDA-core GEMV for a few rows, tensor cores above, and split-K reduced inside the kernel.
+
+``Y = X @ dequant(W)``: X (M, K) bf16/fp16, W quantized as in :mod:`kernels.quant_gemm`
+(symmetric, one scale per group of ``group_size`` K rows and column, int4 values in [-7, 7],
+int8 in [-127, 127]); Y (M, N) in X's dtype, products accumulated in fp32.
+
+Layout (made once, at quantization time, by :func:`pack_weights`):
+``PACK = 32 // bits`` values share one int32 word (8 nibbles or 4 bytes), stored offset-binary
+(``q + 8`` or ``q + 128``). K is cut into spans of ``SPAN = 16 * PACK`` rows (128 for int4, 64 for
+int8); word ``[16 * s + j, n]`` holds, in its value slot ``i``, ``q[SPAN * s + 16 * i + j, n]``. So a
+(16, BLOCK_N) tile of words is a whole span, and decoding slot ``i`` of every word gives the
+(16, BLOCK_N) weight slice of K rows ``SPAN * s + 16 i .. + 16``: the matching X slice is 16
+contiguous columns, the slice is one ``tl.dot`` of K = 16 or one FMA sweep, and no value moves
+between threads. Words are contiguous along N, so a thread's loads are 16-byte vectors of 4 words
+(32 int4 weights). Scales are (K // group_size, N), read once per span when ``group_size >= SPAN``
+(or once per 16-row slice for smaller groups).
+
+Decoding uses the exponent trick in fp32: ``bits(0x4B000000 | u)`` is ``2**23 + u``, so a value
+costs a shift, a masked OR and one subtraction (an int-to-float conversion runs at a quarter rate).
+
+With ``FAST_DECODE`` (int4, compiled kernels) a few lines of inline PTX decode two nibbles per
+instruction into 16-bit floats instead (``lop3`` under the exponent of 128.0 or 1024.0, then one
+packed ``fma``), about one instruction per weight; the interpreter runs the fp32 decode.
+
+Paths (``BLOCK_M`` picks): ``BLOCK_M == 1`` is the GEMV path: one row of X per program, the
+decoded weights multiplied on the CUDA cores into a (16, BLOCK_N) fp32 accumulator reduced over
+its rows after the K loop (rows of X fastest in the grid, so the programs reading one weight tile
+run together and it comes from HBM once). ``BLOCK_M >= 16`` feeds the decoded slices, rounded to
+X's dtype (exact: small integers), to ``tl.dot`` with K = 16. ``PREFETCH`` loads the next span's
+words before decoding the current one, so every program keeps a load in flight.
+
+Split-K without extra launches (``SPLIT_K > 1``): program ``(tile, s)`` covers K rows
+``[s K / SPLIT_K, (s + 1) K / SPLIT_K)``, adds its partial into an fp32 workspace with atomics,
+then increments the tile's arrival counter; the program that arrives last reads the sum, writes
+Y, and puts the workspace tile and the counter back to zero. Workspace and counters are allocated
+zeroed once per device and left zeroed by every launch: one kernel per product, and a CUDA
+graph can capture it (split-K products on two streams at once must not share a device's scratch).
+Rows and columns past the edge wrap around for loads and are masked on stores; K must be a multiple
+of ``SPLIT_K * SPAN`` (checked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.quant_gemm import ACT_DTYPES, QMAX, _is_pow2, quantize_groups
+from tuner.workload import interpreter_active
+
+#: Supported weight bit widths.
+BITS: tuple[int, ...] = (4, 8)
+#: K rows per decoded slice: one ``tl.dot`` of K = 16, the smallest the tensor cores take.
+SLICE = 16
+#: Offset of the stored values (offset-binary): ``u = q + OFFSET[bits]``.
+OFFSET: dict[int, int] = {4: 8, 8: 128}
+#: Smallest BLOCK_M that takes the tensor-core path; below it the GEMV path runs.
+DOT_MIN_M = 16
+
+
+def pack_factor(bits: int) -> int:
+    """Values per int32 word."""
+    return 32 // bits
+
+
+def span(bits: int) -> int:
+    """K rows one (16, N) tile of words covers."""
+    return SLICE * pack_factor(bits)
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def pack_weights(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Integer weights q (K, N) (int8, in [-QMAX, QMAX]) -> the (K // PACK, N) int32 words of the layout.
+
+    Word ``[16 s + j, n]``, slot ``i`` (bits ``bits * i`` up), holds ``q[SPAN s + 16 i + j, n] + OFFSET``.
+    """
+    if bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+    if q.ndim != 2 or q.shape[0] % span(bits):
+        raise ValueError(f"q must be (K, N) with K a multiple of {span(bits)} for int{bits}, got {tuple(q.shape)}")
+    k, n = q.shape
+    pack = pack_factor(bits)
+    u = (q.to(torch.int64) + OFFSET[bits]).clamp(0, (1 << bits) - 1)
+    # (spans, slot i, row j, n) -> (spans, row j, slot i, n): slot i of word (s, j) is K row SPAN s + 16 i + j.
+    u = u.reshape(k // span(bits), pack, SLICE, n).permute(0, 2, 1, 3)
+    shifts = (torch.arange(pack, device=q.device, dtype=torch.int64) * bits).view(1, 1, pack, 1)
+    words = (u << shifts).sum(dim=2)  # < 2**32: slots do not overlap
+    words = torch.where(words >= 2**31, words - 2**32, words)  # the same 32 bits as a signed int32
+    return words.reshape(k // pack, n).to(torch.int32).contiguous()
+
+
+def unpack_weights(words: torch.Tensor, bits: int) -> torch.Tensor:
+    """Inverse of :func:`pack_weights`: (K // PACK, N) int32 -> q (K, N) int8."""
+    if words.dtype != torch.int32 or words.ndim != 2 or words.shape[0] % SLICE:
+        raise ValueError(f"words must be int32 (K // {pack_factor(bits)}, N), got {words.dtype} {tuple(words.shape)}")
+    pack = pack_factor(bits)
+    rows, n = words.shape
+    shifts = (torch.arange(pack, device=words.device, dtype=torch.int64) * bits).view(1, 1, pack, 1)
+    u = (words.to(torch.int64).reshape(rows // SLICE, SLICE, 1, n) >> shifts) & ((1 << bits) - 1)
+    q = u.permute(0, 2, 1, 3).reshape(rows * pack, n) - OFFSET[bits]
+    return q.to(torch.int8)
+
+
+@dataclass
+class PackedWeights:
+    """Words and scales in this module's layout; ``dequantize()`` is the fp32 (K, N) matrix multiplied by."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    bits: int
+    group_size: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(K, N) of the unpacked weight matrix."""
+        return self.qweight.shape[0] * pack_factor(self.bits), self.qweight.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of words plus scales: what one product streams of W."""
+        return self.qweight.numel() * 4 + self.scales.numel() * self.scales.element_size()
+
+    def values(self) -> torch.Tensor:
+        """The integer weights q (K, N) as int8."""
+        return unpack_weights(self.qweight, self.bits)
+
+    def dequantize(self) -> torch.Tensor:
+        """``q * scale`` in fp32, (K, N)."""
+        q = self.values().to(torch.float32)
+        k, n = q.shape
+        scales = self.scales.to(torch.float32)
+        return (q.reshape(k // self.group_size, self.group_size, n) * scales[:, None, :]).reshape(k, n)
+
+    def clone(self) -> PackedWeights:
+        """A copy in new memory (launches rotate over copies so that L2 does not hold the weights)."""
+        return PackedWeights(self.qweight.clone(), self.scales.clone(), self.bits, self.group_size)
+
+
+def quantize_packed(
+    w: torch.Tensor, bits: int, group_size: int, scale_dtype: torch.dtype = torch.bfloat16, clip_search: bool = False
+) -> PackedWeights:
+    """Quantize an fp32 (K, N) matrix as :func:`kernels.quant_gemm.quantize_weights` does (same values and
+    scales) and lay it out for this kernel."""
+    if bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D (K, N), got {tuple(w.shape)}")
+    k, n = w.shape
+    if not _is_pow2(group_size) or group_size < SLICE or k % group_size:
+        raise ValueError(f"group_size must be a power of two >= {SLICE} dividing K={k}, got {group_size!r}")
+    scales, q = quantize_groups(
+        w.to(torch.float32).reshape(k // group_size, group_size, n), bits, scale_dtype, clip_search
+    )
+    return PackedWeights(pack_weights(q.to(torch.int8).reshape(k, n), bits), scales.contiguous(), bits, group_size)
+
+
+def repack(qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int) -> PackedWeights:
+    """Weights in :mod:`kernels.quant_gemm`'s layout -> this module's (the same values and scales)."""
+    from kernels.quant_gemm import unpack_int4
+
+    q = qweight if bits == 8 else unpack_int4(qweight)
+    return PackedWeights(pack_weights(q, bits), scales, bits, group_size)
+
+
+# --------------------------------------------------------------------------- kernel
+
+
+@triton.jit
+def _slot(words, i: tl.constexpr, BITS: tl.constexpr):
+    """Slot ``i`` of every word as exact fp32 integers q (the exponent trick; offset removed)."""
+    u = (words >> (BITS * i)) & ((1 << BITS) - 1)
+    OFF: tl.constexpr = 8388608.0 + (1 << (BITS - 1))  # 2**23 + the storage offset
+    return (u | 0x4B000000).to(tl.float32, bitcast=True) - OFF
+
+
+#: PTX decoding two nibbles of an int4 word to 16-bit floats in three instructions (Marlin's trick):
+#: ``lop3`` puts nibbles ``p`` and ``p + 4`` (bits 4p and 16 + 4p, after the shift) under the exponent
+#: of 128.0 (bf16) or 1024.0 (fp16) in the two halves of a register, and one packed ``fma`` subtracts
+#: 128 + 8 (1024 + 8), leaving q exactly. One call per pair keeps few decoded values live (registers).
+_PAIR_ASM = """
+{
+.reg .b32 t, one, neg;
+mov.b32 one, ONE;
+mov.b32 neg, NEG;
+shr.u32 t, $2, SHIFT;
+lop3.b32 t, t, 0x000F000F, MAGIC, 0xEA;
+fma.rn.TYPE t, t, one, neg;
+mov.b32 {$0, $1}, t;
+}
+"""
+
+
+def _pair_asm(dtype: str, pair: int) -> tl.constexpr:
+    magic, one, neg, kind = {
+        "bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
+        "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2"),
+    }[dtype]
+    text = _PAIR_ASM.replace("MAGIC", magic).replace("ONE", one).replace("NEG", neg).replace("TYPE", kind)
+    return tl.constexpr(text.replace("SHIFT", str(4 * pair)))
+
+
+PAIR_BF16_0, PAIR_BF16_1, PAIR_BF16_2, PAIR_BF16_3 = (_pair_asm("bf16", p) for p in range(4))
+PAIR_FP16_0, PAIR_FP16_1, PAIR_FP16_2, PAIR_FP16_3 = (_pair_asm("fp16", p) for p in range(4))
+
+
+@triton.jit
+def _pair(words, asm: tl.constexpr, IS_BF16: tl.constexpr):
+    if IS_BF16:
+        return tl.inline_asm_elementwise(
+            asm, "=h,=h,r", [words], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1
+        )
+    else:
+        return tl.inline_asm_elementwise(asm, "=h,=h,r", [words], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
+
+
+@triton.jit
+def _slot_pair_asm(words, p: tl.constexpr, dtype: tl.constexpr):
+    """Slots ``p`` and ``p + 4`` of int4 words as exact 16-bit floats (bf16 or fp16), by inline PTX (GPU only)."""
+    if dtype == tl.bfloat16:
+        if p == 0:
+            return _pair(words, PAIR_BF16_0, True)
+        elif p == 1:
+            return _pair(words, PAIR_BF16_1, True)
+        elif p == 2:
+            return _pair(words, PAIR_BF16_2, True)
+        else:
+            return _pair(words, PAIR_BF16_3, True)
+    else:
+        if p == 0:
+            return _pair(words, PAIR_FP16_0, False)
+        elif p == 1:
+            return _pair(words, PAIR_FP16_1, False)
+        elif p == 2:
+            return _pair(words, PAIR_FP16_2, False)
+        else:
+            return _pair(words, PAIR_FP16_3, False)
+
+
+@triton.jit
+def _slice_product(q, x_ptrs, part, acc, s_ptrs, stride_sg, k0, dtype: tl.constexpr, USE_DOT: tl.constexpr,
+                   ONE_SCALE: tl.constexpr, GROUP_SIZE: tl.constexpr):  # fmt: skip
+    """Multiply one decoded 16-row slice (K rows k0 .. k0 + 16) into the span's partial, or, when the span
+    holds several groups, scale it by its group's scales into the accumulator; returns (part, acc)."""
+    x = tl.load(x_ptrs)
+    if USE_DOT:
+        product = tl.dot(x, q.to(dtype))
+    else:
+        product = x.to(tl.float32)[:, None] * q.to(tl.float32)
+    if ONE_SCALE:
+        part += product
+    else:
+        acc += product * tl.load(s_ptrs + (k0 // GROUP_SIZE) * stride_sg).to(tl.float32)[None, :]
+    return part, acc
+
+
+@triton.jit
+def _reduce_split(acc, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, SPLIT_K: tl.constexpr):
+    """Add this split's partial tile; the last split of the tile to arrive writes Y and re-zeroes."""
+    tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+    tl.debug_barrier()  # every thread's partial is issued before the arrival is counted
+    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+    if arrived == SPLIT_K - 1:
+        total = tl.load(ws_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(y_ptrs, total.to(y_ptrs.dtype.element_ty), mask=mask)
+        tl.store(ws_ptrs, tl.zeros_like(total), mask=mask, cache_modifier=".cg")
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
+
+
+@triton.jit
+def packed_quant_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
+    stride_xm, stride_xk, stride_wr, stride_wn, stride_sg, stride_sn, stride_ym, stride_yn,
+    BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, FAST_DECODE: tl.constexpr,
+):  # fmt: skip
+    """One (BLOCK_M, BLOCK_N) tile of Y over one K split (layout and paths: the module docstring)."""
+    PACK: tl.constexpr = 32 // BITS
+    SPAN: tl.constexpr = 16 * PACK
+    USE_DOT: tl.constexpr = BLOCK_M > 1
+    ONE_SCALE: tl.constexpr = GROUP_SIZE >= SPAN  # one scale row per span, applied once per span
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    pid_m = pid % num_pid_m  # M tiles fastest: the programs reading one weight tile run together
+    pid_n = pid // num_pid_m
+    k_per_split = K // SPLIT_K
+    k_begin = tl.program_id(1) * k_per_split
+    n_iter = k_per_split // SPAN
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_j = tl.arange(0, 16)
+    w_ptrs = w_ptr + (k_begin // PACK + offs_j)[:, None] * stride_wr + (offs_n % N)[None, :] * stride_wn
+    s_ptrs = s_ptr + (offs_n % N) * stride_sn
+    dtype = x_ptr.dtype.element_ty
+    if USE_DOT:
+        x_ptrs = x_ptr + (offs_m % M)[:, None] * stride_xm + (k_begin + offs_j)[None, :] * stride_xk
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        x_ptrs = x_ptr + pid_m * stride_xm + (k_begin + offs_j) * stride_xk
+        acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+
+    words = tl.load(w_ptrs)
+    for it in tl.range(0, n_iter, loop_unroll_factor=UNROLL):
+        # The next span's words (this span's again on the last iteration: in bounds, and never used).
+        next_ptrs = w_ptrs + (tl.minimum(it + 1, n_iter - 1) - it) * 16 * stride_wr
+        if PREFETCH:  # in flight while this span is decoded
+            upcoming = tl.load(next_ptrs)
+        if ONE_SCALE:  # issued before the decode, so that its latency hides behind it
+            scale = tl.load(s_ptrs + ((k_begin + it * SPAN) // GROUP_SIZE) * stride_sg).to(tl.float32)
+        part = tl.zeros_like(acc)
+        for p in tl.static_range(PACK // 2):
+            # Slots p and p + PACK / 2 of every word: K rows 16 p and 16 (p + PACK / 2) of the span.
+            if FAST_DECODE:
+                q_lo, q_hi = _slot_pair_asm(words, p, dtype)
+            else:
+                q_lo = _slot(words, p, BITS)
+                q_hi = _slot(words, p + PACK // 2, BITS)
+            part, acc = _slice_product(
+                q_lo,
+                x_ptrs + p * 16 * stride_xk,
+                part,
+                acc,
+                s_ptrs,
+                stride_sg,
+                k_begin + it * SPAN + p * 16,
+                dtype,
+                USE_DOT,
+                ONE_SCALE,
+                GROUP_SIZE,
+            )
+            part, acc = _slice_product(q_hi, x_ptrs + (p + PACK // 2) * 16 * stride_xk, part, acc, s_ptrs,
+                                       stride_sg, k_begin + it * SPAN + (p + PACK // 2) * 16, dtype, USE_DOT,
+                                       ONE_SCALE, GROUP_SIZE)  # fmt: skip
+        if ONE_SCALE:
+            acc += part * scale[None, :]
+        if PREFETCH:
+            words = upcoming
+        else:
+            words = tl.load(next_ptrs)
+        w_ptrs += 16 * stride_wr
+        x_ptrs += SPAN * stride_xk
+
+    if USE_DOT:
+        out = acc
+        rows = offs_m
+    else:
+        out = tl.sum(acc, axis=0)[None, :]
+        rows = pid_m + tl.arange(0, 1)
+    mask = (rows[:, None] < M) & (offs_n[None, :] < N)
+    y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    if SPLIT_K == 1:
+        tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
+    else:
+        ws_ptrs = ws_ptr + rows[:, None] * N + offs_n[None, :]
+        _reduce_split(out, y_ptrs, ws_ptrs, cnt_ptr, pid, mask, SPLIT_K)
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def check_layout(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int) -> None:
+    """Raise ValueError (naming the argument) for a shape / quantization / tiling the kernel cannot run."""
+    if bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+    if not _is_pow2(group_size) or group_size < SLICE or k % group_size:
+        raise ValueError(f"group_size must be a power of two >= {SLICE} dividing K={k}, got {group_size!r}")
+    if not _is_pow2(BLOCK_M) or 1 < BLOCK_M < DOT_MIN_M:
+        raise ValueError(f"BLOCK_M must be 1 (GEMV) or a power of two >= {DOT_MIN_M} (tensor cores), got {BLOCK_M}")
+    if not _is_pow2(BLOCK_N) or BLOCK_N < 16:
+        raise ValueError(f"BLOCK_N must be a power of two >= 16, got {BLOCK_N}")
+    if SPLIT_K < 1 or k % (SPLIT_K * span(bits)):
+        raise ValueError(f"SPLIT_K * {span(bits)} (the int{bits} span) = {SPLIT_K * span(bits)} must divide K={k}")
+    if m < 1 or n < 1:
+        raise ValueError(f"M and N must be positive, got {m} and {n}")
+
+
+def _grid(m: int, n: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int) -> tuple[int, int]:
+    return (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N), SPLIT_K)
+
+
+_scratch: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def scratch(device: torch.device, elements: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The zeroed fp32 workspace and int32 arrival counters of split-K, one pair per device, grown on demand.
+
+    Every launch leaves them zeroed, so they are allocated (and zeroed) only when a larger product comes;
+    call it once before capturing a CUDA graph so that the capture allocates nothing. Split-K products
+    running on two streams at the same time would share them: keep such products on one stream.
+    """
+    key = (device.type, device.index)
+    ws, cnt = _scratch.get(key, (None, None))
+    if ws is None or ws.numel() < elements or cnt.numel() < tiles:
+        size = max(elements, ws.numel() if ws is not None else 0)
+        count = max(tiles, cnt.numel() if cnt is not None else 0)
+        ws = torch.zeros(size, device=device, dtype=torch.float32)
+        cnt = torch.zeros(count, device=device, dtype=torch.int32)
+        _scratch[key] = (ws, cnt)
+    return ws, cnt
+
+
+def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, UNROLL: int, num_warps: int,
+          num_stages: int, PREFETCH: int, FAST_DECODE: int, MAXNREG: int = 0) -> dict[str, Any]:  # fmt: skip
+    """Constexprs and launch options; FAST_DECODE (inline PTX) only for int4 and only when compiling;
+    ``MAXNREG`` > 0 caps the registers per thread (more programs per SM keep more loads in flight)."""
+    extra = {"maxnreg": MAXNREG} if MAXNREG and not interpreter_active() else {}
+    return extra | {
+        "PREFETCH": bool(PREFETCH),
+        "FAST_DECODE": bool(FAST_DECODE) and bits == 4 and not interpreter_active(),
+        "BITS": bits,
+        "GROUP_SIZE": group_size,
+        "BLOCK_M": BLOCK_M,
+        "BLOCK_N": BLOCK_N,
+        "SPLIT_K": SPLIT_K,
+        "UNROLL": UNROLL,
+        "num_warps": num_warps,
+        "num_stages": num_stages,
+    }
+
+
+def packed_matmul(
+    x: torch.Tensor,
+    weights: PackedWeights,
+    *,
+    BLOCK_M: int,
+    BLOCK_N: int,
+    SPLIT_K: int,
+    num_warps: int,
+    num_stages: int = 2,
+    UNROLL: int = 1,
+    PREFETCH: int = 1,
+    FAST_DECODE: int = 1,
+    MAXNREG: int = 0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``Y = X @ dequant(weights)`` with one tile config, one kernel launch; returns Y (``out`` if given).
+
+    ``x`` (M, K) bf16/fp16 with unit stride along K or not; ``out`` (M, N) in x's dtype. Launches
+    asynchronously on the current stream; split-K's scratch is this module's (:func:`scratch`).
+    """
+    if x.dtype not in ACT_DTYPES.values():
+        raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D (M, K), got {tuple(x.shape)}")
+    qweight, scales, bits, group_size = weights.qweight, weights.scales, weights.bits, weights.group_size
+    m, k = x.shape
+    n = qweight.shape[1]
+    check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
+    if qweight.dtype != torch.int32 or qweight.shape[0] * pack_factor(bits) != k:
+        raise ValueError(
+            f"qweight must be int32 ({k // pack_factor(bits)}, {n}), got {qweight.dtype} {tuple(qweight.shape)}"
+        )
+    if scales.dtype not in ACT_DTYPES.values() or tuple(scales.shape) != (k // group_size, n):
+        raise ValueError(f"scales must be bf16/fp16 ({k // group_size}, {n}), got {scales.dtype} {tuple(scales.shape)}")
+    if out is None:
+        out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    elif tuple(out.shape) != (m, n) or out.dtype != x.dtype:
+        raise ValueError(f"out must be ({m}, {n}) {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+    grid = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)
+    ws, cnt = scratch(x.device, m * n, grid[0]) if SPLIT_K > 1 else (out, out)
+    packed_quant_kernel[grid](
+        x, qweight, scales, out, ws, cnt, m, n, k,
+        x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
+        out.stride(0), out.stride(1),
+        **_meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
+                MAXNREG),
+    )  # fmt: skip
+    return out
+
+
+def _mock_launch(m: int, n: int, k: int, precision: str, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int,
+                 SPLIT_K: int, scale_dtype: torch.dtype | None) -> tuple[Any, ...]:  # fmt: skip
+    """Placeholder tensors with the dtypes, shapes and row-major strides of a contiguous launch, and the ints."""
+    from kernels.gemm import strided_mock
+
+    def row_major(dtype: torch.dtype, shape: list[int]) -> Any:
+        return strided_mock(dtype, shape, (shape[1], 1))
+
+    if precision not in ACT_DTYPES:
+        raise ValueError(f"precision must be one of {tuple(ACT_DTYPES)}, got {precision!r}")
+    dtype = ACT_DTYPES[precision]
+    x = row_major(dtype, [m, k])
+    w = row_major(torch.int32, [k // pack_factor(bits), n])
+    s = row_major(scale_dtype or dtype, [k // group_size, n])
+    y = row_major(dtype, [m, n])
+    ws = row_major(torch.float32, [m * n, 1]) if SPLIT_K > 1 else y
+    cnt = row_major(torch.int32, [_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0], 1]) if SPLIT_K > 1 else y
+    return (x, w, s, y, ws, cnt, m, n, k, *x.stride(), *w.stride(), *s.stride(), *y.stride())
+
+
+def compile_only(
+    m: int,
+    n: int,
+    k: int,
+    *,
+    precision: str,
+    bits: int,
+    group_size: int,
+    BLOCK_M: int,
+    BLOCK_N: int,
+    SPLIT_K: int,
+    num_warps: int,
+    num_stages: int = 2,
+    UNROLL: int = 1,
+    PREFETCH: int = 1,
+    FAST_DECODE: int = 1,
+    MAXNREG: int = 0,
+    scale_dtype: torch.dtype | None = None,
+) -> Any | None:
+    """Compile the kernel :func:`packed_matmul` launches for contiguous operands on this GPU, without launching.
+
+    Returns the compiled kernel (None under the interpreter or without ``JITFunction.warmup``);
+    raises ``OutOfResources`` past the device's shared memory and Triton's compile errors as they are.
+    """
+    check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
+    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, scale_dtype)
+    warmup = getattr(packed_quant_kernel, "warmup", None)
+    if interpreter_active() or warmup is None:
+        return None
+    from kernels.gemm import raise_if_over_shared_memory
+
+    meta = _meta(
+        bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE, MAXNREG
+    )
+    kernel = warmup(*args, **meta, grid=_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K))
+    raise_if_over_shared_memory(kernel)
+    return kernel
+
+
+def compile_for_target(
+    m: int, n: int, k: int, *, precision: str, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int,
+    num_warps: int, num_stages: int = 2, UNROLL: int = 1, PREFETCH: int = 1, FAST_DECODE: int = 1,
+    MAXNREG: int = 0, capability: int = 90,
+) -> Any:  # fmt: skip
+    """``triton.compile`` for ``GPUTarget("cuda", capability, 32)`` with no GPU (ahead-of-time checks on a CPU)."""
+    from kernels.attention import compile_jit_for_target
+
+    check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
+    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, None)
+    meta = _meta(
+        bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE, MAXNREG
+    )
+    return compile_jit_for_target(packed_quant_kernel, args, meta, capability)
+
+
+__all__ = [
+    "BITS",
+    "QMAX",
+    "PackedWeights",
+    "check_layout",
+    "compile_for_target",
+    "compile_only",
+    "pack_weights",
+    "packed_matmul",
+    "quantize_packed",
+    "repack",
+    "unpack_weights",
+]

@@ -1,0 +1,148 @@
+"""The packed weight-only GEMM (kernels/quant_gemm_packed.py): layout round trips, numerics under the
+interpreter at ragged shapes (GEMV and tensor-core paths, split-K reduced in the kernel), argument
+checks, and ahead-of-time sm_90 compiles (inline-PTX decode included) in a child process."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+
+from kernels.quant_gemm import quantize_weights
+from kernels.quant_gemm_packed import (
+    pack_weights,
+    packed_matmul,
+    quantize_packed,
+    repack,
+    scratch,
+    span,
+    unpack_weights,
+)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_layout_puts_slot_i_of_word_j_at_k_row_16i_plus_j(bits: int) -> None:
+    """Word [16 s + j, n], slot i, holds q[SPAN s + 16 i + j, n] + offset; pack and unpack are inverse."""
+    gen = torch.Generator().manual_seed(bits)
+    qmax = 7 if bits == 4 else 127
+    k, n = 2 * span(bits), 5
+    q = torch.randint(-qmax, qmax + 1, (k, n), generator=gen, dtype=torch.int8)
+    words = pack_weights(q, bits)
+    assert words.dtype == torch.int32 and tuple(words.shape) == (k * bits // 32, n)
+    offset = 8 if bits == 4 else 128
+    for s, i, j, col in ((0, 0, 0, 0), (1, 3, 7, 2), (0, 32 // bits - 1, 15, 4), (1, 1, 15, 1)):
+        word = int(words[16 * s + j, col]) & 0xFFFFFFFF
+        stored = (word >> (bits * i)) & ((1 << bits) - 1)
+        assert stored == int(q[span(bits) * s + 16 * i + j, col]) + offset
+    assert torch.equal(unpack_weights(words, bits), q)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_repack_keeps_the_values_and_scales_of_the_tiled_layout(bits: int) -> None:
+    w = torch.randn(256, 24, generator=torch.Generator().manual_seed(1))
+    tiled = quantize_weights(w, bits, 64, torch.float16)
+    packed = repack(tiled.qweight, tiled.scales, bits, 64)
+    assert torch.equal(packed.values(), tiled.values())
+    assert torch.equal(packed.dequantize(), tiled.dequantize())
+    direct = quantize_packed(w, bits, 64, torch.float16)
+    assert torch.equal(direct.qweight, packed.qweight) and torch.equal(direct.scales, tiled.scales)
+    assert direct.nbytes == packed.qweight.numel() * 4 + tiled.scales.numel() * 2
+
+
+#: (M, BLOCK_M, BLOCK_N, SPLIT_K, group): GEMV and tensor-core paths, ragged M and N, one and several groups
+#: per span (group 32 < the span), groups spanning several spans (256), split-K reduced in the kernel.
+CASES = [
+    (1, 1, 32, 1, 128),
+    (3, 1, 16, 2, 64),
+    (2, 1, 32, 4, 32),
+    (17, 16, 32, 2, 128),
+    (20, 16, 16, 1, 16),
+    (33, 32, 32, 2, 256),
+]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("case", CASES, ids=[f"m{c[0]}-bm{c[1]}-bn{c[2]}-sk{c[3]}-g{c[4]}" for c in CASES])
+def test_kernel_matches_dequantized_reference(interpreter: None, bits: int, case: tuple[int, ...]) -> None:
+    m, block_m, block_n, split_k, group = case
+    k, n = 512, 40  # N ragged against every BLOCK_N
+    gen = torch.Generator().manual_seed(m * 7 + bits)
+    weights = quantize_packed(torch.randn(k, n, generator=gen), bits, group, torch.float16)
+    x = torch.randn(m, k, generator=gen).to(torch.float16)
+    reference = x.float() @ weights.dequantize()
+    config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SPLIT_K": split_k, "num_warps": 4}
+    y = packed_matmul(x, weights, **config)
+    assert y.dtype == torch.float16 and tuple(y.shape) == (m, n)
+    error = float((y.float() - reference).abs().max() / reference.abs().max())
+    assert error < 2e-3, error
+    # Split-K leaves its scratch zeroed, so a second call (no zeroing kernel in between) is exact again.
+    again = packed_matmul(x, weights, **config, PREFETCH=0)
+    assert torch.equal(again, y)
+    workspace, counters = scratch(x.device, 1, 1)
+    assert not workspace.any() and not counters.any()
+
+
+@pytest.mark.timeout(30)
+def test_bad_operands_and_tiles_are_rejected_naming_the_argument(interpreter: None) -> None:
+    weights = quantize_packed(torch.randn(256, 32), 4, 128, torch.float16)
+    x = torch.randn(2, 256).to(torch.float16)
+    tile = {"BLOCK_M": 1, "BLOCK_N": 32, "SPLIT_K": 1, "num_warps": 4}
+    with pytest.raises(ValueError, match="BLOCK_M must be 1"):
+        packed_matmul(x, weights, **{**tile, "BLOCK_M": 8})
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        packed_matmul(x, weights, **{**tile, "SPLIT_K": 4})  # 4 * 128 does not divide 256
+    with pytest.raises(ValueError, match="x must be bfloat16 or float16"):
+        packed_matmul(x.float(), weights, **tile)
+    with pytest.raises(ValueError, match="qweight must be int32"):
+        packed_matmul(torch.randn(2, 128).to(torch.float16), weights, **tile)
+    with pytest.raises(ValueError, match="group_size"):
+        quantize_packed(torch.randn(256, 32), 4, 8)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        pack_weights(torch.zeros(64, 4, dtype=torch.int8), 4)
+
+
+_AOT_SCRIPT = """
+import json, sys
+from kernels.quant_gemm_packed import compile_for_target
+for job in json.loads(sys.argv[1]):
+    try:
+        kernel = compile_for_target(*job["shape"], **job["config"], capability=90)
+    except NotImplementedError as exc:
+        print(json.dumps({"skip": str(exc)}))
+        break
+    except (FileNotFoundError, PermissionError) as exc:
+        print(json.dumps({"skip": f"no ptxas to run: {exc}"}))
+        break
+    ptx = kernel.asm["ptx"]
+    print(json.dumps({**job, "shared": kernel.metadata.shared, "lop3": "0x000F000F" in ptx,
+                      "mma": "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else None,
+                      "vector_loads": "ld.global.v4" in ptx or "cp.async" in ptx}), flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> None:
+    """GEMV and tensor-core tiles compile for an H200: the int4 decode is the packed lop3 + fma PTX, the
+    weights load as 16-byte vectors, M = 64 tiles use wgmma, and shared memory fits."""
+    base = {"precision": "bf16", "group_size": 128, "num_warps": 4}
+    jobs = [
+        {"shape": [1, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 8}},
+        {"shape": [1, 4096, 14336], "config": {**base, "bits": 8, "BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 8}},
+        {"shape": [16, 4096, 14336],
+         "config": {**base, "bits": 4, "BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 8, "PREFETCH": 0, "num_stages": 3}},
+        {"shape": [64, 14336, 4096],
+         "config": {**base, "bits": 4, "BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 2, "precision": "fp16"}},
+    ]  # fmt: skip
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
+    assert len(lines) == len(jobs), lines
+    gemv4, gemv8, dot16, dot64 = lines
+    assert gemv4["lop3"] and gemv4["mma"] is None and gemv4["vector_loads"], gemv4
+    assert not gemv8["lop3"] and gemv8["vector_loads"], gemv8
+    assert dot16["lop3"] and dot16["mma"] is not None, dot16
+    assert dot64["lop3"] and dot64["mma"] == "wgmma", dot64
+    assert all(line["shared"] <= 227 * 1024 for line in lines), lines
