@@ -44,6 +44,15 @@ from tuner.workload import (
 )
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
+#: Kernel variants: ``tiled`` is kernels/quant_gemm.py (byte-packed weights, BLOCK_K tiles, SWAP_AB),
+#: ``packed`` kernels/quant_gemm_packed.py (K-interleaved int32 words, inline-PTX int4 decode, split-K
+#: reduced in the kernel, BLOCK_M 1 = GEMV). A config without ``kernel`` is ``tiled`` (older studies).
+KERNELS: tuple[str, ...] = ("tiled", "packed")
+PACKED_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "SPLIT_K", "num_warps", "num_stages")
+#: The packed layout's K span per bit width and its smallest tensor-core BLOCK_M (kernels/quant_gemm_packed.py
+#: ``span`` and ``DOT_MIN_M``; a test keeps them equal).
+PACKED_SPAN: dict[int, int] = {4: 128, 8: 64}
+PACKED_DOT_MIN_M = 16
 BITS: tuple[int, ...] = (4, 8)
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages")
 QUANT_PARAMS: tuple[str, ...] = ("bits", "group_size", "precision")
@@ -68,6 +77,27 @@ MIN_BLOCK_K: dict[int, int] = {4: 32, 8: 16}
 #: size), so none is still in L2 (50 MiB on an H200) when it is read again; at most ``MAX_WEIGHT_COPIES``.
 ROTATION_BYTES = L2_FLUSH_BYTES
 MAX_WEIGHT_COPIES = 16
+
+
+def _precision_reason(precision: str, device: DeviceInfo) -> str | None:
+    if precision == "bf16" and (not device.is_gpu or interpreter_active()):
+        return "bf16 is not checked under the Triton interpreter (it computes bf16 products wrongly)"
+    if device.is_gpu and precision == "bf16" and device.compute_capability is not None:
+        if tuple(device.compute_capability) < (8, 0):
+            return f"bf16 needs compute capability >= 8.0, {device.name} has {device.compute_capability}"
+    return None
+
+
+def packed_shared_memory_bytes(values: dict[str, int]) -> int:
+    """Upper bound on the packed kernel's shared memory: per stage an X span (16-bit) and a (16, BLOCK_N)
+    tile of int32 words, plus the accumulator's layout conversion (4 bytes per element). Compiled for sm_90
+    with Triton 3.6: 57,344 bytes at 64x128, 3 stages (bound 106,496); 16,384 at 16x128 (bound 41,984)."""
+    pack = 32 // values["bits"]
+    stages = max(1, values["num_stages"])
+    return (
+        stages * (values["BLOCK_M"] * 16 * pack * 2 + 16 * values["BLOCK_N"] * 4)
+        + 4 * values["BLOCK_M"] * values["BLOCK_N"]
+    )
 
 
 def shared_memory_bytes(config: dict[str, Any]) -> int:
@@ -205,6 +235,11 @@ class QuantGemm(KernelWorkload):
     # ------------------------------------------------------------------ static feasibility
 
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
+        kernel = config.get("kernel", "tiled")
+        if kernel not in KERNELS:
+            return f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}"
+        if kernel == "packed":
+            return self._packed_static_check(config, device)
         reason = missing_params(config, PARAMS)
         if reason:
             return reason
@@ -239,12 +274,43 @@ class QuantGemm(KernelWorkload):
             return f"need SPLIT_K >= 1, num_stages >= 1 and num_warps <= 32, got {values}"
         if self.k % (values["SPLIT_K"] * values["BLOCK_K"]):
             return f"SPLIT_K * BLOCK_K = {values['SPLIT_K']} * {values['BLOCK_K']} does not divide k={self.k}"
-        if precision == "bf16" and (not device.is_gpu or interpreter_active()):
-            return "bf16 is not checked under the Triton interpreter (it computes bf16 products wrongly)"
-        if device.is_gpu and precision == "bf16" and device.compute_capability is not None:
-            if tuple(device.compute_capability) < (8, 0):
-                return f"bf16 needs compute capability >= 8.0, {device.name} has {device.compute_capability}"
+        reason = _precision_reason(precision, device)
+        if reason:
+            return reason
         smem = shared_memory_bytes({**config, **values})
+        if device.smem_per_block_bytes is not None and smem > device.smem_per_block_bytes:
+            return f"needs ~{smem} bytes of shared memory, {device.name} allows {device.smem_per_block_bytes}"
+        return None
+
+    def _packed_static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
+        """The packed kernel's rules: BLOCK_M 1 or >= 16, K a multiple of SPLIT_K spans, shared memory.
+        (Pure Python: importing the kernel module here would fix Triton's interpreter mode too early.)"""
+        reason = missing_params(config, (*QUANT_PARAMS, *PACKED_PARAMS))
+        if reason:
+            return reason
+        try:
+            values = {p: int(config[p]) for p in (*PACKED_PARAMS, "bits", "group_size")}
+        except (TypeError, ValueError):
+            return f"bits, group_size and tile parameters must be ints, got { {p: config[p] for p in PACKED_PARAMS} }"
+        bits, group, block_m = values["bits"], values["group_size"], values["BLOCK_M"]
+        if bits not in BITS:
+            return f"bits must be 4 or 8, got {bits}"
+        if not is_pow2(group) or group < 16 or self.k % group:
+            return f"group_size={group} must be a power of two >= 16 dividing k={self.k}"
+        reason = not_pow2(values, ("BLOCK_M", "BLOCK_N", "num_warps"))
+        if reason:
+            return reason
+        if 1 < block_m < PACKED_DOT_MIN_M or values["BLOCK_N"] < 16:
+            return f"BLOCK_M must be 1 (GEMV) or >= {PACKED_DOT_MIN_M} (tensor cores), BLOCK_N >= 16, got {block_m}"
+        span = PACKED_SPAN[bits]
+        if values["SPLIT_K"] < 1 or self.k % (values["SPLIT_K"] * span):
+            return f"SPLIT_K * {span} (the int{bits} span) = {values['SPLIT_K'] * span} must divide k={self.k}"
+        if config.get("PREFETCH", 1) not in (0, 1, False, True):
+            return f"PREFETCH must be 0 or 1, got {config.get('PREFETCH')!r}"
+        reason = _precision_reason(config["precision"], device)
+        if reason:
+            return reason
+        smem = packed_shared_memory_bytes(values)
         if device.smem_per_block_bytes is not None and smem > device.smem_per_block_bytes:
             return f"needs ~{smem} bytes of shared memory, {device.name} allows {device.smem_per_block_bytes}"
         return None
@@ -253,6 +319,12 @@ class QuantGemm(KernelWorkload):
 
     def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
         """Compile for the calling thread's current CUDA device without launching (``compile_only``)."""
+        if config.get("kernel") == "packed":
+            from kernels.quant_gemm_packed import compile_only as compile_packed
+
+            compile_packed(self.m, self.n, self.k, precision=config["precision"], bits=int(config["bits"]),
+                           group_size=int(config["group_size"]), **self._packed_tile(config))  # fmt: skip
+            return
         from kernels.quant_gemm import compile_only
 
         compile_only(
@@ -269,10 +341,15 @@ class QuantGemm(KernelWorkload):
 
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
         """One product into ``case.out``, reading the next copy of the weights (the only launch path)."""
-        from kernels.quant_gemm import quant_matmul
-
         weights = case.weights[case.next_copy]
         case.next_copy = (case.next_copy + 1) % len(case.weights)
+        if config.get("kernel") == "packed":
+            from kernels.quant_gemm_packed import packed_matmul
+
+            packed_matmul(case.x, weights, out=case.out, **self._packed_tile(config))
+            return
+        from kernels.quant_gemm import quant_matmul
+
         quant_matmul(
             case.x,
             weights.qweight,
@@ -312,9 +389,24 @@ class QuantGemm(KernelWorkload):
         return float(self.flops), float(moved), config["precision"]
 
     def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        """Tile kwargs and launch options as ``triton.Config`` takes them, plus the quantization it assumes."""
+        """Tile kwargs and launch options as ``triton.Config`` takes them, plus the quantization it assumes
+        and the function they configure."""
+        if config.get("kernel") == "packed":
+            tile = self._packed_tile(config)
+            return {
+                "kernel": "packed",
+                "function": "kernels.quant_gemm_packed.packed_matmul",
+                "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "SPLIT_K", "PREFETCH")},
+                "num_warps": tile["num_warps"],
+                "num_stages": tile["num_stages"],
+                "bits": int(config["bits"]),
+                "group_size": int(config["group_size"]),
+                "precision": config["precision"],
+            }
         tile = self._tile(config)
         return {
+            "kernel": "tiled",
+            "function": "kernels.quant_gemm.quant_matmul",
             "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "SWAP_AB") if p in tile},
             "num_warps": tile["num_warps"],
             "num_stages": tile["num_stages"],
@@ -329,7 +421,7 @@ class QuantGemm(KernelWorkload):
         quant = {key: exported[key] for key in ("bits", "group_size", "precision")}
         comment = (
             f"{self.m}x{self.n}x{self.k}: int{exported['bits']} weights, group {exported['group_size']}, "
-            f"{exported['precision']} activations (kernels/quant_gemm.py quant_matmul)"
+            f"{exported['precision']} activations, for {exported['function']}"
         )
         return triton_configs_python(comment, exported, preamble=f"quantization = {quant!r}\n")
 
@@ -343,11 +435,18 @@ class QuantGemm(KernelWorkload):
             tile["SWAP_AB"] = int(config["SWAP_AB"])
         return tile
 
+    @staticmethod
+    def _packed_tile(config: dict[str, Any]) -> dict[str, int]:
+        """The packed kernel's tile kwargs; ``PREFETCH`` is on when absent."""
+        return {**{p: int(config[p]) for p in PACKED_PARAMS}, "PREFETCH": int(config.get("PREFETCH", 1))}
+
     def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
-        """Operands, references and buffers for the config's quantization and precision, built on first use."""
+        """Operands, references and buffers for the config's quantization, precision and kernel's weight
+        layout, built on first use."""
         bits, group, precision = int(config["bits"]), int(config["group_size"]), config["precision"]
         torch_device = "cuda" if device.is_gpu else "cpu"
-        key = (bits, group, precision, torch_device)
+        layout = "packed" if config.get("kernel") == "packed" else "tiled"
+        key = (bits, group, precision, torch_device, layout)
         case = self._cases.get(key)
         if case is not None:
             return case
@@ -371,6 +470,11 @@ class QuantGemm(KernelWorkload):
             refs = self._refs[(precision, torch_device)] = (x, ref)
         x, ref = refs
         weights = quantize_weights(w_master, bits, group, scale_dtype=dtype)
+        dequant_ref = reference_quant_matmul(x, weights)
+        if layout == "packed":
+            from kernels.quant_gemm_packed import repack
+
+            weights = repack(weights.qweight, weights.scales, bits, group)  # the same values and scales
         copies = 1
         if timing_comparable(device):
             copies = max(1, min(MAX_WEIGHT_COPIES, math.ceil(ROTATION_BYTES / weights.nbytes)))
@@ -378,7 +482,7 @@ class QuantGemm(KernelWorkload):
             x=x,
             weights=[weights, *(weights.clone() for _ in range(copies - 1))],
             ref=ref,
-            dequant_ref=reference_quant_matmul(x, weights),
+            dequant_ref=dequant_ref,
             out=torch.empty((self.m, self.n), device=torch_device, dtype=dtype),
             workspace=torch.zeros((self.m, self.n), device=torch_device, dtype=torch.float32),
             weight_bytes=weights.nbytes,

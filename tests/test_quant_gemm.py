@@ -302,7 +302,7 @@ def test_default_space_loads_and_matches_static_check(monkeypatch: pytest.Monkey
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     raw = load_space_file(QuantGemm.space_file)
-    assert raw["workloads"] == [QuantGemm.name] and set(raw["params"]) == {*PARAMS, "SWAP_AB"}
+    assert raw["workloads"] == [QuantGemm.name] and set(raw["params"]) == {*PARAMS, "SWAP_AB", "kernel", "PREFETCH"}
     space = compile_space(raw)
     assert len(space.seeds) == len(raw["seeds"])  # every seed is a point of the space
     device = H200.to_dict()
@@ -310,9 +310,13 @@ def test_default_space_loads_and_matches_static_check(monkeypatch: pytest.Monkey
     for seed in space.seeds:
         assert workload.static_check(seed, H200) is None, seed
         assert space.static_violation(seed, device) is None, seed
-    # The YAML shared-memory rule and shared_memory_bytes() agree on every point of the space.
+    # The YAML shared-memory rule and shared_memory_bytes() agree on every point of the tiled kernel.
+    # (num_stages 2-6 keeps the grid the size it had before the packed kernel's one-stage tiles joined it).
+    params = {**raw["params"], "kernel": {"type": "categorical", "choices": ["tiled"]},
+              "num_stages": {"type": "int", "low": 2, "high": 6}}  # fmt: skip
+    tiled = {**raw, "params": params, "seeds": []}
     rule = next(r for r in space.rules if r.name == "shared_memory")
-    for config in space.grid(limit=500_000)[::13]:
+    for config in compile_space(tiled).grid(limit=600_000)[::13]:
         assert bool(rule.expression.evaluate(config, device)) == (shared_memory_bytes(config) <= 232448), config
 
 
@@ -384,9 +388,31 @@ def test_run_on_cpu_returns_ok_with_all_metrics(interpreter: None, bits: int) ->
     assert 0 <= result.extra["dequant_rel_error"] <= 1e-3
     assert result.timing_comparable is False and result.extra["weight_copies"] == 1
     assert len(result.samples_ms) == 3 and all(s > 0 for s in result.samples_ms)
-    cached = workload._cases[(bits, 32, "fp16", "cpu")]
+    cached = workload._cases[(bits, 32, "fp16", "cpu", "tiled")]
     assert workload.run(_config(bits=bits, group_size=32, BLOCK_K=32), CPU, TrialContext(trial_number=1)).ok
-    assert workload._cases[(bits, 32, "fp16", "cpu")] is cached
+    assert workload._cases[(bits, 32, "fp16", "cpu", "tiled")] is cached
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_packed_kernel_runs_as_a_variant_with_the_same_checks(interpreter: None, bits: int) -> None:
+    """``kernel: packed`` (GEMV and tensor-core tiles, split-K in the kernel) passes both numerics checks on
+    the same operands as the tiled kernel, refuses tiles it cannot run, and exports its function."""
+    from objectives.quant_gemm import QuantGemm
+
+    workload = QuantGemm(m=3, n=48, k=256, seed=3)  # the GEMV runs one program per row: few rows
+    base = {"kernel": "packed", "bits": bits, "group_size": 64, "precision": "fp16", "BLOCK_N": 32,
+            "num_warps": 4, "num_stages": 1, "PREFETCH": 1}  # fmt: skip
+    for tile in ({"BLOCK_M": 1, "SPLIT_K": 2}, {"BLOCK_M": 16, "SPLIT_K": 1}):
+        result = workload.run({**base, **tile}, CPU, TrialContext(trial_number=0))
+        assert result.status == TrialStatus.OK, result.error
+        assert 0 <= result.extra["dequant_rel_error"] <= 1e-3
+    assert "BLOCK_M must be 1" in (workload.static_check({**base, "BLOCK_M": 8, "SPLIT_K": 1}, H200) or "")
+    assert "span" in (workload.static_check({**base, "BLOCK_M": 1, "SPLIT_K": 8}, H200) or "")
+    exported = workload.export_config({**base, "BLOCK_M": 1, "SPLIT_K": 2})
+    assert exported["function"] == "kernels.quant_gemm_packed.packed_matmul"
+    assert exported["kwargs"] == {"BLOCK_M": 1, "BLOCK_N": 32, "SPLIT_K": 2, "PREFETCH": 1}
+    assert "packed_matmul" in workload.export_python({**base, "BLOCK_M": 1, "SPLIT_K": 2})
 
 
 @pytest.mark.timeout(30)

@@ -40,6 +40,14 @@ def test_layout_puts_slot_i_of_word_j_at_k_row_16i_plus_j(bits: int) -> None:
     assert torch.equal(unpack_weights(words, bits), q)
 
 
+@pytest.mark.timeout(10)
+def test_the_workload_knows_the_layout_without_importing_the_kernel() -> None:
+    from kernels.quant_gemm_packed import DOT_MIN_M
+    from objectives.quant_gemm import PACKED_DOT_MIN_M, PACKED_SPAN
+
+    assert PACKED_SPAN == {bits: span(bits) for bits in (4, 8)} and PACKED_DOT_MIN_M == DOT_MIN_M
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("bits", [4, 8])
 def test_repack_keeps_the_values_and_scales_of_the_tiled_layout(bits: int) -> None:

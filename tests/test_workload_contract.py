@@ -84,6 +84,9 @@ CASES = [
         [
             {**QUANT_TILE, "bits": 4, "group_size": 128, "SPLIT_K": 1},
             {**QUANT_TILE, "bits": 8, "group_size": 32, "SPLIT_K": 2},
+            # the packed variant: tensor-core tiles, split-K reduced in the kernel
+            {"kernel": "packed", "precision": "fp16", "bits": 4, "group_size": 64, "BLOCK_M": 16, "BLOCK_N": 32,
+             "SPLIT_K": 2, "num_warps": 4, "num_stages": 1, "PREFETCH": 1},
         ],
         {**QUANT_TILE, "bits": 4, "group_size": 128, "SPLIT_K": 1, "BLOCK_K": 16},
         seed_args={"m": 16, "n": 8192, "k": 8192},
