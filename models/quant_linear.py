@@ -9,7 +9,11 @@ fp32 accumulation, returned in x's dtype:
 
 - on a GPU (CUDA tensors, bf16/fp16 activations, Triton compiling for real) through
   :func:`kernels.quant_gemm.quant_matmul`, with one tile config per product shape: the one
-  :func:`autotune_tiles` measured on this GPU, else the heuristic :func:`default_tile`;
+  :func:`autotune_tiles` measured on this GPU, else the heuristic :func:`default_tile`; or, for a
+  layer built with ``kernel="packed"`` (:func:`pack_linears`), through
+  :func:`kernels.quant_gemm_packed.packed_matmul` (int32 words, one launch per product), with the tile
+  set by :meth:`QuantLinear.set_tile` for a row count (what a tuned study found), else
+  :func:`packed_tile`, the H200's measured winners;
 - otherwise (CPU tensors, or the Triton interpreter) by dequantizing to fp32 and multiplying with
   torch: the same numbers as the kernel's scale-after-dot path (exact integer weights times an fp32
   scale, fp32 accumulation, one rounding to x's dtype), up to summation order.
@@ -34,6 +38,8 @@ from tuner.workload import interpreter_active
 
 #: Weight bit widths :class:`QuantLinear` supports (16 = not quantized: keep the ``nn.Linear``).
 BITS: tuple[int, ...] = (4, 8)
+#: The kernels a :class:`QuantLinear` runs on a GPU (and the weight layout it stores for them).
+KERNELS: tuple[str, ...] = ("tiled", "packed")
 #: Programs per product the tile heuristic aims for (an H200 has 132 SMs).
 TARGET_PROGRAMS = 132
 #: Rows of X up to which the GEMV kernel (one row per program, no tl.dot) runs the product.
@@ -226,16 +232,104 @@ def autotune_tiles(
     for layer in layers:
         shape = (layer.in_features, layer.out_features)
         if shape not in chosen:
-            chosen[shape] = tune_tile(
+            tune = tune_packed_tile if layer.kernel == "packed" else tune_tile
+            chosen[shape] = tune(
                 m, layer.out_features, layer.in_features, layer.bits, layer.group_size, dtype, layer.qweight.device
             )
         layer._tiles[(m, str(layer.qweight.device))] = chosen[shape]
     return chosen
 
 
+def packed_candidates(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]:
+    """``packed_matmul`` tiles :func:`tune_packed_tile` measures: around the H200's winners for the row count."""
+    if m == 1:
+        grid = itertools.product((1,), (64, 128), (2, 4, 8, 16), ((0, 1), (1, 1)))
+    elif m <= 16:
+        grid = itertools.product((16,), (64, 128, 256), (2, 4, 8), ((0, 2), (0, 3)))
+    else:
+        grid = itertools.product((32, 64), (64, 128), (1, 2, 4, 8), ((0, 3),))
+    span = 16 * (32 // bits)
+    tiles = [
+        {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": 4, "num_stages": st, "PREFETCH": pf}
+        for bm, bn, sk, (pf, st) in grid
+    ]
+    return [t for t in tiles if k % (t["SPLIT_K"] * span) == 0 and t["BLOCK_N"] <= max(16, n)]
+
+
+def tune_packed_tile(
+    m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype, device: torch.device
+) -> dict[str, int]:
+    """The fastest :func:`packed_candidates` tile for an (M, K) x (K, N) product on this GPU, measured as
+    :func:`tune_tile` measures (compiled ahead, CUDA graph, weights rotating through HBM); cached per
+    GPU and shape for the process."""
+    from kernels.quant_gemm_packed import PackedWeights, compile_only, pack_factor, packed_matmul
+    from tuner.fingerprint import device_info
+    from tuner.measure import time_fn
+
+    key = ("packed", torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype)
+    if key in _TUNED:
+        return dict(_TUNED[key])
+    precision = "bf16" if dtype == torch.bfloat16 else "fp16"
+    tiles = []
+    for tile in packed_candidates(m, n, k, bits):
+        try:
+            compile_only(m, n, k, precision=precision, bits=bits, group_size=group_size, **tile)
+        except Exception:  # a tile that does not compile here is simply not a candidate
+            continue
+        tiles.append(tile)
+    if not tiles:
+        return packed_tile(m, n, k, bits)
+    rows = k // pack_factor(bits)
+    copies = max(1, min(64, ROTATE_BYTES // (rows * n * 4 + (k // group_size) * n * 2)))
+    weights = [
+        PackedWeights(
+            torch.randint(-(2**31), 2**31 - 1, (rows, n), dtype=torch.int32, device=device),
+            (torch.rand((k // group_size, n), device=device) / 64).to(dtype),
+            bits,
+            group_size,
+        )
+        for _ in range(copies)
+    ]
+    x = torch.randn((m, k), device=device).to(dtype)
+    out = torch.empty((m, n), device=device, dtype=dtype)
+    info = device_info()
+    best, best_ms = tiles[0], float("inf")
+    for tile in tiles:
+
+        def products(tile: dict[str, int] = tile) -> None:
+            for w in weights:
+                packed_matmul(x, w, out=out, **tile)
+
+        products()  # split-K scratch allocated before the graph capture
+        timing = time_fn(products, info, warmup_ms=2.0, rep_ms=10.0, min_reps=5, max_reps=50, flush_l2=False,
+                         cuda_graph=True, graph_calls=1)  # fmt: skip
+        if timing.median_ms / copies < best_ms:
+            best, best_ms = tile, timing.median_ms / copies
+    _TUNED[key] = dict(best)
+    return dict(best)
+
+
 def _device_smem_bytes(device: torch.device) -> int:
     props = torch.cuda.get_device_properties(device)
     return int(getattr(props, "shared_memory_per_block_optin", 0) or DEFAULT_SMEM_BYTES)
+
+
+def packed_tile(m: int, n: int, k: int, bits: int) -> dict[str, int]:
+    """The ``packed_matmul`` tile for an (M, K) x (K, N) product: the fastest tiles measured on an H200
+    (``bench/results/int4-roofline-h200.json``) generalised by shape. M = 1: the GEMV with 64 columns
+    per program and K split until about 4 programs per SM; more rows: tensor-core tiles (BLOCK_M 16 up to
+    16 rows, 64 above), split-K for the same occupancy."""
+    span = 16 * (32 // bits)
+    block_m = 1 if m == 1 else 16 if m <= 16 else 64
+    block_n = 64 if m == 1 else 128
+    programs = -(-m // block_m) * -(-n // block_n)
+    split_k = 1
+    while split_k < 16 and programs * split_k < 4 * TARGET_PROGRAMS and k % (2 * split_k * span) == 0:
+        split_k *= 2
+    tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SPLIT_K": split_k, "num_warps": 4}
+    if m == 1:
+        return {**tile, "num_stages": 1, "PREFETCH": 1}
+    return {**tile, "num_stages": 2 if block_m == 16 else 3, "PREFETCH": 0}
 
 
 class QuantLinear(nn.Module):
@@ -244,8 +338,9 @@ class QuantLinear(nn.Module):
     Build it with :meth:`from_linear`. ``use_kernel``: None picks the Triton kernel for CUDA
     bf16/fp16 inputs when the interpreter is off and the torch fallback otherwise; True / False
     force one (True also runs the kernel on CPU tensors under the interpreter, for tests).
-    Buffers: ``qweight`` (int8), ``scales`` (bf16/fp16), ``bias`` (or None); they move with
-    ``.to(device)`` as any buffer does.
+    Buffers: ``qweight`` (int8 in :mod:`kernels.quant_gemm`'s layout for ``kernel="tiled"``, int32
+    words of :mod:`kernels.quant_gemm_packed` for ``kernel="packed"``), ``scales`` (bf16/fp16),
+    ``bias`` (or None); they move with ``.to(device)`` as any buffer does.
     """
 
     def __init__(
@@ -256,13 +351,17 @@ class QuantLinear(nn.Module):
         bits: int,
         group_size: int,
         use_kernel: bool | None = None,
+        kernel: str = "tiled",
     ) -> None:
         super().__init__()
         if bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
         self.bits = bits
         self.group_size = group_size
-        self.in_features = qweight.shape[0] * (8 // bits)
+        self.kernel = kernel
+        self.in_features = qweight.shape[0] * ((32 if kernel == "packed" else 8) // bits)
         self.out_features = qweight.shape[1]
         self.use_kernel = use_kernel
         self.register_buffer("qweight", qweight)
@@ -306,9 +405,29 @@ class QuantLinear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """``q * scale`` as an fp32 (K, N) = (in_features, out_features) matrix."""
+        if self.kernel == "packed":
+            return self._packed_weights().dequantize()
         from kernels.quant_gemm import QuantizedWeights
 
         return QuantizedWeights(self.qweight, self.scales, self.bits, self.group_size).dequantize()
+
+    def _packed_weights(self) -> Any:
+        from kernels.quant_gemm_packed import PackedWeights
+
+        return PackedWeights(self.qweight, self.scales, self.bits, self.group_size)
+
+    def packed(self) -> QuantLinear:
+        """The same layer (values, scales, bias shared) for the packed kernel: its words made from this layout."""
+        if self.kernel == "packed":
+            return self
+        from kernels.quant_gemm_packed import repack
+
+        words = repack(self.qweight, self.scales, self.bits, self.group_size).qweight
+        return QuantLinear(words, self.scales, self.bias, self.bits, self.group_size, self.use_kernel, "packed")
+
+    def set_tile(self, m: int, tile: dict[str, int], device: torch.device | str = "cuda") -> None:
+        """Use ``tile`` for products of ``m`` rows on ``device`` (a tuned config; checked at the next forward)."""
+        self._tiles[(m, str(torch.device(device)))] = dict(tile)
 
     def _kernel_wanted(self, x: torch.Tensor) -> bool:
         if self.use_kernel is not None:
@@ -319,8 +438,11 @@ class QuantLinear(nn.Module):
         key = (m, str(device))
         tile = self._tiles.get(key)
         if tile is None:
-            smem = _device_smem_bytes(device) if device.type == "cuda" else None
-            tile = default_tile(m, self.out_features, self.in_features, self.bits, self.group_size, smem)
+            if self.kernel == "packed":
+                tile = packed_tile(m, self.out_features, self.in_features, self.bits)
+            else:
+                smem = _device_smem_bytes(device) if device.type == "cuda" else None
+                tile = default_tile(m, self.out_features, self.in_features, self.bits, self.group_size, smem)
             self._tiles[key] = tile
         return tile
 
@@ -329,7 +451,11 @@ class QuantLinear(nn.Module):
             raise ValueError(f"expected {self.in_features} input features, got {x.shape[-1]}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
-        if self._kernel_wanted(x2):
+        if self._kernel_wanted(x2) and self.kernel == "packed":
+            from kernels.quant_gemm_packed import packed_matmul
+
+            y = packed_matmul(x2, self._packed_weights(), **self._tile(x2.shape[0], x2.device))
+        elif self._kernel_wanted(x2):
             from kernels.quant_gemm import quant_matmul
 
             y = quant_matmul(
@@ -349,7 +475,7 @@ class QuantLinear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, "
-            f"group_size={self.group_size}, bias={self.bias is not None}"
+            f"group_size={self.group_size}, bias={self.bias is not None}, kernel={self.kernel}"
         )
 
 
@@ -397,6 +523,18 @@ def quantize_decoder(model: nn.Module, bits: int, group_size: int, int8_first_bl
     if keep:
         model = quantize_linears(model, 8, group_size, select=lambda name, _: name.startswith(keep))
     return quantize_linears(model, bits, group_size)
+
+
+def pack_linears(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose :class:`QuantLinear` layers run the packed kernel (:meth:`QuantLinear.packed`);
+    every other module, parameter and buffer is shared with the original."""
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            memo[id(module)] = module.packed()
+    for tensor in [*model.parameters(), *model.buffers()]:
+        memo.setdefault(id(tensor), tensor)
+    return copy.deepcopy(model, memo)
 
 
 def parameter_bytes(model: nn.Module) -> int:

@@ -81,6 +81,9 @@ KV_DTYPES: tuple[str, ...] = ("bf16", "fp8_e4m3")
 ATTENTION: tuple[str, ...] = ("sdpa", "math")
 PARAMS: tuple[str, ...] = ("weight_bits", "kv_dtype", "attention", "cuda_graphs")
 QUANTIZERS: tuple[str, ...] = ("rtn", "gptq")
+#: The weight-only GEMM a quantized Linear runs on the GPU (models/quant_linear.py): ``tiled``
+#: (kernels/quant_gemm.py) or ``packed`` (kernels/quant_gemm_packed.py, one launch per product).
+QUANT_KERNELS: tuple[str, ...] = ("tiled", "packed")
 COMPILE_MODES: tuple[str, ...] = ("off", "default")
 #: Default floor of ``top1_agreement`` below which a config is a NUMERICS_FAIL (see the module docstring).
 MIN_TOP1_AGREEMENT = 0.5
@@ -234,6 +237,13 @@ def _int8_first_blocks(config: dict[str, Any]) -> int:
 def _compile_mode(config: dict[str, Any]) -> str:
     """The config's ``compile`` (optional: ``off`` when absent)."""
     return str(config.get("compile") or "off")
+
+
+def _quant_kernel(config: dict[str, Any]) -> str | None:
+    """The config's ``quant_kernel`` (optional: ``tiled`` when absent); None for bf16 weights."""
+    if int(config["weight_bits"]) == 16:
+        return None
+    return str(config.get("quant_kernel") or "tiled")
 
 
 def _quantizer(config: dict[str, Any]) -> str | None:
@@ -404,6 +414,9 @@ class DecodeStep(MeasuredWorkload):
             return f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}"
         if quantizer is not None and bits == 16:
             return "quantizer applies to quantized weights only (weight_bits < 16)"
+        reason = self._quant_kernel_reason(config.get("quant_kernel"), bits)
+        if reason:
+            return reason
         if config["kv_dtype"] not in KV_DTYPES:
             return f"kv_dtype must be one of {KV_DTYPES}, got {config['kv_dtype']!r}"
         attention = config["attention"]
@@ -425,6 +438,20 @@ class DecodeStep(MeasuredWorkload):
                 return f"needs ~{needed / 1e9:.1f} GB (weights, KV cache, reference), {device.name} has " + (
                     f"{device.total_memory_bytes / 1e9:.1f} GB"
                 )
+        return None
+
+    def _quant_kernel_reason(self, kernel: Any, bits: int) -> str | None:
+        if kernel is None:
+            return None
+        if kernel not in QUANT_KERNELS:
+            return f"quant_kernel must be one of {QUANT_KERNELS}, got {kernel!r}"
+        if bits == 16:
+            return "quant_kernel applies to quantized weights only (weight_bits < 16)"
+        span = 16 * 32 // bits  # the packed layout's K span (kernels/quant_gemm_packed.py)
+        if kernel == "packed":
+            for name, k in (("d_model", self.cfg.d_model), ("d_ff", self.cfg.ff)):
+                if k % span:
+                    return f"quant_kernel=packed needs {name}={k} to be a multiple of {span} (its int{bits} span)"
         return None
 
     # ------------------------------------------------------------------ sizes
@@ -639,20 +666,24 @@ class DecodeStep(MeasuredWorkload):
         torch_device: str,
         int8_first_blocks: int = 0,
         quantizer: str | None = "rtn",
+        quant_kernel: str = "tiled",
     ) -> tuple[Any, int]:
-        """The model of a config and its parameter bytes: the base, or a quantized copy sharing its other tensors."""
-        from models.quant_linear import parameter_bytes, quantize_decoder
+        """The model of a config and its parameter bytes: the base, or a quantized copy sharing its other tensors
+        (with ``quant_kernel="packed"``, the quantized layers' words laid out for the packed kernel)."""
+        from models.quant_linear import pack_linears, parameter_bytes, quantize_decoder
 
         base = self._base(attention, torch_device)
         if bits == 16:
             return base, parameter_bytes(base)
-        key = (torch_device, attention, bits, group, int8_first_blocks, quantizer)
+        key = (torch_device, attention, bits, group, int8_first_blocks, quantizer, quant_kernel)
         entry = self._variants.get(key)
         if entry is None:
             if quantizer == "gptq":
                 model = gptq_model(base, self.cfg, self.seed, self.train_steps, bits, int(group), int8_first_blocks)
             else:
                 model = quantize_decoder(base, bits, int(group), int8_first_blocks)  # type: ignore[arg-type]
+            if quant_kernel == "packed":
+                model = pack_linears(model)
             entry = (model, parameter_bytes(model))
             self._variants[key] = entry
             while len(self._variants) > MAX_VARIANTS:
@@ -764,7 +795,7 @@ class DecodeStep(MeasuredWorkload):
         torch_device = "cuda" if device.is_gpu else "cpu"
         batch = self._batch(config)
         bits, group = int(config["weight_bits"]), config.get("group_size")
-        keep, quantizer = _int8_first_blocks(config), _quantizer(config)
+        keep, quantizer, quant_kernel = _int8_first_blocks(config), _quantizer(config), _quant_kernel(config)
         key = (
             torch_device,
             batch,
@@ -772,6 +803,7 @@ class DecodeStep(MeasuredWorkload):
             group,
             keep,
             quantizer,
+            quant_kernel,
             config["kv_dtype"],
             config["attention"],
             bool(config["cuda_graphs"]),
@@ -783,7 +815,9 @@ class DecodeStep(MeasuredWorkload):
             return case
         self._make_room(config, device)
         ref = self._reference(batch, torch_device)
-        model, model_bytes = self._variant(config["attention"], bits, group, torch_device, keep, quantizer)
+        model, model_bytes = self._variant(
+            config["attention"], bits, group, torch_device, keep, quantizer, quant_kernel or "tiled"
+        )
         if bits != 16 and device.is_gpu:
             from models.quant_linear import autotune_tiles
 
@@ -823,6 +857,7 @@ class DecodeStep(MeasuredWorkload):
             "group_size": None if bits == 16 else int(config["group_size"]),
             "int8_first_blocks": _int8_first_blocks(config),
             "quantizer": _quantizer(config),
+            "quant_kernel": _quant_kernel(config),
             "kv_cache_dtype": f"torch.{KV_TORCH_DTYPES[config['kv_dtype']]}",
             "attention": config["attention"],
             "cuda_graphs": bool(config["cuda_graphs"]),
