@@ -192,3 +192,35 @@ def test_a_completed_study_publishes_its_pick_and_a_recheck_flags_a_regression(d
     assert stored.software_key == configs.software_key(fingerprint())
     assert dt.datetime.fromisoformat(stored.recheck["checked_at"]).tzinfo is not None
     db.dispose()
+
+
+@pytest.mark.usefixtures("ray_session", "interpreter")
+def test_warm_start_from_the_registry_enqueues_the_nearest_shapes_configs_first(db_url: str) -> None:
+    db = StudyDB(db_url)
+    db.create_tables()
+    near = {"BLOCK": 256, "num_warps": 2, "precision": "fp32"}
+    farther = {"BLOCK": 512, "num_warps": 4, "precision": "fp32"}
+    entries = {}
+    for n, config in ((1024, near), (8192, farther), (2**20, {"BLOCK": 2048, "num_warps": 8, "precision": "fp32"})):
+        study = measured_study(db, f"axpy-{n}", {"n": n}, [(config, 1.0)], workload="axpy", metric="gbps", device=CPU)
+        entries[n] = configs.publish(db, study).entry.id
+    spec = {
+        "name": "axpy-2048-warm",
+        "workload": "axpy",
+        "args": {"n": 2048},
+        "objectives": [{"metric": "gbps"}],
+        "budget": {"trials": 8, "trial_timeout_s": 60},
+        "warm_start": "registry",
+        "warm_start_k": 3,
+        "seed": 0,
+    }
+    summary = Orchestrator(load_spec(spec), db, workers=1).run()
+    trials = sorted(db.trials(summary.study_id), key=lambda t: t.number)
+    assert [trials[0].params, trials[1].params] == [near, farther]  # nearest first; 2**20 is beyond the bound
+    origins = configs.trial_origins(db, summary.study_id)
+    assert origins[0]["source"] == "registry" and origins[0]["entry"] == entries[1024]
+    assert origins[0]["distance"] == pytest.approx(1.0) and origins[1]["distance"] == pytest.approx(2.0)
+    assert set(origins) == {0, 1}  # warm-start trials take 8 // 4 of the budget: the space's seeds had no room
+    # The study's own pick is published beside them at its shape.
+    assert configs.lookup(db, "axpy", {"n": 2048}, gpu="cpu").exact
+    db.dispose()

@@ -168,6 +168,21 @@ def nccl_tuner_conf(
     return PlainTextResponse(render_size_table(size_table(rows), "csv"))
 
 
+class OriginsOut(BaseModel):
+    study_id: int
+    origins: list[dict[str, Any]] = Field(description="warm-started trials: number, source (registry or seed), ...")
+
+
+@router.get("/origins/{study_id}", response_model=OriginsOut, responses=ERRORS)
+def study_origins(study_id: Annotated[int, Path(ge=1, le=MAX_ID)], db: DBDep) -> dict[str, Any]:
+    """Where a study's warm-started trials came from: a registry entry at another shape (its id, shape,
+    distance and figure there) or a seed of the space; trials not listed came from the search."""
+    if db.get_study(study_id) is None:
+        raise HTTPException(404, f"no study {study_id}")
+    origins = configs.trial_origins(db, study_id)
+    return {"study_id": study_id, "origins": [{"number": n, **origins[n]} for n in sorted(origins)]}
+
+
 @router.get("/{entry_id}", response_model=ConfigEntryOut, responses=ERRORS)
 def get_config(entry_id: Annotated[int, Path(ge=1, le=MAX_ID)], db: DBDep) -> dict[str, Any]:
     entry = configs.get_entry(db, entry_id)
