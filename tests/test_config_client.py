@@ -122,6 +122,14 @@ def test_the_api_looks_up_lists_publishes_and_retracts(server: str) -> None:
         assert again["action"] == "added" and again["entry"]["shape"]["m"] == 4096
         assert http.post("/api/configs", json={"study": "nope"}, headers=AUTH).status_code == 404
 
+        retune = f"/api/configs/{again['entry']['id']}/retune"
+        assert http.post(retune).status_code == 401
+        queued = http.post(retune, headers=AUTH)
+        assert queued.status_code == 202 and queued.json()["name"].startswith("gemm-4096-retune-")
+        study = http.get(queued.json()["url"]).json()
+        assert study["status"] == "queued" and study["workload"] == "triton_gemm"
+        assert http.post("/api/configs/999999/retune", headers=AUTH).status_code == 404
+
         conf = http.get("/api/configs/nccl_tuner.conf")
         assert conf.status_code == 200
         rows = [line.split(",") for line in conf.text.splitlines() if not line.startswith("#")]

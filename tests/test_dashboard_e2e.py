@@ -432,6 +432,16 @@ def test_registry_page_in_a_real_browser(server: str, tmp_path: Path) -> None:
             link = page.locator(f'#registry-table tr[data-entry-id="{noop_entry["id"]}"] a')
             assert link.get_attribute("href").endswith(f"/studies/{noop_entry['study_id']}#trial-{noop_entry['trial']}")
 
+            # A regressed entry's re-tune is queued from the page (with the API token).
+            page.fill("#registry-token", TOKEN)
+            page.locator(f'#registry-table tr[data-entry-id="{noop_entry["id"]}"] button.retune').click()
+            page.wait_for_selector("#retune-link", timeout=15_000)
+            queued = client.get("/api/studies", params={"workload": "noop", "limit": 50}).json()["items"]
+            retune = [s for s in queued if s["name"] == page.locator("#retune-link").inner_text()]
+            assert len(retune) == 1 and page.locator("#retune-link").get_attribute("href").endswith(
+                f"/studies/{retune[0]['id']}"
+            )
+
             # The warm-started study's page says which trial came from the registry.
             page.goto(f"{server}/studies/{second['id']}")
             page.wait_for_selector("#warm-start-table tr[data-source='registry']", timeout=30_000)

@@ -556,3 +556,21 @@ def warm_start_configs(
         )
         for m in found.matches
     ]
+
+
+def retune_spec(db: StudyDB, entry: ConfigEntryRow) -> dict[str, Any]:
+    """The spec of a study that tunes an entry's shape again: its study's spec when the study is still
+    there (else one built from the entry), renamed, warm-started from the registry and published."""
+    study = db.get_study(entry.study_id) if entry.study_id is not None else None
+    if study is not None and study.spec:
+        spec = dict(study.spec)
+    else:
+        spec = {
+            "workload": entry.workload,
+            "args": dict(entry.args),
+            "objectives": [{"metric": entry.objective, "direction": entry.direction}],
+        }
+    stamp = _now().strftime("%Y%m%d-%H%M%S")
+    base = (entry.study_name or entry.workload)[:90]
+    spec.update(name=f"{base}-retune-{entry.id}-{stamp}", warm_start="registry", publish=True)
+    return spec

@@ -199,6 +199,51 @@ def retract_config(entry_id: Annotated[int, Path(ge=1, le=MAX_ID)], db: DBDep) -
     return Response(status_code=204)
 
 
+class RetuneOut(BaseModel):
+    id: int
+    name: str
+    status: str
+    url: str
+    dashboard_url: str
+
+
+@router.post(
+    "/{entry_id}/retune",
+    status_code=202,
+    response_model=RetuneOut,
+    dependencies=[Depends(require_write)],
+    responses={**ERRORS, 409: {"model": ErrorOut, "description": "a study of that name exists"}},
+)
+def retune_config(entry_id: Annotated[int, Path(ge=1, le=MAX_ID)], db: DBDep) -> dict[str, Any]:
+    """Queue a study of the entry's shape again (its study's spec, warm-started from the registry): what a
+    regressed or unverified entry calls for. It publishes its pick when it completes."""
+    from tuner import lifecycle
+    from tuner.spec import SpecError, StudySpec, compile_study
+
+    entry = configs.get_entry(db, entry_id)
+    if entry is None:
+        raise HTTPException(404, f"no registry entry {entry_id}")
+    spec = configs.retune_spec(db, entry)
+    try:
+        compiled = compile_study(StudySpec.model_validate(spec))
+    except (SpecError, ValueError) as exc:  # the workload changed since: its spec no longer compiles
+        raise HTTPException(422, f"entry {entry_id}'s study spec no longer runs: {exc}") from None
+    try:
+        row, _ = lifecycle.submit(
+            db,
+            name=compiled.spec.name,
+            workload=compiled.spec.workload,
+            spec=compiled.spec.model_dump(mode="json"),
+            space=compiled.space.canonical,
+            space_hash=compiled.space.hash,
+            objectives=compiled.objectives,
+        )
+    except lifecycle.NameTaken as exc:
+        raise HTTPException(409, str(exc)) from None
+    return {"id": row.id, "name": row.name, "status": row.status, "url": f"/api/studies/{row.id}",
+            "dashboard_url": f"/studies/{row.id}"}  # fmt: skip
+
+
 @router.post(
     "",
     response_model=PublishOut,

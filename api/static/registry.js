@@ -115,7 +115,42 @@
     tr.appendChild(from);
     tr.appendChild(cell(pairs(entry.config), "mono small"));
     tr.appendChild(cell(entry.measured_at ? entry.measured_at.replace("T", " ").slice(0, 19) : "-"));
+    const action = cell("");
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "retune";
+    button.textContent = "Re-tune";
+    button.title = "Queue a study of this shape again, warm-started from the registry";
+    button.addEventListener("click", () => retune(entry.id));
+    action.appendChild(button);
+    tr.appendChild(action);
     return tr;
+  }
+
+  async function retune(entryId) {
+    const typed = $("registry-token").value.trim();
+    const auth = typed ? { Authorization: `Bearer ${typed}` } : {};
+    const result = $("retune-result");
+    const response = await fetch(`${ROOT}/api/configs/${entryId}/retune`, {
+      method: "POST",
+      headers: Object.assign(headers(), auth),
+    });
+    let body = {};
+    try {
+      body = await response.json();
+    } catch (_) {
+      /* not JSON */
+    }
+    if (!response.ok) {
+      result.textContent = response.status === 401 ? "Enter the API token to queue a re-tune." : `Re-tune refused: ${response.status} ${typeof body.detail === "string" ? body.detail : ""}`;
+      return;
+    }
+    result.textContent = "Queued ";
+    const link = document.createElement("a");
+    link.id = "retune-link";
+    link.href = ROOT + body.dashboard_url;
+    link.textContent = body.name;
+    result.appendChild(link);
   }
 
   function registryPage() {
