@@ -76,12 +76,15 @@ def run(spec: dict[str, Any], db: Any) -> tuple[Any, list[Any], float]:
     return summary, db.trials(summary.study_id), time.time() - started
 
 
-def compare_study(db: Any, mode: str, target: tuple[int, int, int], trials: int, seed: int, k: int) -> dict[str, Any]:
-    """One study at the target shape, warm-started from the registry (``warm``) or cold; not published, so
-    that every seed's warm study starts from the same three entries."""
+def compare_study(
+    db: Any, mode: str, target: tuple[int, int, int], trials: int, seed: int, k: int, cold_seeds: bool = True
+) -> dict[str, Any]:
+    """One study at the target shape, warm-started from the registry (``warm``) or cold (the space's seed
+    configs, or none with ``cold_seeds=False``); not published, so that every seed's warm study starts from
+    the same three entries."""
     from tuner import configs
 
-    warm_start: bool | str = "registry" if mode == "warm" else True
+    warm_start: bool | str = "registry" if mode == "warm" else cold_seeds
     spec = gemm_spec(f"target-{mode}-seed{seed}", target, trials, seed, warm_start=warm_start, warm_start_k=k)
     spec.update(publish=False, remeasure={"top_k": 0})
     summary, rows, wall_s = run(spec, db)
@@ -106,6 +109,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--k", type=int, default=3, help="warm_start_k: entries of the nearest shapes enqueued")
     parser.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes")
+    parser.add_argument(
+        "--cold", choices=["seeds", "none"], default="seeds", help="cold studies: the space's seeds, or none"
+    )
     parser.add_argument("--db", default=None, help="SQLite file (default: a fresh temporary one)")
     parser.add_argument("--out")
     ns = parser.parse_args()
@@ -152,7 +158,12 @@ def main() -> None:
         ],
     }
 
-    runs = [compare_study(db, mode, target, trials, seed, ns.k) for seed in ns.seeds for mode in ("cold", "warm")]
+    cold_seeds = ns.cold == "seeds"
+    runs = [
+        compare_study(db, mode, target, trials, seed, ns.k, cold_seeds)
+        for seed in ns.seeds
+        for mode in ("cold", "warm")
+    ]
     by_mode = {mode: [r["trials_to_within_2pct"] for r in runs if r["mode"] == mode] for mode in ("cold", "warm")}
     means = {mode: statistics.mean(v) if v and None not in v else None for mode, v in by_mode.items()}
     met = means["warm"] is not None and means["cold"] is not None and means["warm"] < means["cold"]
@@ -171,6 +182,7 @@ def main() -> None:
             "dry_run": ns.dry_run,
             "budget_trials": trials,
             "warm_start_k": ns.k,
+            "cold_warm_start": cold_seeds,
             "published": published,
             "lookup": lookup,
             "runs": runs,
