@@ -148,6 +148,12 @@ async def study_page(request: Request, study_id: str) -> HTMLResponse:
     )
 
 
+@router.get("/registry", response_class=HTMLResponse, name="dashboard_registry")
+async def registry_page(request: Request) -> HTMLResponse:
+    """The best-config registry: entries by workload, GPU and shape; regressed and unverified ones stand out."""
+    return _render(request, "registry.html")
+
+
 @router.get("/static/{name}", name="dashboard_static")
 async def static_file(request: Request, name: str) -> Response:
     path = _static_file(name)

@@ -15,7 +15,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from api import dashboard
-from api.routes import meta, studies
+from api.routes import configs, meta, studies
 from api.settings import Settings
 from tuner.storage import StudyDB, is_transient
 
@@ -126,6 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(PoolTimeout, database_unavailable)
     app.include_router(studies.router)
     app.include_router(meta.router)
+    app.include_router(configs.router)
     app.include_router(dashboard.router)
     if settings.cors_origins:
         app.add_middleware(

@@ -35,6 +35,8 @@ class Axpy(KernelWorkload):
     """``out = alpha * x + y`` over ``n`` elements; args ``n`` (>= 1), ``alpha`` (float), ``seed`` (int)."""
 
     name: ClassVar[str] = "axpy"
+    shape_args: ClassVar[tuple[str, ...]] = ("n",)
+    key_knobs: ClassVar[tuple[str, ...]] = ("precision",)
     space_file: ClassVar[str] = "axpy.yaml"
     description: ClassVar[str] = "Triton axpy (out = alpha * x + y): BLOCK, num_warps, precision; memory-bound"
     metrics: ClassVar[tuple[MetricSpec, ...]] = (

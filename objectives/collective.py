@@ -191,6 +191,9 @@ class Collective(RankWorkload):
     """One collective (all-reduce, reduce-scatter, all-gather) under one setting of the NCCL knobs."""
 
     name: ClassVar[str] = "collective"
+    shape_args: ClassVar[tuple[str, ...]] = ("op", "size_bytes", "world_size")
+    shape_exact: ClassVar[tuple[str, ...]] = ("world_size",)
+    unkeyed_args: ClassVar[tuple[str, ...]] = ("iters", "warmup_iters", "timeout_s", "faults")
     space_file: ClassVar[str] = "collective.yaml"
     description: ClassVar[str] = (
         "NCCL collective (all_reduce/reduce_scatter/all_gather) over a multi-GPU trial: NCCL_ALGO, NCCL_PROTO, "

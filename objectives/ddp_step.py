@@ -84,6 +84,9 @@ class DDPStep(RankWorkload):
     """Data-parallel training steps of a GPT under one setting of the DDP and NCCL knobs."""
 
     name: ClassVar[str] = "ddp_step"
+    shape_args: ClassVar[tuple[str, ...]] = ("model", "batch_per_rank", "world_size")
+    shape_exact: ClassVar[tuple[str, ...]] = ("world_size",)
+    unkeyed_args: ClassVar[tuple[str, ...]] = ("seed", "steps", "warmup_steps", "lr", "timeout_s", "faults")
     space_file: ClassVar[str] = "ddp_step.yaml"
     description: ClassVar[str] = (
         "Data-parallel (DDP) training step of the GPT over a multi-GPU trial: bucket size, gradient as bucket "

@@ -292,6 +292,8 @@ class DecodeStep(MeasuredWorkload):
     """
 
     name = "decode_step"
+    shape_args = ("model", "batch")
+    unkeyed_args = ("seed", "gen_tokens", "min_top1_agreement", "train_steps")
     space_file = "decode_step.yaml"
     metrics = (
         MetricSpec("tokens_per_s", "maximize", "tokens/s", "batch * gen_tokens / median time of the decode loop"),

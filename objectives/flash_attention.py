@@ -144,6 +144,8 @@ class FlashAttention(KernelWorkload):
     """
 
     name = "flash_attention"
+    shape_args = ("batch", "heads", "seq_len", "head_dim", "causal")
+    key_knobs = ("precision",)
     space_file = "attention.yaml"
     metrics = (
         MetricSpec("tflops", "maximize", "TFLOP/s", "4*B*H*S*S*D (half when causal) / median latency"),

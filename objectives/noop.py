@@ -11,6 +11,10 @@ number through the ``faults`` arg, e.g. ``{faults: {"3": hang, "5": exit}}``:
 - ``raise``: a RuntimeError; ``oom``: a MemoryError-like "out of memory" error
 - ``out_of_resources``: an error named OutOfResources
 - ``wrong``: a wrong result, caught by the numerics check
+
+``drift`` (default 0) lowers every measured ``score`` by that much after the numerics check: the same
+config measuring worse, as a slower driver or library would make it (what the registry's regression
+watch is tested with).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class OutOfResources(RuntimeError):
 
 class NoOp(Workload):
     name: ClassVar[str] = "noop"
+    unkeyed_args: ClassVar[tuple[str, ...]] = ("sleep_ms", "faults", "drift")
     space_file: ClassVar[str] = "noop.yaml"
     description: ClassVar[str] = "Deterministic synthetic objective for engine tests and overhead benchmarks."
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
@@ -40,10 +45,15 @@ class NoOp(Workload):
         MetricSpec("latency_ms", "minimize", "ms", "time the trial slept"),
     )
 
-    def __init__(self, sleep_ms: float = 0.0, faults: dict[str | int, str] | None = None) -> None:
+    def __init__(
+        self, sleep_ms: float = 0.0, faults: dict[str | int, str] | None = None, drift: float = 0.0
+    ) -> None:
         if isinstance(sleep_ms, bool) or not isinstance(sleep_ms, (int, float)) or not 0 <= sleep_ms < math.inf:
             raise ValueError(f"args.sleep_ms must be a finite number >= 0, got {sleep_ms!r}")
+        if isinstance(drift, bool) or not isinstance(drift, (int, float)) or not math.isfinite(drift):
+            raise ValueError(f"args.drift must be a finite number, got {drift!r}")
         self.sleep_ms = float(sleep_ms)
+        self.drift = float(drift)
         self.faults: dict[int, str] = {}
         if faults is not None and not isinstance(faults, dict):
             raise ValueError(f'args.faults must map trial numbers to faults, e.g. {{"3": "hang"}}, got {faults!r:.80}')
@@ -95,7 +105,7 @@ class NoOp(Workload):
         cost = float(config["x"]) + config["stages"] / 6 + math.log2(config["tile"]) / 8
         return TrialResult(
             status=TrialStatus.OK,
-            metrics={"score": score, "cost": cost, "latency_ms": latency_ms},
+            metrics={"score": score - self.drift, "cost": cost, "latency_ms": latency_ms},
             samples_ms=[latency_ms],
             timing_comparable=False,
         )

@@ -188,6 +188,8 @@ class QuantGemm(KernelWorkload):
     """
 
     name = "quant_gemm"
+    shape_args = ("m", "n", "k")
+    key_knobs = ("precision",)
     space_file = "quant_gemm.yaml"
     metrics = (
         MetricSpec("tflops", "maximize", "TFLOP/s", "effective: 2*M*N*K / median latency"),

@@ -146,6 +146,7 @@ class Replay(Workload):
     and ``seeds`` (default none: configs of the grid to try first, as a workload's space file gives them)."""
 
     name: ClassVar[str] = "replay"
+    unkeyed_args: ClassVar[tuple[str, ...]] = ("delay_ms", "seeds")
     space_file: ClassVar[str] = ""
     metrics: ClassVar[tuple[MetricSpec, ...]] = ()
     description: ClassVar[str] = (

@@ -139,6 +139,8 @@ class RowWiseWorkload(KernelWorkload):
     )
     #: The op's name in exported code, e.g. "rmsnorm".
     kernel_name: ClassVar[str] = ""
+    shape_args: ClassVar[tuple[str, ...]] = ("rows", "cols")
+    key_knobs: ClassVar[tuple[str, ...]] = ("precision",)
     #: Nominal FLOPs per element of x (for the roofline position).
     flops_per_element: ClassVar[int] = 1
 

@@ -171,6 +171,8 @@ class TrainStep(MeasuredWorkload):
     """
 
     name = "train_step"
+    shape_args = ("model", "global_batch")
+    unkeyed_args = ("seed", "steps", "warmup_steps", "reference_steps", "lr")
     space_file = "train_step.yaml"
     metrics = (
         MetricSpec("tokens_per_s", "maximize", "tokens/s", "global_batch * seq_len / median step time"),

@@ -153,6 +153,8 @@ class TritonGemm(KernelWorkload):
     """
 
     name = "triton_gemm"
+    shape_args = ("m", "n", "k")
+    key_knobs = ("precision",)
     space_file = "gemm.yaml"
     metrics = (
         MetricSpec("tflops", "maximize", "TFLOP/s", "2*M*N*K / median latency"),

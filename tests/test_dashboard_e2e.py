@@ -346,3 +346,109 @@ def test_study_page_in_a_real_browser(server: str) -> None:
     client.close()
     assert not failed_requests, failed_requests
     assert not page_errors, page_errors
+
+
+def _wait_completed(client: Any, study_id: int, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (status := client.get(f"/api/studies/{study_id}").json()["status"]) not in ("completed", "stopped", "failed"):
+        assert time.monotonic() < deadline, f"study {study_id} still {status}"
+        time.sleep(0.5)
+    assert status == "completed", status
+
+
+@pytest.mark.timeout(300)
+def test_registry_page_in_a_real_browser(server: str, tmp_path: Path) -> None:
+    """A study publishes its pick, a second warm-starts from it, a recheck flags it regressed, an entry of
+    older software is unverified: the registry page shows and filters them, the study page the origins."""
+    chromium_path = _chromium()
+    from playwright.sync_api import sync_playwright
+    from test_configs import gemm_config, measured_study
+
+    from tuner import configs
+    from tuner.storage import StudyDB
+
+    db_url = f"sqlite:///{tmp_path / 'e2e.db'}"
+    client = httpx.Client(base_url=server, timeout=30)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    base = {"workload": "noop", "objectives": [{"metric": "score"}], "budget": {"trials": 6}}
+    first = client.post("/api/studies", json={**base, "name": "registry-first", "seed": 0}, headers=auth).json()
+    _wait_completed(client, first["id"])
+    warm = {**base, "name": "registry-warm", "seed": 1, "warm_start": "registry"}
+    second = client.post("/api/studies", json=warm, headers=auth).json()
+    _wait_completed(client, second["id"])
+    command = ["recheck", "--db", db_url, "--workload", "noop", "--rounds", "1", "--arg", "drift=0.4"]
+    recheck = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *command],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert recheck.returncode == 1 and "regressed" in recheck.stdout, recheck.stdout + recheck.stderr
+    db = StudyDB(db_url)
+    gemm = measured_study(db, "gemm-h200", {"m": 4096, "n": 4096, "k": 4096}, [(gemm_config(), 700.0)])
+    gemm_entry = configs.publish(db, gemm).entry.id
+    assert configs.mark_unverified(db, "NVIDIA H200", {"driver": "999.0"}) == [gemm_entry]
+    db.dispose()
+    noop_entry = client.get("/api/configs/entries", params={"workload": "noop"}).json()["items"][0]
+
+    page_errors: list[str] = []
+    failed_requests: list[str] = []
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+            page.on("response", lambda r: failed_requests.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+            page.goto(f"{server}/")
+            page.click("nav >> text=Registry")
+            page.wait_for_selector(f'#registry-table tr[data-entry-id="{gemm_entry}"]', timeout=30_000)
+            regressed = page.locator(f'#registry-table tr[data-entry-id="{noop_entry["id"]}"]')
+            assert regressed.get_attribute("class") == "entry-regressed"
+            assert regressed.locator(".badge").inner_text() == "regressed" and "was [" in regressed.inner_text()
+            unverified = page.locator(f'#registry-table tr[data-entry-id="{gemm_entry}"]')
+            assert unverified.get_attribute("class") == "entry-unverified" and "NVIDIA H200" in unverified.inner_text()
+            colours = page.evaluate(
+                "(ids) => ids.map((id) => getComputedStyle(document.querySelector("
+                '`#registry-table tr[data-entry-id="${id}"]`)).backgroundColor)',
+                [noop_entry["id"], gemm_entry],
+            )
+            assert len(set(colours)) == 2 and "rgba(0, 0, 0, 0)" not in colours  # both stand out, differently
+            page.screenshot(path=str(ARTIFACTS / "dashboard-registry.png"), full_page=True)
+
+            page.fill("#registry-shape", "m=4096")
+            _wait_for(page, "() => document.querySelectorAll('#registry-table tbody tr').length === 1", 15, "filter")
+            page.fill("#registry-shape", "")
+            page.fill("#registry-gpu", "cpu")
+            _wait_for(
+                page,
+                "(id) => { const rows = document.querySelectorAll('#registry-table tbody tr');"
+                " return rows.length === 1 && rows[0].dataset.entryId === String(id); }",
+                15,
+                "the GPU filter",
+                noop_entry["id"],
+            )
+            link = page.locator(f'#registry-table tr[data-entry-id="{noop_entry["id"]}"] a')
+            assert link.get_attribute("href").endswith(f"/studies/{noop_entry['study_id']}#trial-{noop_entry['trial']}")
+
+            # A regressed entry's re-tune is queued from the page (with the API token).
+            page.fill("#registry-token", TOKEN)
+            page.locator(f'#registry-table tr[data-entry-id="{noop_entry["id"]}"] button.retune').click()
+            page.wait_for_selector("#retune-link", timeout=15_000)
+            queued = client.get("/api/studies", params={"workload": "noop", "limit": 50}).json()["items"]
+            retune = [s for s in queued if s["name"] == page.locator("#retune-link").inner_text()]
+            assert len(retune) == 1 and page.locator("#retune-link").get_attribute("href").endswith(
+                f"/studies/{retune[0]['id']}"
+            )
+
+            # The warm-started study's page says which trial came from the registry.
+            page.goto(f"{server}/studies/{second['id']}")
+            page.wait_for_selector("#warm-start-table tr[data-source='registry']", timeout=30_000)
+            origin = page.locator("#warm-start-table tr[data-source='registry']").first
+            assert origin.get_attribute("data-trial") == "0" and "registry" in origin.inner_text()
+        finally:
+            browser.close()
+    client.close()
+    assert not failed_requests, failed_requests
+    assert not page_errors, page_errors

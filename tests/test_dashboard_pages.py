@@ -193,6 +193,11 @@ def stub_api() -> FastAPI:
         get(study_id)
         return PlainTextResponse("{}", headers={"Content-Disposition": 'attachment; filename="x.json"'})
 
+    @app.get("/api/configs/origins/{study_id}")
+    def origins(study_id: int) -> dict[str, Any]:  # the study page's warm-start table (registry.js)
+        get(study_id)
+        return {"study_id": study_id, "origins": []}
+
     app.include_router(dashboard.router)
     return app
 

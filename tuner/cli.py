@@ -541,11 +541,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     workloads = sub.add_parser("workloads", help="list workloads, their metrics and spaces")
     workloads.set_defaults(func=cmd_workloads)
+
+    from tuner.config_cli import add_parsers
+
+    add_parsers(sub, add_db)  # publish, lookup, recheck: the best-config registry
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "registry_func", None) is not None:
+        return int(args.registry_func(args, _db) or 0)
     return int(args.func(args) or 0)
 
 

@@ -176,6 +176,10 @@ class Orchestrator:
             self.pool.kill_all()
             elapsed = self._elapsed()
             self.session.close(status=status, elapsed_s=elapsed, message=message)
+        if status == "completed":
+            from tuner.configs import publish_completed
+
+            publish_completed(self.db, self.study_id)  # unless the spec says publish: false; never raises
         summary = self._summary(status, elapsed, message)
         if status == "failed":
             raise StudyFailed(message)
@@ -206,7 +210,14 @@ class Orchestrator:
             device={**info["device"], "roofline": info.get("roofline")}, fingerprint=info["fingerprint"]
         )
         rows = self.db.trials(self.study_id)
-        self.sampler = SamplerAdapter(self.compiled, rows, self._static_reason, device=self.device.to_dict())
+        warm = self._registry_configs() if self.spec.warm_start == "registry" and not rows else []
+        self.sampler = SamplerAdapter(
+            self.compiled, rows, self._static_reason, device=self.device.to_dict(), warm_configs=warm
+        )
+        if self.sampler.origins:
+            from tuner.configs import record_origins
+
+            record_origins(self.db, self.study_id, self.sampler.origins)
         for row in rows:
             self._count(DUPLICATE if row.duplicate_of is not None else row.status, +1)
             if row.status in REUSABLE and row.duplicate_of is None:
@@ -215,6 +226,13 @@ class Orchestrator:
                 self.pool.redispatch.append(Work(row.number, dict(row.params), row.attempt))
             else:
                 self._note_best(row.status, row.metrics, row.number, row.feasible)
+
+    def _registry_configs(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """``warm_start: registry``: the configs of the registry's entries at the nearest shapes."""
+        from tuner.configs import warm_start_configs
+
+        assert self.device is not None
+        return warm_start_configs(self.db, self.compiled, self.device.to_dict(), self.spec.warm_start_k)
 
     def _beat(self) -> None:
         """One turn of the loop: renew our lease when one is due, then the caller's heartbeat."""

@@ -101,7 +101,10 @@ class SamplerAdapter:
         rows: Sequence[Any],
         static_reason: Callable[[dict[str, Any]], str | None],
         device: Mapping[str, Any] | None = None,
+        warm_configs: Sequence[tuple[dict[str, Any], dict[str, Any]]] = (),
     ) -> None:
+        """``warm_configs``: (config, origin) pairs enqueued before the space's seeds (``warm_start:
+        registry``); :attr:`origins` maps the trial numbers they were given to their origin."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.compiled = compiled
         spec = compiled.spec
@@ -126,9 +129,10 @@ class SamplerAdapter:
         self._queued: deque[int] = deque()  # numbers of enqueued trials, in the order ask hands them out
         self._n_trials = 0
         self._worst: dict[str, float] = {}
+        self.origins: dict[int, dict[str, Any]] = {}  # trial number -> where its enqueued config came from
         self._rebuild(rows)
         if spec.warm_start and self._grid is None:
-            self._enqueue_seeds(rows, static_reason)
+            self._enqueue_seeds(rows, static_reason, warm_configs)
 
     # sampler ------------------------------------------------------------------
     def _make_sampler(self, seed: int | None) -> optuna.samplers.BaseSampler:
@@ -265,12 +269,21 @@ class SamplerAdapter:
         self._queued.append(self._take_number())
         self.ask()  # the caller dispatches the row's own config again and tells its result
 
-    def _enqueue_seeds(self, rows: Sequence[Any], static_reason: Callable[[dict[str, Any]], str | None]) -> None:
-        """Warm start: the space's seed configs first, at most a quarter of the budget, those not in the
-        table yet (a resumed study goes on with the seeds its first run had no time for)."""
+    def _enqueue_seeds(
+        self,
+        rows: Sequence[Any],
+        static_reason: Callable[[dict[str, Any]], str | None],
+        warm_configs: Sequence[tuple[dict[str, Any], dict[str, Any]]] = (),
+    ) -> None:
+        """Warm start: the registry's configs (when given), then the space's seed configs, at most a quarter
+        of the budget, those not in the table yet (a resumed study goes on with the seeds its first run had
+        no time for). A registry config outside this study's space or statically infeasible is left out."""
         space, budget = self.compiled.space, self.compiled.spec.budget.trials
         limit = max(1, budget // 4)
-        feasible = [s for s in space.seeds if static_reason(s) is None]
+        candidates = [(c, o) for c, o in warm_configs if space.validate_config(c) is None and static_reason(c) is None]
+        candidates += [(s, {"source": "seed"}) for s in space.seeds]
+        feasible = [s for s, _ in candidates if static_reason(s) is None]
+        origin_of = {_key(space.optuna_params(c)): o for c, o in reversed(candidates)}
         if len(feasible) > limit and not rows:
             log.warning(
                 "warm start: %d of %d seed configs enqueued (seeds take at most a quarter of budget.trials=%d)",
@@ -285,7 +298,9 @@ class SamplerAdapter:
                 continue
             tried.add(_key(params))
             self._study.enqueue_trial(params)
-            self._queued.append(self._take_number())
+            number = self._take_number()
+            self._queued.append(number)
+            self.origins[number] = origin_of.get(_key(params), {"source": "seed"})
 
 
 def _key(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

@@ -85,7 +85,12 @@ class StudySpec(_Model):
     budget: Budget = Field(default_factory=Budget)
     sampler: Literal["auto", "tpe", "nsga2", "gp", "random", "grid"] = "auto"
     seed: int | None = Field(default=0, ge=0, le=MAX_SEED)
-    warm_start: bool = True
+    #: true: the space's seed configs first; ``registry``: the configs of the registry's entries at the
+    #: ``warm_start_k`` nearest shapes (same workload, GPU and fixed args) before them; false: neither.
+    warm_start: bool | Literal["registry"] = True
+    warm_start_k: int = Field(default=3, ge=1, le=32)
+    #: A completed study publishes its pick to the best-config registry (tuner/configs.py).
+    publish: bool = True
     remeasure: Remeasure = Field(default_factory=Remeasure)
     resources: Resources = Field(default_factory=Resources)
 

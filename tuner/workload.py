@@ -255,6 +255,19 @@ class Workload(ABC):
     world_size: int = 1
     #: Process-group timeout of a multi-GPU trial in seconds (None: 0.4 x the trial timeout, in [5, 60]).
     timeout_s: float | None = None
+    #: The args that make a best-config registry entry's shape (tuner/configs.py): GEMM ``m, n, k``. Positive
+    #: numbers among them are compared in log2 space; any other value (a model name, ``causal``) must match.
+    shape_args: ClassVar[tuple[str, ...]] = ()
+    #: Shape args that must match exactly even though they are numbers (a collective's ``world_size``).
+    shape_exact: ClassVar[tuple[str, ...]] = ()
+    #: Args that say how a trial runs rather than what it computes (seeds, repetitions, injected faults): left
+    #: out of a registry key. Every other arg that is not a shape arg keys the entry as a fixed arg.
+    unkeyed_args: ClassVar[tuple[str, ...]] = ("seed",)
+    #: Knobs whose chosen value keys the entry beside the fixed args (GEMM: ``precision``), so that a lookup
+    #: can ask for the best fp16 config.
+    key_knobs: ClassVar[tuple[str, ...]] = ()
+    #: The farthest two shapes may be (:meth:`shape_distance`) for one to stand in for the other.
+    max_shape_distance: ClassVar[float] = 4.0
 
     def __init__(self, **args: Any) -> None:
         if args:
@@ -290,6 +303,31 @@ class Workload(ABC):
         The worker turns it into the trial's roofline position."""
         return None
 
+    @classmethod
+    def registry_key(cls, args: dict[str, Any], config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(shape, fixed)``: the shape key and the fixed args (``key_knobs`` included) of a registry entry
+        measured with ``args`` (a spec's, the ``__init__`` defaults filling what it leaves out) and ``config``."""
+        resolved = {**_init_defaults(cls), **args}
+        shape = {name: json_safe(resolved.get(name)) for name in cls.shape_args}
+        skip = set(cls.shape_args) | set(cls.unkeyed_args)
+        fixed = {name: json_safe(value) for name, value in sorted(resolved.items()) if name not in skip}
+        fixed.update({name: json_safe(config[name]) for name in cls.key_knobs if name in config})
+        return shape, fixed
+
+    @classmethod
+    def shape_distance(cls, a: dict[str, Any], b: dict[str, Any]) -> float | None:
+        """How far shape ``a`` is from ``b``: the Euclidean distance of their positive numbers in log2 space
+        (``m=4096`` to ``m=8192`` is 1.0); None when another value differs, or beyond ``max_shape_distance``."""
+        total = 0.0
+        for name in cls.shape_args:
+            x, y = a.get(name), b.get(name)
+            if name not in cls.shape_exact and _positive_number(x) and _positive_number(y):
+                total += (math.log2(float(x)) - math.log2(float(y))) ** 2
+            elif x != y:
+                return None
+        distance = math.sqrt(total)
+        return distance if distance <= cls.max_shape_distance else None
+
     def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config in the form user code consumes (default: the params as they are)."""
         return dict(config)
@@ -303,6 +341,25 @@ class Workload(ABC):
         """Python source a user pastes into their code (default: a dict literal). Every value from a config
         goes in as a literal (``repr``), and into a comment only through :func:`comment_text`."""
         return f"config = {dict(config)!r}\n"
+
+
+def _positive_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _init_defaults(cls: type) -> dict[str, Any]:
+    """The defaults of a workload's ``__init__`` args (what a spec that leaves an arg out runs with)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(cls.__init__).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    return {
+        p.name: p.default
+        for p in parameters
+        if p.name != "self" and p.default is not inspect.Parameter.empty and p.kind is not p.VAR_KEYWORD
+    }
 
 
 def is_pow2(value: Any) -> bool:

@@ -1,0 +1,214 @@
+"""Warm start from the best-config registry on a real GPU: GEMM studies at three shapes publish their picks,
+a lookup for a fourth shape answers the nearest entries, and studies at the fourth shape warm-started from
+the registry (``warm_start: registry``) are compared with cold ones (``warm_start: true``: the space's seed
+configs only) under the same budget and seeds.
+
+The figure compared is the number of trials a study needs to come within 2% of its own final best TFLOP/s
+(fewer is better), per seed and on average. Everything runs in one process against one SQLite database,
+through the engine (Ray workers, the project's strategy, the registry's automatic publication).
+
+    PYTHONPATH=. python bench/registry_warmstart.py --out bench/results/registry-warmstart-h200.json
+
+``--dry-run`` runs the same path on a CPU under the Triton interpreter at tiny shapes and budgets (the
+figures only show that it runs); it writes JSON only where ``--out`` says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+GPU_SHAPES = [(8192, 8192, 4096), (4096, 14336, 4096), (4096, 4096, 4096)]
+GPU_TARGET = (8192, 14336, 4096)
+CPU_SHAPES = [(128, 128, 64), (64, 256, 64), (64, 64, 64)]
+CPU_TARGET = (128, 256, 64)
+WITHIN = 0.98  # "within 2% of its own final best"
+
+
+def gemm_spec(name: str, shape: tuple[int, int, int], trials: int, seed: int, **changes: Any) -> dict[str, Any]:
+    """A single-objective fp16 GEMM study (the registry keys entries by precision: one precision compares)."""
+    m, n, k = shape
+    spec: dict[str, Any] = {
+        "name": name,
+        "workload": "triton_gemm",
+        "args": {"m": m, "n": n, "k": k},
+        "space": {"precision": {"choices": ["fp16"]}},
+        "objectives": [{"metric": "tflops", "direction": "maximize"}],
+        "constraints": ["max_rel_error <= 0.05"],
+        "budget": {"trials": trials, "trial_timeout_s": 180},
+        "sampler": "auto",
+        "seed": seed,
+    }
+    spec.update(changes)
+    return spec
+
+
+def best_curve(trials: list[Any]) -> list[float]:
+    """The best feasible TFLOP/s after each trial (repeats and failures keep the previous best)."""
+    best, curve = 0.0, []
+    for trial in sorted(trials, key=lambda t: t.number):
+        if trial.status == "ok" and trial.feasible and trial.duplicate_of is None:
+            best = max(best, float(trial.metrics.get("tflops") or 0.0))
+        curve.append(best)
+    return curve
+
+
+def trials_to_within(curve: list[float], fraction: float = WITHIN) -> int | None:
+    """1-based index of the first trial whose best-so-far is within ``fraction`` of the curve's final best."""
+    if not curve or curve[-1] <= 0:
+        return None
+    return next(i + 1 for i, value in enumerate(curve) if value >= fraction * curve[-1])
+
+
+def run(spec: dict[str, Any], db: Any) -> tuple[Any, list[Any], float]:
+    from tuner.orchestrator import Orchestrator
+    from tuner.spec import load_spec
+
+    started = time.time()
+    summary = Orchestrator(load_spec(spec), db).run()
+    print(f"  {spec['name']}: {summary.status}, best {summary.best.metrics.get('tflops') if summary.best else None}")
+    return summary, db.trials(summary.study_id), time.time() - started
+
+
+def compare_study(
+    db: Any, mode: str, target: tuple[int, int, int], trials: int, seed: int, k: int, cold_seeds: bool = True
+) -> dict[str, Any]:
+    """One study at the target shape, warm-started from the registry (``warm``) or cold (the space's seed
+    configs, or none with ``cold_seeds=False``); not published, so that every seed's warm study starts from
+    the same three entries."""
+    from tuner import configs
+
+    warm_start: bool | str = "registry" if mode == "warm" else cold_seeds
+    spec = gemm_spec(f"target-{mode}-seed{seed}", target, trials, seed, warm_start=warm_start, warm_start_k=k)
+    spec.update(publish=False, remeasure={"top_k": 0})
+    summary, rows, wall_s = run(spec, db)
+    curve = best_curve(rows)
+    origins = configs.trial_origins(db, summary.study_id)
+    return {
+        "mode": mode,
+        "seed": seed,
+        "study_status": summary.status,
+        "trials": len(rows),
+        "final_best_tflops": round(curve[-1], 2) if curve else None,
+        "trials_to_within_2pct": trials_to_within(curve),
+        "best_so_far_tflops": [round(v, 2) for v in curve],
+        "origins": {str(n): o for n, o in sorted(origins.items())},
+        "wall_s": round(wall_s, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=None, help="budget of every study (default 20; dry run 4)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--k", type=int, default=3, help="warm_start_k: entries of the nearest shapes enqueued")
+    parser.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes")
+    parser.add_argument(
+        "--cold", choices=["seeds", "none"], default="seeds", help="cold studies: the space's seeds, or none"
+    )
+    parser.add_argument("--db", default=None, help="SQLite file (default: a fresh temporary one)")
+    parser.add_argument("--out")
+    ns = parser.parse_args()
+    if ns.dry_run:  # before triton is imported anywhere, workers included (they inherit the environment)
+        os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.common import write_result
+    from tuner import configs
+    from tuner.storage import StudyDB
+
+    trials = ns.trials or (4 if ns.dry_run else 20)
+    shapes, target = (CPU_SHAPES, CPU_TARGET) if ns.dry_run else (GPU_SHAPES, GPU_TARGET)
+    db = StudyDB(ns.db or str(Path(tempfile.mkdtemp()) / "registry.db"))
+    db.create_tables()
+    started = time.time()
+
+    published = []
+    for shape in shapes:  # each study publishes its pick when it completes (publish: true is the default)
+        summary, _, wall_s = run(gemm_spec("gemm-{}x{}x{}".format(*shape), shape, trials, seed=0), db)
+        total, entries = configs.list_entries(db, workload="triton_gemm", shape=dict(zip("mnk", shape, strict=True)))
+        published.append(
+            {
+                "shape": shape,
+                "study_status": summary.status,
+                "wall_s": round(wall_s, 1),
+                "entry": configs.entry_dict(entries[0]) if total else None,
+            }
+        )
+    gpu = published[0]["entry"]["gpu"] if published[0]["entry"] else None
+    found = configs.lookup(db, "triton_gemm", dict(zip("mnk", target, strict=True)), gpu=gpu, k=ns.k)
+    lookup = {
+        "shape": target,
+        "gpu": gpu,
+        "exact": found.exact,
+        "nearest": [
+            {
+                "entry": m.entry.id,
+                "shape": m.entry.shape,
+                "distance": round(m.distance, 3),
+                "tflops": m.entry.value,
+                "config": m.entry.config,
+            }
+            for m in found.matches
+        ],
+    }
+
+    cold_seeds = ns.cold == "seeds"
+    runs = [
+        compare_study(db, mode, target, trials, seed, ns.k, cold_seeds)
+        for seed in ns.seeds
+        for mode in ("cold", "warm")
+    ]
+    by_mode = {mode: [r["trials_to_within_2pct"] for r in runs if r["mode"] == mode] for mode in ("cold", "warm")}
+    means = {mode: statistics.mean(v) if v and None not in v else None for mode, v in by_mode.items()}
+    met = means["warm"] is not None and means["cold"] is not None and means["warm"] < means["cold"]
+    per_seed = [
+        {
+            "seed": s,
+            **{
+                m: next(r["trials_to_within_2pct"] for r in runs if r["seed"] == s and r["mode"] == m)
+                for m in ("cold", "warm")
+            },
+        }
+        for s in ns.seeds
+    ]
+    write_result(
+        {
+            "dry_run": ns.dry_run,
+            "budget_trials": trials,
+            "warm_start_k": ns.k,
+            "cold_warm_start": cold_seeds,
+            "published": published,
+            "lookup": lookup,
+            "runs": runs,
+            "targets": [
+                {
+                    "target": f"trials to within 2% of the study's own final best at {target}, warm-started from "
+                    f"the registry vs cold, same budget ({trials}) and seeds {ns.seeds} (mean; fewer is better)",
+                    "tuned": means["warm"],
+                    "baseline": means["cold"],
+                    "verdict": "met" if met else "missed",
+                }
+            ],
+            "summary": {
+                "lookup_exact": found.exact,
+                "nearest": [(m["shape"], m["distance"]) for m in lookup["nearest"]],
+                "trials_to_within_2pct": per_seed,
+                "mean_cold": means["cold"],
+                "mean_warm": means["warm"],
+                "final_best_tflops": {f"{r['mode']}-{r['seed']}": r["final_best_tflops"] for r in runs},
+                "wall_s": round(time.time() - started, 1),
+            },
+        },
+        ns.out,
+    )
+    db.dispose()
+
+
+if __name__ == "__main__":
+    main()
