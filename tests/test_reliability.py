@@ -309,3 +309,52 @@ def _finished_or_empty(db_url: str, name: str) -> dict[int, dict]:
         return _finished(db_url, name) if db.schema_is_current() and db.find_study(name) else {}
     finally:
         db.dispose()
+
+
+RUNNER_WITH_CHILDREN = """
+import subprocess, sys, time
+sleep = [sys.executable, "-c", "import time; time.sleep(300)"]
+# like a local Ray: an agent in the runner's process group, a worker in a process group of its own
+agent = subprocess.Popen(sleep)
+worker = subprocess.Popen(sleep, process_group=0)
+with open(sys.argv[1], "a") as out:
+    out.write(f"{agent.pid} {worker.pid}\\n")
+time.sleep(300)
+"""
+
+
+def test_what_a_dead_runner_leaves_behind_is_killed(tmp_path: Path) -> None:
+    """A runner SIGKILLed (or stopped) takes its session with it: its Ray's agents and workers do not
+    live on beside the next runner (a trial still running on a GPU among them)."""
+    from tuner.supervisor import RunnerSupervisor
+
+    pids_file = tmp_path / "pids"
+    supervisor = RunnerSupervisor([sys.executable, "-c", RUNNER_WITH_CHILDREN, str(pids_file)], stop_timeout_s=10)
+
+    def children(n: int) -> list[int]:
+        deadline = time.monotonic() + 30
+        while len(lines := pids_file.read_text().splitlines() if pids_file.exists() else []) < n:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        return [int(p) for p in lines[n - 1].split()]
+
+    def gone(pids: list[int]) -> bool:
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not any(_alive(p) for p in pids)
+
+    supervisor.start()
+    try:
+        first = children(1)
+        os.kill(supervisor.process.pid, signal.SIGKILL)
+        assert gone(first), [Path(f"/proc/{p}/cmdline").read_bytes() for p in first if _alive(p)]
+        children(2)  # the restarted runner's, which its graceful stop takes with it
+        assert supervisor.restarts == 1
+    finally:
+        supervisor.stop()
+        every = [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []
+        stopped = gone(every)
+        for pid in filter(_alive, every):  # a failed run of this test leaves nothing behind either
+            os.kill(pid, signal.SIGKILL)
+    assert stopped
