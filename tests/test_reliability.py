@@ -3,6 +3,7 @@ killed server. Each runs ``tuner serve`` for real (API + supervised runner + loc
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -75,14 +76,14 @@ def private_pg() -> Iterator[tuple[str, Path]]:
 class Server:
     """``tuner serve`` on one of this test file's ports, with its runner, logging to a file."""
 
-    def __init__(self, db_url: str, port: int, log: Path) -> None:
+    def __init__(self, db_url: str, port: int, log: Path, options: tuple[str, ...] = ("--workers", "2")) -> None:
         import httpx
 
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         with log.open("w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tuner.cli", "serve", "--db", db_url, "--port", str(port), "--workers", "2"],
+                [sys.executable, "-m", "tuner.cli", "serve", "--db", db_url, "--port", str(port), *options],
                 env={**os.environ, "TUNER_API_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"},
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -358,3 +359,75 @@ def test_what_a_dead_runner_leaves_behind_is_killed(tmp_path: Path) -> None:
         for pid in filter(_alive, every):  # a failed run of this test leaves nothing behind either
             os.kill(pid, signal.SIGKILL)
     assert stopped
+
+
+def _finished_trial(db: object, study_id: int, number: int) -> None:
+    from tuner.storage import StudyDB
+
+    assert isinstance(db, StudyDB)
+    insert = db.insert_op(study_id, number, {"x": number / 10}, optuna_trial_id=None)
+    finish = db.finish_op(
+        study_id,
+        number,
+        status="ok",
+        metrics={"score": number / 10, "cost": 1.0},
+        feasible=True,
+        timing_comparable=False,
+        error=None,
+        worker="test",
+        attempt=1,
+        fingerprint=None,
+    )
+    db.apply([insert, finish])
+
+
+def _next_trials(lines: Iterator[str]) -> list[int]:
+    """The trial numbers of the stream's next ``event: trials``."""
+    event = None
+    for line in lines:
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: ") and event == "trials":
+            return [t["number"] for t in json.loads(line[6:])["trials"]]
+    return []
+
+
+def test_an_event_stream_waits_out_a_database_blip(private_pg: tuple[str, Path], tmp_path: Path) -> None:
+    """A stream open while PostgreSQL goes away and comes back stays open and goes on with what changes
+    after: its response has started, so it cannot answer 503; it was cut mid-stream (a traceback in the
+    server's log and an incomplete chunked body for every open dashboard)."""
+    import httpx
+    from sqlalchemy.engine import make_url
+
+    from tests.test_queries import _noop_spec
+    from tuner.storage import StudyDB
+
+    db_url, data = private_pg
+    db = StudyDB(db_url)
+    db.create_tables()
+    study_id = db.create_study(name="stream", workload="noop", spec=_noop_spec("stream"), space={}, space_hash="h").id
+    _finished_trial(db, study_id, 0)
+    server = Server(db_url, 8206, tmp_path / "serve.log", options=("--no-runner",))
+    pg_ctl = [str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(data.parent / "log"), "-w"]
+    options = f"-p {make_url(db_url).port} -k {data.parent} -c listen_addresses=127.0.0.1"
+    seen: list[int] = []
+    try:
+        with server.client.stream("GET", f"/api/studies/{study_id}/events?after=0", timeout=20) as stream:
+            lines = stream.iter_lines()
+            seen += _next_trials(lines)
+            assert seen == [0]
+            down = subprocess.run(_as_postgres(*pg_ctl, "-m", "fast", "stop"), stdout=subprocess.DEVNULL, timeout=60)
+            assert down.returncode == 0
+            time.sleep(3)  # the stream looks at the study every second: it meets the database down
+            up = subprocess.run(_as_postgres(*pg_ctl, "-o", options, "start"), stdout=subprocess.DEVNULL, timeout=60)
+            assert up.returncode == 0
+            _finished_trial(db, study_id, 1)
+            seen += _next_trials(lines)
+    except httpx.TransportError as exc:
+        raise AssertionError(f"the stream broke ({exc!r})\n{server.tail()}") from exc
+    finally:
+        server.close()
+        db.dispose()
+    assert seen == [0, 1]
+    log = server.tail()
+    assert "database unreachable" in log and "Traceback" not in log, log
