@@ -57,8 +57,6 @@ class RunnerSupervisor:
             started = time.monotonic()
             code = self.process.wait()  # also reaps it: no <defunct> runner
             left = kill_session(self.process.pid)
-            if left:
-                log.warning("killed %d process(es) the runner (pid %s) left behind", left, self.process.pid)
             if self._stopping.is_set():
                 break
             if time.monotonic() - started >= STABLE_S:
@@ -67,6 +65,8 @@ class RunnerSupervisor:
             log.warning(
                 "runner (pid %s) exited with status %s; starting another in %.0f s", self.process.pid, code, wait_s
             )
+            if left:
+                log.warning("killed %d process(es) the runner (pid %s) left behind", left, self.process.pid)
             if self._stopping.wait(wait_s):
                 break
             self.restarts += 1
