@@ -466,6 +466,7 @@ def classify(rec: Record, windows: list[tuple[float, float]], t0: float) -> dict
             samples.append({**sample, "status": status, "where": where})
     out["drops_inside"] = sum(inside(t, t) for t, _ in rec.stream_drops)
     out["drops_outside"] = len(rec.stream_drops) - out["drops_inside"]
+    out["drop_samples"] = [{"t_s": round(t - t0, 2), "error": name} for t, name in rec.stream_drops[:20]]
     out["samples"] = samples[:100]
     return out
 
@@ -570,12 +571,15 @@ def wait_for(base: str, study_id: int, done: Any, timeout_s: float, every_s: flo
 
 
 def runner_log(log: Path, t0: float) -> list[list[Any]]:
-    """The runners' moves in the server's log (start, claim, hand-back), at seconds from ``t0``: what the
-    pause after a SIGKILL is made of (the lease lapsing, the new runner's Ray starting)."""
+    """The runners' moves in the server's log (start, claim, hand-back), at seconds from ``t0``, and the
+    supervisor's lines (exits, restarts: no time): what the pause after a SIGKILL is made of (the lease
+    lapsing, the new runner's Ray starting)."""
     import datetime as dt
 
     out: list[list[Any]] = []
     for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("runner (pid") or line.startswith("killed "):  # the supervisor's, not time-stamped
+            out.append([None, line[:120]])
         if "tuner.service" not in line or not any(w in line for w in ("waiting for studies", "took study", "handed")):
             continue
         with contextlib.suppress(ValueError):
@@ -605,7 +609,7 @@ def soak(
     response.raise_for_status()
     study_id = response.json()["id"]
     print(f"study {study_id}: budget {budget} trials of {args.sleep_ms:g} ms", flush=True)
-    wait_for(base, study_id, lambda s: s["measured"] >= args.warm_trials, 180)
+    wait_for(base, study_id, lambda s: s["measured"] >= args.warm_trials, args.start_timeout_s)
     rec, health = Record(), HealthPoller(base)
     health.start()
     restart = args.restart
@@ -675,6 +679,7 @@ def summarize(run: dict[str, Any], left: list[dict[str, Any]]) -> list[dict[str,
         target("5xx other than 503 inside the blips", errors["non_503_5xx_inside"], 0),
         target("503 without Retry-After", errors["503_without_retry_after"], 0),
         target("transport errors outside the blips", errors["errors_outside"], 0),
+        target("event streams cut outside the blips", errors["drops_outside"], 0),
         target(f"killed runner's processes alive {LEFT_AFTER_S:g} s later", len(run["killed_runner_left_behind"]), 0),
         target("processes left behind after the server's stop", len(left), 0),
     ]
@@ -697,7 +702,8 @@ def main() -> None:
     parser.add_argument("--sleep-ms", type=float, default=500.0, help="each trial's sleep")
     parser.add_argument("--trials", type=int, help="budget (default: more than the workers can do in the soak)")
     parser.add_argument("--warm-trials", type=int, default=10, help="trials finished before the clients start")
-    parser.add_argument("--timeout-s", type=float, default=600.0, help="the whole run, hard")
+    parser.add_argument("--start-timeout-s", type=float, default=300.0, help="for the runner's first trials")
+    parser.add_argument("--timeout-s", type=float, default=720.0, help="the whole run, hard")
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args()
     where = make_url(args.db_url)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
@@ -339,7 +340,8 @@ async def study_events(
 
 
 async def _event_stream(db: Any, study_id: int, request: Request, seq: int | None) -> Any:
-    last, idle, waiting = None, 0, False
+    last, waiting = None, False
+    said = time.monotonic()  # when the stream last sent anything
     while not await request.is_disconnected():
         try:
             # database work off the event loop: open dashboards must not stall the server
@@ -355,19 +357,22 @@ async def _event_stream(db: Any, study_id: int, request: Request, seq: int | Non
                 log.warning(
                     "event stream of study %s: database unreachable (%s); retrying", study_id, type(exc).__name__
                 )
-            waiting = True
+            waiting, said = True, time.monotonic()
             yield ": the study database cannot be reached; retrying\n\n"
             await asyncio.sleep(EVENT_POLL_S)
             continue
         waiting = False
         for message in messages:
+            said = time.monotonic()
             yield message
         if state == "done":
             return
         if state == "more":
             continue  # more to catch up on: no pause
-        idle = 0 if state == "changed" else idle + 1
-        if idle and idle % 15 == 0:
+        # In seconds, not in looks: a look takes longer on a loaded server, and a client or proxy with a
+        # read timeout drops a stream that stays silent too long.
+        if time.monotonic() - said >= EVENT_KEEPALIVE_S:
+            said = time.monotonic()
             yield ": keep-alive\n\n"
         await asyncio.sleep(EVENT_POLL_S)
 
@@ -394,6 +399,8 @@ def _poll(db: Any, study_id: int, seq: int, last: str | None) -> tuple[list[str]
     return messages, seq, payload, "done" if current.status in TERMINAL else "changed"
 
 
-#: Trials an ``event: trials`` carries at most; how often a stream looks for changes.
+#: Trials an ``event: trials`` carries at most; how often a stream looks for changes; the longest a
+#: stream stays silent (a keep-alive comment then).
 EVENT_TRIALS = 500
 EVENT_POLL_S = 1.0
+EVENT_KEEPALIVE_S = 15.0
