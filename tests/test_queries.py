@@ -245,6 +245,47 @@ def test_the_event_stream_sends_what_changed_since_the_last_event_id(client: Tes
     assert [e for _, e, _ in _events(both.text)] == ["study"]
 
 
+class _Open:
+    """A request whose client never goes away (what ``_event_stream`` asks of its request)."""
+
+    async def is_disconnected(self) -> bool:
+        return False
+
+
+def test_an_idle_event_stream_keeps_alive_in_seconds_not_polls(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream of a study where nothing changes sends a keep-alive comment every ``EVENT_KEEPALIVE_S`` of
+    wall time, however long each look at the database takes: counted in looks (every 15th), a loaded
+    server went silent for 30 s and more, and clients and proxies with a read timeout dropped the stream."""
+    import asyncio
+    import time
+
+    from api.routes import studies
+
+    db = StudyDB(db_url)
+    db.create_tables()
+    study_id = _study(db)
+    monkeypatch.setattr(studies, "EVENT_POLL_S", 0.05)
+    monkeypatch.setattr(studies, "EVENT_KEEPALIVE_S", 1.0, raising=False)
+    slow = lambda *_: time.sleep(0.1)  # noqa: E731 - a loaded database: each statement takes 0.1 s
+    event.listen(db.engine, "before_cursor_execute", slow)
+
+    async def first_keep_alive() -> float:
+        started = time.monotonic()
+        stream = studies._event_stream(db, study_id, _Open(), None)
+        async for message in stream:
+            if message.startswith(": keep-alive"):
+                await stream.aclose()
+                return time.monotonic() - started
+        raise AssertionError("the stream ended")
+
+    try:
+        waited = asyncio.run(asyncio.wait_for(first_keep_alive(), timeout=60))
+    finally:
+        event.remove(db.engine, "before_cursor_execute", slow)
+        db.dispose()
+    assert waited < 4.0, f"the first keep-alive came after {waited:.1f} s of silence"
+
+
 def test_overview_and_reads_never_select_raw_samples(client: TestClient) -> None:
     db: StudyDB = client.app.state.db
     study_id = _study(db)

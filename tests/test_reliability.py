@@ -3,6 +3,7 @@ killed server. Each runs ``tuner serve`` for real (API + supervised runner + loc
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -75,14 +76,14 @@ def private_pg() -> Iterator[tuple[str, Path]]:
 class Server:
     """``tuner serve`` on one of this test file's ports, with its runner, logging to a file."""
 
-    def __init__(self, db_url: str, port: int, log: Path) -> None:
+    def __init__(self, db_url: str, port: int, log: Path, options: tuple[str, ...] = ("--workers", "2")) -> None:
         import httpx
 
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         with log.open("w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tuner.cli", "serve", "--db", db_url, "--port", str(port), "--workers", "2"],
+                [sys.executable, "-m", "tuner.cli", "serve", "--db", db_url, "--port", str(port), *options],
                 env={**os.environ, "TUNER_API_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"},
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -309,3 +310,174 @@ def _finished_or_empty(db_url: str, name: str) -> dict[int, dict]:
         return _finished(db_url, name) if db.schema_is_current() and db.find_study(name) else {}
     finally:
         db.dispose()
+
+
+RUNNER_WITH_CHILDREN = """
+import subprocess, sys, time
+sleep = [sys.executable, "-c", "import time; time.sleep(300)"]
+# like a local Ray: an agent in the runner's process group, a worker in a process group of its own
+agent = subprocess.Popen(sleep)
+worker = subprocess.Popen(sleep, process_group=0)
+with open(sys.argv[1], "a") as out:
+    out.write(f"{agent.pid} {worker.pid}\\n")
+time.sleep(300)
+"""
+
+
+def test_what_a_dead_runner_leaves_behind_is_killed(tmp_path: Path) -> None:
+    """A runner SIGKILLed (or stopped) takes its session with it: its Ray's agents and workers do not
+    live on beside the next runner (a trial still running on a GPU among them)."""
+    from tuner.supervisor import RunnerSupervisor
+
+    pids_file = tmp_path / "pids"
+    supervisor = RunnerSupervisor([sys.executable, "-c", RUNNER_WITH_CHILDREN, str(pids_file)], stop_timeout_s=10)
+
+    def children(n: int) -> list[int]:
+        deadline = time.monotonic() + 30
+        while len(lines := pids_file.read_text().splitlines() if pids_file.exists() else []) < n:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        return [int(p) for p in lines[n - 1].split()]
+
+    def gone(pids: list[int]) -> bool:
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not any(_alive(p) for p in pids)
+
+    supervisor.start()
+    try:
+        first = children(1)
+        os.kill(supervisor.process.pid, signal.SIGKILL)
+        assert gone(first), [Path(f"/proc/{p}/cmdline").read_bytes() for p in first if _alive(p)]
+        children(2)  # the restarted runner's, which its graceful stop takes with it
+        assert supervisor.restarts == 1
+    finally:
+        supervisor.stop()
+        every = [int(p) for p in pids_file.read_text().split()] if pids_file.exists() else []
+        stopped = gone(every)
+        for pid in filter(_alive, every):  # a failed run of this test leaves nothing behind either
+            os.kill(pid, signal.SIGKILL)
+    assert stopped
+
+
+def _finished_trial(db: object, study_id: int, number: int) -> None:
+    from tuner.storage import StudyDB
+
+    assert isinstance(db, StudyDB)
+    insert = db.insert_op(study_id, number, {"x": number / 10}, optuna_trial_id=None)
+    finish = db.finish_op(
+        study_id,
+        number,
+        status="ok",
+        metrics={"score": number / 10, "cost": 1.0},
+        feasible=True,
+        timing_comparable=False,
+        error=None,
+        worker="test",
+        attempt=1,
+        fingerprint=None,
+    )
+    db.apply([insert, finish])
+
+
+def _next_trials(lines: Iterator[str]) -> list[int]:
+    """The trial numbers of the stream's next ``event: trials``."""
+    event = None
+    for line in lines:
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: ") and event == "trials":
+            return [t["number"] for t in json.loads(line[6:])["trials"]]
+    return []
+
+
+def test_an_event_stream_waits_out_a_database_blip(private_pg: tuple[str, Path], tmp_path: Path) -> None:
+    """A stream open while PostgreSQL goes away and comes back stays open and goes on with what changes
+    after: its response has started, so it cannot answer 503; it was cut mid-stream (a traceback in the
+    server's log and an incomplete chunked body for every open dashboard)."""
+    import httpx
+    from sqlalchemy.engine import make_url
+
+    from tests.test_queries import _noop_spec
+    from tuner.storage import StudyDB
+
+    db_url, data = private_pg
+    db = StudyDB(db_url)
+    db.create_tables()
+    study_id = db.create_study(name="stream", workload="noop", spec=_noop_spec("stream"), space={}, space_hash="h").id
+    _finished_trial(db, study_id, 0)
+    server = Server(db_url, 8206, tmp_path / "serve.log", options=("--no-runner",))
+    pg_ctl = [str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(data.parent / "log"), "-w"]
+    options = f"-p {make_url(db_url).port} -k {data.parent} -c listen_addresses=127.0.0.1"
+    seen: list[int] = []
+    try:
+        with server.client.stream("GET", f"/api/studies/{study_id}/events?after=0", timeout=20) as stream:
+            lines = stream.iter_lines()
+            seen += _next_trials(lines)
+            assert seen == [0]
+            down = subprocess.run(_as_postgres(*pg_ctl, "-m", "fast", "stop"), stdout=subprocess.DEVNULL, timeout=60)
+            assert down.returncode == 0
+            time.sleep(3)  # the stream looks at the study every second: it meets the database down
+            up = subprocess.run(_as_postgres(*pg_ctl, "-o", options, "start"), stdout=subprocess.DEVNULL, timeout=60)
+            assert up.returncode == 0
+            _finished_trial(db, study_id, 1)
+            seen += _next_trials(lines)
+    except httpx.TransportError as exc:
+        raise AssertionError(f"the stream broke ({exc!r})\n{server.tail()}") from exc
+    finally:
+        server.close()
+        db.dispose()
+    assert seen == [0, 1]
+    log = server.tail()
+    assert "database unreachable" in log and "Traceback" not in log, log
+
+
+def _http_answer(sock: object) -> bytes:
+    """One HTTP/1.1 answer read from ``sock`` (head and Content-Length body); b"" when the server closed."""
+    import socket
+
+    assert isinstance(sock, socket.socket)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+        )
+        while len(body) < length:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+    except OSError:  # a reset: the server closed with our request unread
+        return data
+    return head + b"\r\n\r\n" + body
+
+
+def test_an_idle_connection_outlives_the_clients_keep_alive(sqlite_url: str, tmp_path: Path) -> None:
+    """The server keeps an idle connection longer than clients keep theirs (httpx's and many others': 5 s).
+    With both at 5 s, a client reusing a connection near its end raced the server's close (a reset or an
+    empty answer, for a GET outside any blip: seen under load in the soak benchmark)."""
+    import socket
+
+    server = Server(sqlite_url, 8207, tmp_path / "serve.log", options=("--no-runner",))
+    request = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    try:
+        with socket.create_connection(("127.0.0.1", 8207), timeout=10) as sock:
+            sock.sendall(request)
+            first = _http_answer(sock)
+            time.sleep(6.5)  # idle past a 5 s keep-alive
+            try:
+                sock.sendall(request)
+                second = _http_answer(sock)
+            except OSError:
+                second = b""
+    finally:
+        server.close()
+    assert first.startswith(b"HTTP/1.1 200"), first
+    assert second.startswith(b"HTTP/1.1 200"), f"the server closed the idle connection: {second!r}"

@@ -343,6 +343,11 @@ def _exit_now() -> NoReturn:
 RAY_SHUTDOWN_S = 15.0
 #: How long ``tuner serve`` lets its runner finish the trials in flight before it kills it.
 RUNNER_STOP_S = 60.0
+#: How long ``tuner serve`` keeps an idle HTTP connection open. Longer than clients keep theirs (httpx,
+#: browsers: 5-60 s; proxies such as a load balancer's 60 s idle timeout): at uvicorn's 5 s, equal to
+#: httpx's expiry, a client reusing a connection just as the server closed it got a reset or an empty
+#: answer, the more often the more loaded the machine.
+KEEP_ALIVE_S = 75
 
 
 def _exit_after_ray_shutdown(timeout_s: float) -> NoReturn:
@@ -394,7 +399,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # runner is stopped too rather than left behind.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=args.keep_alive_s)
     finally:
         if supervisor is not None:
             # The runner alone: it lets its trials in flight finish, then shuts its Ray down itself.
@@ -517,6 +522,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, help="worker actors per study (default: one per GPU, 2 on CPU)")
     serve.add_argument("--no-runner", action="store_true", help="API only; run `tuner worker` elsewhere")
     serve.add_argument("--log-level", default="warning")
+    serve.add_argument(
+        "--keep-alive-s",
+        type=int,
+        default=KEEP_ALIVE_S,
+        help=f"how long an idle HTTP connection is kept open (default {KEEP_ALIVE_S} s)",
+    )
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="claim queued studies from the database and run them")

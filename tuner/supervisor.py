@@ -4,8 +4,10 @@ when the server goes.
 The runner is a child process (``tuner worker --watch-parent``) in its own session, so a Ctrl-C of the
 server reaches it only through the server's graceful stop. A runner that dies (a SIGKILL, an OOM kill,
 a crash) is started again after a backoff that doubles from 1 s to 30 s and resets once a runner has
-stayed up for a minute; its study's lease lapses and the new runner takes the study over. A runner
-whose server died notices its parent is gone and stops (``watch_parent``).
+stayed up for a minute; its study's lease lapses and the new runner takes the study over. What a dead
+runner leaves behind in its session (its local Ray's agents and worker actors, which would otherwise
+live on for a minute or more, a trial still running on a GPU among them) is killed as soon as it is
+reaped. A runner whose server died notices its parent is gone and stops (``watch_parent``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 log = logging.getLogger("tuner.supervisor")
 BACKOFF_S = (1.0, 30.0)  # first and largest wait before a restart
@@ -53,6 +56,7 @@ class RunnerSupervisor:
             assert self.process is not None
             started = time.monotonic()
             code = self.process.wait()  # also reaps it: no <defunct> runner
+            left = kill_session(self.process.pid)
             if self._stopping.is_set():
                 break
             if time.monotonic() - started >= STABLE_S:
@@ -61,6 +65,8 @@ class RunnerSupervisor:
             log.warning(
                 "runner (pid %s) exited with status %s; starting another in %.0f s", self.process.pid, code, wait_s
             )
+            if left:
+                log.warning("killed %d process(es) the runner (pid %s) left behind", left, self.process.pid)
             if self._stopping.wait(wait_s):
                 break
             self.restarts += 1
@@ -80,7 +86,38 @@ class RunnerSupervisor:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        if process is not None:
+            kill_session(process.pid)
         self.state = "stopped"
+
+
+def kill_session(leader: int) -> int:
+    """SIGKILL every process still in the session (and process group) that the exited process ``leader``
+    led; returns how many were signalled. The runner starts its session, so everything its local Ray
+    started is in it (Ray's workers get process groups of their own, hence the session). A pid stays
+    reserved while a session or group of that id has members, so nothing else is hit."""
+    victims = set()
+    proc = Path("/proc")
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()  # state, ppid, pgrp, session, ...
+        if fields[0] != "Z" and leader in (int(fields[2]), int(fields[3])):
+            victims.add(int(entry.name))
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:  # where there is no /proc: the process group at least
+        os.killpg(leader, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    return len(victims)
 
 
 def watch_parent(parent: int, on_orphaned: Callable[[], None], every_s: float = 1.0) -> threading.Thread:

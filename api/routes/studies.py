@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
 from fastapi.responses import PlainTextResponse, StreamingResponse
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from api.deps import MAX_ID, DBDep, StudyDep, require_read, require_write
 from api.schemas import (
@@ -25,7 +29,9 @@ from api.views import study_out, trial_dict, trial_out, view_out
 from tuner import lifecycle, queries
 from tuner.export import ExportError, export_document, render
 from tuner.spec import SpecError, StudySpec, compile_study
+from tuner.storage import is_transient
 
+log = logging.getLogger("api")
 TERMINAL = lifecycle.TERMINAL
 EXPORT_MEDIA_TYPES = {
     "json": "application/json",
@@ -334,36 +340,67 @@ async def study_events(
 
 
 async def _event_stream(db: Any, study_id: int, request: Request, seq: int | None) -> Any:
-    if seq is None:
-        seq = await asyncio.to_thread(queries.last_seq, db, study_id)
-    last, idle = None, 0
+    last, waiting = None, False
+    said = time.monotonic()  # when the stream last sent anything
     while not await request.is_disconnected():
-        # database work off the event loop: open dashboards must not stall the server
-        current = lifecycle.visible(await asyncio.to_thread(db.get_study, study_id))
-        if current is None:
-            yield "event: deleted\ndata: {}\n\n"
+        try:
+            # database work off the event loop: open dashboards must not stall the server
+            if seq is None:
+                seq = await asyncio.to_thread(queries.last_seq, db, study_id)
+            messages, seq, last, state = await asyncio.to_thread(_poll, db, study_id, seq, last)
+        except (DBAPIError, PoolTimeout) as exc:
+            # A database blip: the response has started, so it cannot become a 503; the stream waits
+            # the blip out (with comments, which keep proxies from closing it) and goes on from ``seq``.
+            if not is_transient(exc):
+                raise
+            if not waiting:
+                log.warning(
+                    "event stream of study %s: database unreachable (%s); retrying", study_id, type(exc).__name__
+                )
+            waiting, said = True, time.monotonic()
+            yield ": the study database cannot be reached; retrying\n\n"
+            await asyncio.sleep(EVENT_POLL_S)
+            continue
+        waiting = False
+        for message in messages:
+            said = time.monotonic()
+            yield message
+        if state == "done":
             return
-        changed = await asyncio.to_thread(queries.changes_since, db, study_id, seq, EVENT_TRIALS)
-        if changed:
-            seq = max(int(t.seq or 0) for t in changed)
-            body = json.dumps({"seq": seq, "trials": [trial_out(t).model_dump(mode="json") for t in changed]})
-            yield f"id: {seq}\nevent: trials\ndata: {body}\n\n"
-            idle = 0
-            if len(changed) == EVENT_TRIALS:
-                continue  # more to catch up on: no pause
-        payload = (await asyncio.to_thread(study_out, db, current)).model_dump_json()
-        if payload != last:
-            last, idle = payload, 0
-            yield f"id: {seq}\nevent: study\ndata: {payload}\n\n"
-            if current.status in TERMINAL:
-                return
-        else:
-            idle += 1
-            if idle % 15 == 0:
-                yield ": keep-alive\n\n"
+        if state == "more":
+            continue  # more to catch up on: no pause
+        # In seconds, not in looks: a look takes longer on a loaded server, and a client or proxy with a
+        # read timeout drops a stream that stays silent too long.
+        if time.monotonic() - said >= EVENT_KEEPALIVE_S:
+            said = time.monotonic()
+            yield ": keep-alive\n\n"
         await asyncio.sleep(EVENT_POLL_S)
 
 
-#: Trials an ``event: trials`` carries at most; how often a stream looks for changes.
+def _poll(db: Any, study_id: int, seq: int, last: str | None) -> tuple[list[str], int, str | None, str]:
+    """One look at the study for its event stream: (messages to send, the new ``seq``, the new last study
+    payload, state): ``done`` (deleted or terminal), ``more`` (a full batch of trials: look again at
+    once), ``changed`` (the study's payload changed) or ``idle``."""
+    current = lifecycle.visible(db.get_study(study_id))
+    if current is None:
+        return ["event: deleted\ndata: {}\n\n"], seq, last, "done"
+    messages = []
+    changed = queries.changes_since(db, study_id, seq, EVENT_TRIALS)
+    if changed:
+        seq = max(int(t.seq or 0) for t in changed)
+        body = json.dumps({"seq": seq, "trials": [trial_out(t).model_dump(mode="json") for t in changed]})
+        messages.append(f"id: {seq}\nevent: trials\ndata: {body}\n\n")
+        if len(changed) == EVENT_TRIALS:
+            return messages, seq, last, "more"
+    payload = study_out(db, current).model_dump_json()
+    if payload == last:
+        return messages, seq, last, "changed" if changed else "idle"
+    messages.append(f"id: {seq}\nevent: study\ndata: {payload}\n\n")
+    return messages, seq, payload, "done" if current.status in TERMINAL else "changed"
+
+
+#: Trials an ``event: trials`` carries at most; how often a stream looks for changes; the longest a
+#: stream stays silent (a keep-alive comment then).
 EVENT_TRIALS = 500
 EVENT_POLL_S = 1.0
+EVENT_KEEPALIVE_S = 15.0
