@@ -270,13 +270,18 @@ def tune_packed_tile(
     if key in _TUNED:
         return dict(_TUNED[key])
     precision = "bf16" if dtype == torch.bfloat16 else "fp16"
-    tiles = []
-    for tile in packed_candidates(m, n, k, bits):
+    import concurrent.futures
+
+    def compiles(tile: dict[str, int]) -> bool:
         try:
             compile_only(m, n, k, precision=precision, bits=bits, group_size=group_size, **tile)
         except Exception:  # a tile that does not compile here is simply not a candidate
-            continue
-        tiles.append(tile)
+            return False
+        return True
+
+    candidates = packed_candidates(m, n, k, bits)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        tiles = [t for t, ok in zip(candidates, pool.map(compiles, candidates), strict=True) if ok]
     if not tiles:
         return packed_tile(m, n, k, bits)
     rows = k // pack_factor(bits)

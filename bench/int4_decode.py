@@ -1,0 +1,137 @@
+"""int4 decode against the best bf16 decode on this GPU: the 1B preset, prompt 512, batches 1, 8 and 64.
+
+Every config runs through the ``decode_step`` workload (``DecodeStep.run``: teacher-forced greedy decode
+of ``--gen-tokens`` steps, CUDA events, top-1 agreement with the bf16 model). Per batch, the bf16
+candidates (CUDA graph, with and without ``torch.compile``) and the int4 candidates (round-to-nearest,
+group 128, block 0 in int8, packed and tiled kernels, with and without compile) are measured in turn
+``--rounds`` times (A B C ... A B C ...); the best bf16 and the best int4 config with top-1 agreement >=
+0.95 are compared by their median tokens/s. The kernels one eager decode step launches are counted with
+``torch.profiler`` for the bf16, tiled int4 and packed int4 models.
+
+The weights are trained ``--train-steps`` steps on the synthetic task first (``models.gpt.pretrain``) for
+the margins of a trained model, with two seeds (two independently pretrained weight sets) at batch 1.
+
+    PYTHONPATH=. python bench/int4_decode.py --out bench/results/int4-roofline-decode-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from bench.common import median, verdict, write_result
+
+BF16 = {"weight_bits": 16, "kv_dtype": "bf16", "attention": "sdpa", "cuda_graphs": True}
+INT4 = {**BF16, "weight_bits": 4, "group_size": 128, "int8_first_blocks": 1, "quantizer": "rtn"}
+CANDIDATES: dict[str, dict[str, Any]] = {
+    "bf16": {**BF16, "compile": "off"},
+    "bf16_compiled": {**BF16, "compile": "default"},
+    "int4_packed": {**INT4, "quant_kernel": "packed", "compile": "off"},
+    "int4_packed_compiled": {**INT4, "quant_kernel": "packed", "compile": "default"},
+    "int4_tiled_compiled": {**INT4, "quant_kernel": "tiled", "compile": "default"},
+}
+GOALS = {1: 1.5, 8: 1.25, 64: 1.0}
+
+
+def kernels_per_step(workload: Any, config: dict[str, Any], batch: int) -> int:
+    """CUDA kernels one eager decode step of the config's model launches (torch.profiler)."""
+    import torch
+
+    from objectives.decode_step import _int8_first_blocks, _quant_kernel, _quantizer
+
+    bits = int(config["weight_bits"])
+    kernel = _quant_kernel(config) or "tiled"
+    model, _ = workload._variant(
+        config["attention"],
+        bits,
+        config.get("group_size"),
+        "cuda",
+        _int8_first_blocks(config),
+        _quantizer(config),
+        kernel,
+    )
+    kv = model.init_cache(batch, workload.max_len, torch.bfloat16, "cuda")
+    prompt = torch.randint(0, workload.cfg.vocab_size, (batch, 16), device="cuda")
+    pos = torch.full((), 16, dtype=torch.long, device="cuda")
+    token = torch.zeros((batch, 1), dtype=torch.long, device="cuda")
+    with torch.no_grad():
+        model.prefill(prompt, kv)
+        model.decode(token, kv, pos)  # warm: compiles, scratch buffers
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            model.decode(token, kv, pos)
+            torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def measure_batch(batch: int, args: argparse.Namespace, seed: int, names: list[str]) -> dict[str, Any]:
+    from objectives.decode_step import DecodeStep
+    from tuner.fingerprint import device_info
+    from tuner.workload import TrialContext
+
+    device = device_info()
+    workload = DecodeStep(model="1b", prompt_len=args.prompt_len, gen_tokens=args.gen_tokens, batch=batch,
+                          seed=seed, train_steps=args.train_steps)  # fmt: skip
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    for round_ in range(args.rounds):
+        for name in names:
+            config = {**CANDIDATES[name], "batch": batch}
+            started = time.time()
+            result = workload.run(config, device, TrialContext(trial_number=round_))
+            runs[name].append({"status": str(result.status), "error": result.error, "metrics": result.metrics,
+                               "wall_s": time.time() - started})  # fmt: skip
+            print(f"b{batch} s{seed} {name}: {result.metrics.get('tokens_per_s')} {result.error or ''}", flush=True)
+    out: dict[str, Any] = {"batch": batch, "seed": seed, "runs": runs, "median_tokens_per_s": {}, "top1": {}}
+    for name, rows in runs.items():
+        ok = [r["metrics"] for r in rows if r["metrics"].get("tokens_per_s")]
+        out["median_tokens_per_s"][name] = median([m["tokens_per_s"] for m in ok]) if ok else None
+        out["top1"][name] = median([m.get("top1_agreement", float("nan")) for m in ok]) if ok else None
+    if seed == args.seeds[0] and batch == args.batches[0]:
+        out["kernels_per_step"] = {
+            name: kernels_per_step(workload, CANDIDATES[name], batch) for name in ("bf16", "int4_packed")
+        } | {"int4_tiled": kernels_per_step(workload, {**CANDIDATES["int4_packed"], "quant_kernel": "tiled"}, batch)}
+    return out
+
+
+def targets_of(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    targets = []
+    for e in entries:
+        speeds, top1 = e["median_tokens_per_s"], e["top1"]
+        bf16 = max((v for k, v in speeds.items() if k.startswith("bf16") and v), default=None)
+        int4 = [(v, k) for k, v in speeds.items() if k.startswith("int4") and v and (top1.get(k) or 0) >= 0.95]
+        best = max(int4, default=(None, None))
+        ratio = best[0] / bf16 if best[0] and bf16 else None
+        goal = GOALS.get(e["batch"], 1.0)
+        targets.append({
+            "target": f"decode 1b prompt 512 batch {e['batch']} (weights seed {e['seed']}): int4 tokens/s >= {goal}x "
+                      f"the best bf16 config, top-1 agreement >= 0.95 (int4 pick: {best[1]}, "
+                      f"top-1 {top1.get(best[1]) if best[1] else None})",
+            "tuned": best[0], "baseline": bf16, "ratio": ratio, "goal": goal, "verdict": verdict(ratio, goal),
+        })  # fmt: skip
+    return targets
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, nargs="*", default=[1, 8, 64])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--gen-tokens", type=int, default=32)
+    parser.add_argument("--train-steps", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=2)
+    # Four, the workload's case cache (MAX_CASES): no case is rebuilt (and recompiled) between rounds.
+    parser.add_argument("--names", nargs="*", default=["bf16", "bf16_compiled", "int4_packed", "int4_packed_compiled"])
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    started = time.time()
+    entries = []
+    for seed in args.seeds:
+        for batch in args.batches if seed == args.seeds[0] else args.batches[:1]:
+            entries.append(measure_batch(batch, args, seed, args.names))
+            write_result({"what": __doc__.split("\n\n")[0], "wall_s": time.time() - started, "entries": entries,
+                          "targets": targets_of(entries)}, args.out)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
