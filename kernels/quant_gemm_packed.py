@@ -202,7 +202,9 @@ def _pair_asm(dtype: str, pair: int) -> tl.constexpr:
         "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2"),
     }[dtype]
     text = _PAIR_ASM.replace("MAGIC", magic).replace("ONE", one).replace("NEG", neg).replace("TYPE", kind)
-    return tl.constexpr(text.replace("SHIFT", str(4 * pair)))
+    # One line: torch.compile (Inductor) re-emits a user kernel's source, and a newline inside this string
+    # constant would end its literal there.
+    return tl.constexpr(" ".join(text.replace("SHIFT", str(4 * pair)).split()))
 
 
 PAIR_BF16_0, PAIR_BF16_1, PAIR_BF16_2, PAIR_BF16_3 = (_pair_asm("bf16", p) for p in range(4))
