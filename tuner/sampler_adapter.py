@@ -172,6 +172,14 @@ class SamplerAdapter:
             self.exhausted_reason = "the space is exhausted: every statically feasible config is measured"
         return done
 
+    def proposal_counts(self) -> dict[str, int] | None:
+        """Proposals the sampler replaced inside its proposal step in this run (see
+        :meth:`TunerSampler.proposal_counts`); None for a sampler that replaces nothing (an Optuna
+        sampler's repeats and statically infeasible proposals are trial rows, in the status counts)."""
+        if isinstance(self._sampler, TunerSampler):
+            return self._sampler.proposal_counts()
+        return None
+
     # ask and tell -------------------------------------------------------------
     def ask(self) -> Proposal | None:
         """The next config, suggested by the space's code through an Optuna trial; None when the

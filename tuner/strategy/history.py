@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.space import SearchSpace
-from tuner.strategy.encoding import Encoder, config_from_optuna, config_key
+from tuner.strategy.encoding import Encoder, config_from_optuna, config_key, row_key
 
 CONSTRAINTS_ATTR = "constraints"  # as tuner.samplers writes it (Optuna's key for Trial.set_constraint too)
 STATES = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.FAIL)
@@ -34,6 +34,8 @@ class Observation:
     running: bool
     feasible: bool
     values: tuple[float, ...] | None
+    levels: np.ndarray  # the config's level row (see :class:`Encoder`)
+    row: bytes  # its identity (``row_key``): what a proposal must not repeat
 
 
 def _violated(trial: FrozenTrial) -> bool:
@@ -82,6 +84,8 @@ class History:
             vals = tuple(float(v) for v in trial.values)
             if all(math.isfinite(v) for v in vals):
                 values, feasible = vals, True
+        levels = self.encoder.row(config)
+        x = self.encoder.encode_rows(levels[None, :])[0]
         return Observation(
-            trial.number, config_key(config), config, self.encoder.encode(config), running, feasible, values
+            trial.number, config_key(config), config, x, running, feasible, values, levels, row_key(levels)
         )

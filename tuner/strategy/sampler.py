@@ -25,7 +25,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.space import LOG2_SUFFIX, Param, SearchSpace
 from tuner.strategy.candidates import FeasibleSet, StaticCheck
-from tuner.strategy.encoding import config_key
 from tuner.strategy.history import History
 from tuner.strategy.model import SpaceExhausted, Strategy
 
@@ -112,7 +111,7 @@ class TunerSampler(BaseSampler):
         seen = {o.number for o in observations}
         planned = [c for n, c in sorted(self._planned.items()) if n != number and n not in seen]
         config = strategy.propose(observations, planned, number)
-        remaining = strategy.remaining({o.key for o in observations} | {config_key(c) for c in [*planned, config]})
+        remaining = strategy.remaining(strategy.exclusion(observations, [*planned, config]))
         self._last_remaining = remaining
         return config
 
@@ -122,8 +121,16 @@ class TunerSampler(BaseSampler):
             return False
         strategy = self._ensure(study)
         assert self._history is not None
-        keys = {o.key for o in self._history.read(study)} | {config_key(c) for c in self._planned.values()}
+        keys = strategy.exclusion(self._history.read(study), list(self._planned.values()))
         return strategy.remaining(keys) == 0
+
+    def proposal_counts(self) -> dict[str, int]:
+        """Proposals replaced inside the proposal step so far (this process): ``repeats_replaced`` stays 0,
+        since measured and in-flight configs are never candidates; ``static_rejected`` counts the distinct
+        configs the workload's static check refused as they were about to be proposed (the next candidate
+        was proposed instead). The space's static rules are applied before scoring and count as neither."""
+        rejected = self._strategy.feasible.static_rejected if self._strategy is not None else 0
+        return {"repeats_replaced": 0, "static_rejected": int(rejected)}
 
     # Optuna's sampler interface ------------------------------------------------------------
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
