@@ -151,13 +151,16 @@ def test_a_replay_study_runs_on_the_engine_and_finds_the_recorded_best(
 
 @pytest.mark.parametrize("path", LANDSCAPES, ids=[p.name for p in LANDSCAPES])
 def test_committed_landscapes_are_complete_and_replayable(path: Path) -> None:
-    """Every committed landscape: a GPU fingerprint, >= 300 configs, each grid config once, replayable."""
+    """Every committed landscape: a GPU fingerprint, >= 300 configs, each grid config once (all of them, unless
+    a time limit cut the recording), replayable."""
     replay = Replay(file=str(path))
     header = replay.landscape.header
     assert replay.landscape.on_gpu, "landscapes are recorded on a GPU"
     configs = grid_configs(header["grid"], header.get("when"))
-    assert len(configs) >= 300 and len(replay.landscape.records) == len(configs)
-    assert {params_key(c) for c in configs} == set(replay.landscape.records)
+    # a grid recorded within a time limit holds a random subset of its configs, and says how many
+    expected = header.get("configs_recorded", len(configs))
+    assert expected >= 300 and len(replay.landscape.records) == expected
+    assert set(replay.landscape.records) <= {params_key(c) for c in configs}
     statuses = {r["status"] for r in replay.landscape.records.values()}
     assert "ok" in statuses
     load_spec(

@@ -32,6 +32,7 @@ from tuner.strategy.encoding import Encoder, row_key, row_keys, unique_rows
 
 ENUMERATE_LIMIT = 16_384  # value combinations (conditions aside) decoded in full
 DRAW_ROUNDS = 8  # rounds of random draws a sampled space gets to find enough free candidates
+PROBE = 2048  # random draws that estimate a sampled space's share of rule-feasible configs
 TABLE_LIMIT = 1 << 22  # level combinations of one expression kept in a dense verdict table
 StaticCheck = Callable[[dict[str, Any]], "str | None"]
 
@@ -97,7 +98,7 @@ class FeasibleSet:
         self._rules = [self._verdicts(rule.expression, self._rule_verdict(rule.expression)) for rule in space.rules]
         self._checked: dict[bytes, bool] = {}  # the workload's static check, by row key
         self.static_rejected = 0  # distinct configs the workload's check refused when they were about to be proposed
-        self._yield = 0.5  # share of random draws that pass the rules (a running estimate)
+        self._yield = 1.0  # share of random draws that pass the rules (estimated below for a sampled space)
         self._move_cache: dict[tuple[int, float, int], list[float]] = {}
         self.ordered = np.array([c.kind == "ordinal" for c in self.encoder.columns])
         bound = space.grid_upper_bound()
@@ -110,6 +111,10 @@ class FeasibleSet:
             self.rows = grid[self.rule_mask(grid)]
             self.index = {k: i for i, k in enumerate(row_keys(self.rows))}
             self.X = self.encoder.encode_rows(self.rows)
+        else:  # from a fixed probe, so the number of draws per proposal is a function of the space alone
+            probe = np.random.default_rng(0)
+            R = self._apply_conditions(np.stack([self._draw(p, probe, PROBE) for p in range(len(self.names))], 1), None)
+            self._yield = max(float(self.rule_mask(R).mean()), 0.02)
 
     # expressions ------------------------------------------------------------------------
     def _verdicts(self, expression: expr.Expression, evaluate: Callable[[dict[str, Any]], bool]) -> _Verdicts:
@@ -212,22 +217,24 @@ class FeasibleSet:
             if len(index) > n:
                 index = np.sort(rng.choice(index, size=n, replace=False))
             return self.rows[index]
-        found: dict[bytes, np.ndarray] = {}
+        found: dict[bytes, None] = {}
+        blocks: list[np.ndarray] = []
         for _ in range(DRAW_ROUNDS):
             # as many draws as the share that passed the rules so far says n needs (at least n, at most 8 n)
             want = n - len(found)
-            draws = int(min(8 * n, max(n, 1.2 * want / max(self._yield, 0.02))))
+            draws = int(min(8 * n, max(n, 1.2 * want / self._yield)))
             R = np.stack([self._draw(p, rng, draws) for p in range(len(self.names))], axis=1)
             R = self._apply_conditions(R, None)
             R = R[self.rule_mask(R)]
-            self._yield = 0.8 * self._yield + 0.2 * max(len(R) / draws, 1e-3)
-            for key, r in zip(row_keys(R), R, strict=True):
+            keep = []
+            for i, key in enumerate(row_keys(R)):
                 if key not in exclude and key not in found:
-                    found[key] = r
+                    found[key] = None
+                    keep.append(i)
+            blocks.append(R[keep])
             if len(found) >= n:
                 break
-        rows = list(found.values())[:n]
-        return np.stack(rows) if rows else np.zeros((0, len(self.names)))
+        return np.vstack(blocks)[:n] if blocks else np.zeros((0, len(self.names)))
 
     def neighbours(
         self, rows: list[np.ndarray], rng: np.random.Generator, n_random: int, exclude: set[bytes]
@@ -240,28 +247,31 @@ class FeasibleSet:
             moves += self._moves_of(row, rng, n_random)
         if not moves:
             return np.zeros((0, len(self.names)))
-        R = self._apply_conditions(np.stack(moves), rng)
+        R = self._apply_conditions(np.array(moves), rng)
         R = R[self.rule_mask(R)]
-        out: dict[bytes, np.ndarray] = {}
-        for key, r in zip(row_keys(R), R, strict=True):
-            if key not in exclude and (not self.enumerated or key in self.index):
-                out.setdefault(key, r)
-        return np.stack(list(out.values())) if out else np.zeros((0, len(self.names)))
+        seen: set[bytes] = set()
+        keep = []
+        for i, key in enumerate(row_keys(R)):
+            if key not in exclude and key not in seen and (not self.enumerated or key in self.index):
+                seen.add(key)
+                keep.append(i)
+        return R[keep]
 
     def _moves_of(self, row: np.ndarray, rng: np.random.Generator, n_random: int) -> list[np.ndarray]:
-        active = [p for p in range(len(self.names)) if row[p] == row[p] and row[p] >= 0]
+        levels = row.tolist()
+        active = [p for p, level in enumerate(levels) if level == level and level >= 0]
         moves: list[np.ndarray] = []
         for p in active:
-            for level in self._moves(p, row[p], 1, rng):
+            for level in self._moves(p, levels[p], 1, rng):
                 moved = row.copy()
                 moved[p] = level
                 moves.append(moved)
         for _ in range(n_random if active else 0):
             moved = row.copy()
-            for p in rng.choice(active, size=min(int(rng.integers(2, 4)), len(active)), replace=False):
-                options = self._moves(int(p), row[int(p)], 2, rng)
+            for p in rng.choice(active, size=min(int(rng.integers(2, 4)), len(active)), replace=False).tolist():
+                options = self._moves(p, levels[p], 2, rng)
                 if options:
-                    moved[int(p)] = options[int(rng.integers(len(options)))]
+                    moved[p] = options[int(rng.integers(len(options)))]
             moves.append(moved)
         return moves
 
