@@ -10,8 +10,10 @@
    feasible unmeasured candidates plus 1-3-knob moves around the best configs.
 3. In-flight configs are excluded and enter the GP at their predicted mean (kriging believer), so a
    batch of proposals spreads out instead of piling onto one peak.
-4. When the best has not improved for ``patience`` trials, every third proposal is the most
+4. Once ``patience`` feasible results exist, every third proposal (one objective) is the most
    uncertain feasible candidate instead: a restart somewhere the model knows little about.
+5. The posterior conditions on a bounded active set (:data:`PREDICT_CAP` observations: the best
+   half and the latest), so a proposal costs about the same at 1,000 trials as at 150.
 
 Every choice is a function of the seed, the trial number and the observations, so a study
 rebuilt from the same trials proposes the same configs.
@@ -32,7 +34,7 @@ from tuner.strategy.encoding import row_key, unique_rows
 from tuner.strategy.history import Observation
 
 FIT_CAP = 150  # observations the hyperparameters are fitted on
-PREDICT_CAP = 200  # observations the posterior conditions on (a bounded active set: the best half, the latest)
+PREDICT_CAP = 150  # observations the posterior conditions on (a bounded active set: the best half, the latest)
 SPREAD_CHOICES = 20  # random candidates a space-filling proposal picks the most distant of
 INCUMBENTS = 3  # best configs whose local moves join the candidates
 CHEBYSHEV_RHO = 0.05

@@ -90,7 +90,7 @@ class TunerSampler(BaseSampler):
         self._fallback = optuna.samplers.RandomSampler(seed=self._seed)
         self._last_remaining: int | None = None  # feasible configs left after the last proposal
 
-    # the strategy, built on first use: enumerating a space takes a moment --------------------
+    # the strategy, built on first use (a small space is decoded in full then) ------------------
     def _ensure(self, study: optuna.Study) -> Strategy:
         if self._strategy is None:
             feasible = FeasibleSet(self._space, device=self._device, static_check=self._static_check)
@@ -116,7 +116,7 @@ class TunerSampler(BaseSampler):
         return config
 
     def is_exhausted(self, study: optuna.Study) -> bool:
-        """True when every statically feasible config is measured or in flight (an enumerated space only)."""
+        """True when every statically feasible config is measured or in flight (a decoded space only)."""
         if self._last_remaining:  # something was left after the last proposal: one ask takes one config at most
             return False
         strategy = self._ensure(study)
