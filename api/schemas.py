@@ -41,6 +41,9 @@ class StudyOut(BaseModel):
     error: str | None = None  # why the study cannot be shown in full (e.g. its workload no longer builds)
     url: str
     dashboard_url: str
+    # Proposals the sampler replaced inside its proposal step, not trial rows ({"repeats_replaced": n,
+    # "static_rejected": m}); null when the study's sampler replaces nothing (``sampler: auto`` does).
+    proposals: dict[str, int] | None = None
 
 
 class StudyDetail(StudyOut):

@@ -88,6 +88,7 @@ def view_out(view: StudyView, detail: bool = False) -> StudyOut:
         "error": view.error,
         "url": f"/api/studies/{row.id}",
         "dashboard_url": f"/studies/{row.id}",
+        "proposals": row.proposal_counts,
     }
     if detail:
         return StudyDetail(

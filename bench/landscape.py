@@ -10,6 +10,15 @@ Kernels are compiled ahead on a thread pool
 
     python bench/landscape.py gemm --out bench/landscapes/gemm-bf16-fp16-4096.jsonl
 
+A family's ``when`` gives conditional params their condition, as the workload's space does (the
+persistent GEMM's ``EPILOGUE_SUBTILE`` exists only for ``kernel != 'tutorial'``): a config records
+only its active params, once, and the header carries the conditions for the replay space.
+
+A large grid is recorded within a GPU-time budget: ``--order random`` visits the grid in a seeded
+random order, short timing (``--warmup-ms``, ``--rep-ms``, ``--max-time-ms``), and ``--time-limit-s``
+stops starting configs after that many seconds: the file then holds a uniform random subset of the
+grid, and its header is rewritten with ``configs_recorded`` and ``truncated``.
+
 The ``replay`` workload then answers studies from the file on any machine:
 ``{"workload": "replay", "args": {"file": "bench/landscapes/gemm-bf16-fp16-4096.jsonl"}}``.
 """
@@ -29,7 +38,65 @@ from pathlib import Path
 from typing import Any
 
 #: The grid of each family: the workload, its args and the values of every knob (>= 300 configs).
+_GEMM_WHEN = {
+    "EPILOGUE_SUBTILE": "kernel != 'tutorial'",
+    "FP8_FAST_ACCUM": "kernel != 'tutorial' and precision == 'fp8'",
+}
 GRIDS: dict[str, dict[str, Any]] = {
+    # The default GEMM space at an LLM shape (an 8B model's MLP up-projection over 4096 tokens): every
+    # precision, the three kernel variants; 3,240 grid points, 2,700 distinct configs before the rules.
+    "gemm_llm": {
+        "workload": "triton_gemm",
+        "args": {"m": 4096, "n": 14336, "k": 4096},
+        "grid": {
+            "BLOCK_M": [64, 128, 256],
+            "BLOCK_N": [64, 128, 256],
+            "BLOCK_K": [32, 64, 128],
+            "GROUP_M": [8],
+            "num_warps": [4, 8],
+            "num_stages": [3, 4],
+            "precision": ["fp32", "tf32", "bf16", "fp16", "fp8"],
+            "pad_k": [False],
+            "kernel": ["tutorial", "persistent_tma", "persistent_tma_ws"],
+            "EPILOGUE_SUBTILE": [False, True],
+            "FP8_FAST_ACCUM": [True],
+        },
+        "when": _GEMM_WHEN,
+    },
+    # The default attention space in full (three kernels, their conditional knobs) at an LLM prefill:
+    # batch 4, 32 heads, 4096 tokens, head_dim 128, causal; 2,400 distinct configs before the rules.
+    "attention_llm": {
+        "workload": "flash_attention",
+        "args": {"batch": 4, "heads": 32, "seq_len": 4096, "head_dim": 128, "causal": True},
+        "grid": {
+            "BLOCK_M": [32, 64, 128, 256],
+            "BLOCK_N": [16, 32, 64, 128, 256],
+            "num_warps": [4, 8],
+            "num_stages": [1, 2, 3, 4, 5],
+            "precision": ["bf16", "fp16"],
+            "kernel": ["tutorial", "persistent_tma", "persistent_tma_ws"],
+            "use_tma": [False, True],
+            "SPLIT_M": [False, True],
+        },
+        "when": {"use_tma": "kernel == 'tutorial'", "SPLIT_M": "kernel != 'tutorial'"},
+    },
+    # The quantized GEMM at M = 1 (one decode token) on an 8192 x 8192 layer: int4 and int8, the tile,
+    # split-K, warps and stages of the default space; 2,250 configs before the rules.
+    "quant_gemm_m1": {
+        "workload": "quant_gemm",
+        "args": {"m": 1, "n": 8192, "k": 8192},
+        "grid": {
+            "bits": [4, 8],
+            "group_size": [128],
+            "precision": ["bf16"],
+            "BLOCK_M": [1],
+            "BLOCK_N": [16, 32, 64, 128, 256],
+            "BLOCK_K": [16, 32, 64, 128, 256],
+            "SPLIT_K": [1, 2, 4, 8, 16],
+            "num_warps": [2, 4, 8],
+            "num_stages": [2, 3, 4],
+        },
+    },
     "gemm": {
         "workload": "triton_gemm",
         "args": {"m": 4096, "n": 4096, "k": 4096},
@@ -136,10 +203,26 @@ GRIDS: dict[str, dict[str, Any]] = {
 }
 
 
-def grid_configs(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """Every combination of the grid's values, in the grid's order (the last param varies fastest)."""
+def grid_configs(grid: dict[str, list[Any]], when: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Every combination of the grid's values, in the grid's order (the last param varies fastest); with
+    ``when``, a conditional param is left out of a config where its condition fails (the config kept once)."""
+    from tuner import expr
+
     names = list(grid)
-    return [dict(zip(names, values, strict=True)) for values in itertools.product(*(grid[n] for n in names))]
+    conditions = {name: expr.parse(text, allow_calls=False) for name, text in (when or {}).items()}
+    out: dict[str, dict[str, Any]] = {}
+    for values in itertools.product(*(grid[n] for n in names)):
+        config: dict[str, Any] = {}
+        for name, value in zip(names, values, strict=True):
+            condition = conditions.get(name)
+            try:
+                active = condition is None or bool(condition.evaluate(config))
+            except expr.ExpressionError:
+                active = False
+            if active:
+                config[name] = value
+        out.setdefault(json.dumps(config, sort_keys=True), config)
+    return list(out.values())
 
 
 def record_landscape(
@@ -150,12 +233,19 @@ def record_landscape(
     *,
     compile_threads: int = 8,
     limit: int | None = None,
+    when: dict[str, str] | None = None,
+    order_seed: int | None = None,
+    time_limit_s: float | None = None,
 ) -> dict[str, int]:
     """Run every config of ``grid`` on this process's device and write the landscape to ``out``.
 
     Returns the count of each status. Each record is flushed as it is written, so an
-    interrupted run leaves a readable prefix.
+    interrupted run leaves a readable prefix. ``order_seed``: visit the configs in that seeded random
+    order; ``time_limit_s``: start no config after that many seconds (the header then says how many were
+    recorded).
     """
+    import random
+
     from tuner.failures import classify_exception
     from tuner.fingerprint import device_info, fingerprint
     from tuner.registry import workload_class
@@ -165,7 +255,10 @@ def record_landscape(
 
     workload = workload_class(workload_name)(**args)
     device = device_info()
-    configs = grid_configs(grid)[:limit]
+    configs = grid_configs(grid, when)
+    if order_seed is not None:
+        random.Random(order_seed).shuffle(configs)
+    configs = configs[:limit]
     header = {
         "kind": "landscape",
         "format": 1,
@@ -173,6 +266,8 @@ def record_landscape(
         "args": args,
         "grid": grid,
         "configs": len(configs),
+        **({"when": when} if when else {}),
+        "order": "grid order" if order_seed is None else f"seeded random order (seed {order_seed})",
         "pruning": "the default space's rules, then the workload's static_check: infeasible_static, not run",
         "metrics": [
             {"name": m.name, "direction": m.direction, "unit": m.unit, "description": m.description}
@@ -193,9 +288,14 @@ def record_landscape(
     # the main thread times, in order, those already compiled.
     prepared = {i: pool.submit(workload.prepare, c, device) for i, c in enumerate(configs) if reasons[i] is None}
     start = time.time()
+    recorded = 0
     with out.open("w") as fh:
         fh.write(json.dumps(header) + "\n")
         for i, (config, reason) in enumerate(zip(configs, reasons, strict=True)):
+            if time_limit_s is not None and time.time() - start > time_limit_s:
+                print(f"  time limit: {i} of {len(configs)} configs recorded in {time.time() - start:.0f} s")
+                break
+            recorded += 1
             if reason is not None:
                 result = TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason)
             else:
@@ -217,7 +317,11 @@ def record_landscape(
             counts[record["status"]] = counts.get(record["status"], 0) + 1
             if (i + 1) % 25 == 0 or i + 1 == len(configs):
                 print(f"  {i + 1}/{len(configs)} configs, {time.time() - start:.0f} s, {counts}", flush=True)
-    pool.shutdown(wait=True)
+    pool.shutdown(wait=True, cancel_futures=True)
+    if recorded < len(configs):  # say in the header what the file holds
+        lines = out.read_text().splitlines()
+        lines[0] = json.dumps({**header, "configs_recorded": recorded, "truncated": f"time limit {time_limit_s} s"})
+        out.write_text("\n".join(lines) + "\n")
     return counts
 
 
@@ -235,15 +339,29 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="record only the first N configs (a smoke run)")
     parser.add_argument("--compile-threads", type=int, default=8)
     parser.add_argument("--rep-ms", type=float, help="timed milliseconds per config (default: the workload's)")
+    parser.add_argument("--warmup-ms", type=float, help="warm-up milliseconds per config (default: the workload's)")
+    parser.add_argument("--max-time-ms", type=float, help="cap on timed milliseconds per config (default: 2000)")
+    parser.add_argument("--order", choices=["grid", "random"], default="grid")
+    parser.add_argument("--seed", type=int, default=0, help="the random order's seed")
+    parser.add_argument("--time-limit-s", type=float, help="start no config after this many seconds")
     ns = parser.parse_args()
-    if ns.rep_ms is not None:
-        from tuner import measure
+    from tuner import measure
 
-        measure.GPU_TIMING["rep_ms"] = ns.rep_ms
+    for key, value in (("rep_ms", ns.rep_ms), ("warmup_ms", ns.warmup_ms), ("max_time_ms", ns.max_time_ms)):
+        if value is not None:
+            measure.GPU_TIMING[key] = value
     family = GRIDS[ns.family]
     args = {**family["args"], **(json.loads(ns.args) if ns.args else {})}
     counts = record_landscape(
-        family["workload"], args, family["grid"], Path(ns.out), compile_threads=ns.compile_threads, limit=ns.limit
+        family["workload"],
+        args,
+        family["grid"],
+        Path(ns.out),
+        compile_threads=ns.compile_threads,
+        limit=ns.limit,
+        when=family.get("when"),
+        order_seed=ns.seed if ns.order == "random" else None,
+        time_limit_s=ns.time_limit_s,
     )
     print(json.dumps({"family": ns.family, "out": ns.out, "counts": counts}))
 

@@ -21,6 +21,11 @@ proposal (ask plus suggest).
 
     PYTHONPATH=. python bench/replay_search.py --landscape bench/landscapes/gemm-bf16-fp16-4096.jsonl \\
         --out bench/results/replay-search-gemm-4096.json
+
+``--jobs N`` runs the seeds' studies in N processes. ``--objectives A B`` instead runs 2-objective
+studies (strategies random, tpe, nsga2, gp, tuner) and reports the hypervolume after 25, 50, 100 and
+``--trials`` trials as a fraction of the landscape's own front's. ``--timing-trials N`` times proposals
+of the project's strategy and TPE over an N-trial study of the default GEMM space, interleaved.
 """
 
 from __future__ import annotations
@@ -215,7 +220,13 @@ def proposal_times(trials: int, strategies: list[str]) -> dict[str, Any]:
         return -sum(v * v for v in shape) - (config["num_stages"] - 3) ** 2 / 4 - (config["num_warps"] != 8) / 2
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    out: dict[str, Any] = {"space": "triton_gemm default, H200 smem", "space_points": space.size(), "trials": trials}
+    out: dict[str, Any] = {
+        "space": "triton_gemm default, H200 smem",
+        "space_points": space.grid_upper_bound(),
+        "trials": trials,
+        "interleaved": "each trial asks every strategy once in turn, so a busy CPU slows them alike",
+    }
+    studies = {}
     for strategy in strategies:
         sampler = make_sampler(
             SAMPLER[strategy],
@@ -226,22 +237,186 @@ def proposal_times(trials: int, strategies: list[str]) -> dict[str, Any]:
             space=space,
             device=device,
         )
-        study = optuna.create_study(direction="maximize", sampler=sampler)
-        times = []
-        for _ in range(trials):
-            started = time.perf_counter()
+        studies[strategy] = optuna.create_study(direction="maximize", sampler=sampler)
+    times: dict[str, list[float]] = {s: [] for s in strategies}
+    cpu: dict[str, list[float]] = {s: [] for s in strategies}  # this process's CPU time: less of the load
+    for _ in range(trials):
+        for strategy, study in studies.items():
+            started, started_cpu = time.perf_counter(), time.process_time()
             trial = study.ask()
             config = space.suggest(trial)
-            times.append((time.perf_counter() - started) * 1e3)
+            times[strategy].append((time.perf_counter() - started) * 1e3)
+            cpu[strategy].append((time.process_time() - started_cpu) * 1e3)
             study.tell(trial, synthetic(config))
+    for strategy, ms in times.items():
+        last = sorted(ms[-100:])
         out[strategy] = {
-            "ms_per_proposal_mean": round(statistics.mean(times), 2),
-            "ms_first_proposal": round(times[0], 1),  # the project's strategy enumerates the feasible set here
-            "ms_per_proposal_after_first": round(statistics.mean(times[1:]), 2),
-            "ms_per_proposal_last100": round(statistics.mean(times[-100:]), 2),
+            "ms_per_proposal_mean": round(statistics.mean(ms), 2),
+            "ms_first_proposal": round(ms[0], 1),
+            "ms_per_proposal_after_first": round(statistics.mean(ms[1:]), 2),
+            "ms_per_proposal_last100": round(statistics.mean(ms[-100:]), 2),  # at about `trials` trials
+            "ms_per_proposal_last100_median": round(last[len(last) // 2], 2),
+            "cpu_ms_per_proposal_mean": round(statistics.mean(cpu[strategy]), 2),
+            "cpu_ms_per_proposal_last100": round(statistics.mean(cpu[strategy][-100:]), 2),
         }
         print(strategy, out[strategy], flush=True)
     return out
+
+
+# multi-objective ---------------------------------------------------------------------------------
+MO_STRATEGIES = ("random", "tpe", "nsga2", "gp", "tuner")
+MO_SAMPLER = {"tpe": "tpe", "nsga2": "nsga2", "gp": "gp", "tuner": "auto"}
+
+
+def hypervolume_2d(points: list[tuple[float, float]], reference: tuple[float, float]) -> float:
+    """The area dominated by ``points`` (both coordinates minimised) inside the box up to ``reference``."""
+    front = sorted(p for p in points if p[0] < reference[0] and p[1] < reference[1])
+    area, best_second = 0.0, reference[1]
+    for first, second in front:
+        if second < best_second:
+            area += (reference[0] - first) * (best_second - second)
+            best_second = second
+    return area
+
+
+def run_multi(path: Path, metrics: list[str], strategy: str, seed: int, trials: int) -> dict[str, Any]:
+    """One 2-objective study (driven as :func:`run_one` drives one): the objective pairs of the measured
+    feasible configs in trial order (None for a failure), and waste counts."""
+    import random
+
+    from objectives.replay import params_key
+    from tuner.samplers import CONSTRAINTS_ATTR, make_sampler
+    from tuner.strategy import SpaceExhausted
+    from tuner.workload import DeviceInfo, TrialStatus
+
+    replay, space, _, records = load(path, metrics[0])
+    specs = {m.name: m.direction for m in replay.metric_specs()}
+    directions = [specs[m] for m in metrics]
+    device = DeviceInfo()
+    measurable = [r for r in records if r["status"] != "infeasible_static"]
+
+    def outcome(record: dict[str, Any]) -> tuple[float, ...] | None:
+        values = [(record.get("metrics") or {}).get(m) for m in metrics]
+        ok = record["status"] == TrialStatus.OK.value and all(v is not None and math.isfinite(v) for v in values)
+        return tuple(float(v) for v in values) if ok else None
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if strategy == "random":  # uniform without repeats over the statically feasible configs
+        order = random.Random(seed).sample(measurable, min(trials, len(measurable)))
+        return {"values": [outcome(r) for r in order], "repeats": 0, "infeasible": 0}
+    sampler = make_sampler(
+        MO_SAMPLER[strategy],
+        n_objectives=len(metrics),
+        seed=seed,
+        budget_trials=trials,
+        has_conditions=any(p.when is not None for p in space.params.values()),
+        space=space,
+        device=device.to_dict(),
+        static_check=lambda c: replay.static_check(c, device),
+    )
+    study = optuna.create_study(directions=directions, sampler=sampler)
+    measured: dict[str, tuple[float, ...] | None] = {}
+    values: list[tuple[float, ...] | None] = []
+    worst: list[float] | None = None
+    repeats = infeasible = in_a_row = 0
+    while len(values) < trials and in_a_row < REPEAT_LIMIT:
+        trial = study.ask()
+        try:
+            config = space.suggest(trial)
+        except SpaceExhausted:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            break
+        key = params_key(config)
+        if key in measured:
+            repeats, in_a_row = repeats + 1, in_a_row + 1
+            result = measured[key]
+        elif space.static_violation(config, device.to_dict()) or replay.static_check(config, device):
+            infeasible += 1
+            result = None
+        else:
+            in_a_row = 0
+            result = measured[key] = outcome(replay.landscape.records[key])
+            values.append(result)
+            if result is not None:
+                worst = (
+                    list(result)
+                    if worst is None
+                    else [
+                        (min if d == "maximize" else max)(w, v)
+                        for w, v, d in zip(worst, result, directions, strict=True)
+                    ]
+                )
+        study._storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, [0.0 if result else 1.0])
+        study.tell(trial, list(result) if result else (worst or [0.0] * len(metrics)))
+    return {"values": values, "repeats": repeats, "infeasible": infeasible}
+
+
+def multi_main(
+    path: Path, metrics: list[str], strategies: list[str], seeds: int, trials: int, out: str | None, jobs: int = 1
+) -> None:
+    """Hypervolume after 25, 50, 100 and ``trials`` trials, as a fraction of the landscape's own front's."""
+    replay, _, _, records = load(path, metrics[0])
+    specs = {m.name: m.direction for m in replay.metric_specs()}
+    signs = [1.0 if specs[m] == "minimize" else -1.0 for m in metrics]  # minimised coordinates
+    ok = [r for r in records if r["status"] == "ok" and all((r["metrics"] or {}).get(m) is not None for m in metrics)]
+    points = [tuple(s * float(r["metrics"][m]) for s, m in zip(signs, metrics, strict=True)) for r in ok]
+    low = [min(p[j] for p in points) for j in range(2)]
+    high = [max(p[j] for p in points) for j in range(2)]
+    scale = [(h - lo) or 1.0 for h, lo in zip(high, low, strict=True)]
+
+    def normalised(p: tuple[float, ...]) -> tuple[float, float]:
+        return ((p[0] - low[0]) / scale[0], (p[1] - low[1]) / scale[1])
+
+    reference = (1.1, 1.1)  # 10% beyond the worst feasible config of each objective
+    full = hypervolume_2d([normalised(p) for p in points], reference)
+    checkpoints = sorted({n for n in (25, 50, 100, trials) if n <= trials})
+    summary: dict[str, Any] = {}
+    for strategy in strategies:
+        runs = _map(run_multi, [(path, metrics, strategy, seed, trials) for seed in range(seeds)], jobs)
+        entry: dict[str, Any] = {"seeds": seeds}
+        for n in checkpoints:
+            fractions = []
+            for r in runs:
+                seen = [
+                    normalised(tuple(s * v for s, v in zip(signs, val, strict=True))) for val in r["values"][:n] if val
+                ]
+                fractions.append(hypervolume_2d(seen, reference) / full)
+            entry[f"hypervolume_fraction_after_{n}_median"] = round(statistics.median(fractions), 4)
+            entry[f"hypervolume_fraction_after_{n}_p10"] = round(sorted(fractions)[len(fractions) // 10], 4)
+        entry["repeated_proposals_per_study"] = statistics.mean(r["repeats"] for r in runs)
+        entry["infeasible_proposals_per_study"] = statistics.mean(r["infeasible"] for r in runs)
+        summary[strategy] = entry
+        print(strategy, json.dumps(entry), flush=True)
+    write_result(
+        {
+            "benchmark": "hypervolume of 2-objective search on a recorded landscape (samplers as the engine runs them)",
+            "landscape": str(path),
+            "objectives": [{"metric": m, "direction": specs[m]} for m in metrics],
+            "hypervolume": "normalised objectives (0 = best, 1 = worst feasible config), reference point 1.1, 1.1;"
+            " fraction of the landscape's own Pareto front's",
+            "trials_per_study": trials,
+            "summary": summary,
+        },
+        out,
+    )
+
+
+def _map(fn: Any, calls: list[tuple[Any, ...]], jobs: int) -> list[Any]:
+    """``fn(*call)`` for every call, in order; in ``jobs`` processes when more than one (each study is
+    independent; its proposal times are its own process's)."""
+    if jobs <= 1:
+        return [fn(*call) for call in calls]
+    import concurrent.futures
+
+    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(fn, *zip(*calls, strict=True)))
+
+
+def _allow(path: Path) -> None:
+    """The replay workload reads only bench/landscapes/ and $TUNER_LANDSCAPE_DIR: a landscape named on the
+    command line may lie elsewhere, so name its directory."""
+    allowed = [d for d in os.environ.get("TUNER_LANDSCAPE_DIR", "").split(os.pathsep) if d]
+    os.environ["TUNER_LANDSCAPE_DIR"] = os.pathsep.join([*allowed, str(path.resolve().parent)])
 
 
 def main() -> None:
@@ -253,8 +428,14 @@ def main() -> None:
     parser.add_argument("--metric", help="default: the landscape's first metric")
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--strategies", nargs="*", default=list(STRATEGIES), choices=STRATEGIES)
+    parser.add_argument(
+        "--strategies", nargs="*", default=list(STRATEGIES), choices=sorted({*STRATEGIES, *MO_STRATEGIES})
+    )
     parser.add_argument("--out")
+    parser.add_argument("--jobs", type=int, default=1, help="studies run in parallel processes (one per core)")
+    parser.add_argument(
+        "--objectives", nargs=2, metavar="METRIC", help="two metrics: hypervolume of 2-objective studies instead"
+    )
     parser.add_argument(
         "--merge", action="store_true", help="keep the other strategies' entries of --out when it is this benchmark's"
     )
@@ -267,10 +448,13 @@ def main() -> None:
     if not args.landscape:
         parser.error("--landscape is required (or --timing-trials)")
     path = Path(args.landscape)
-    # The replay workload reads only bench/landscapes/ and $TUNER_LANDSCAPE_DIR: a landscape named on the
-    # command line may lie elsewhere, so name its directory.
-    allowed = [d for d in os.environ.get("TUNER_LANDSCAPE_DIR", "").split(os.pathsep) if d]
-    os.environ["TUNER_LANDSCAPE_DIR"] = os.pathsep.join([*allowed, str(path.resolve().parent)])
+    if args.objectives:
+        _allow(path)
+        chosen = args.strategies if args.strategies != list(STRATEGIES) else list(MO_STRATEGIES)
+        strategies = [s for s in chosen if s in MO_STRATEGIES]
+        multi_main(path, list(args.objectives), strategies, args.seeds, args.trials, args.out, args.jobs)
+        return
+    _allow(path)
     header = json.loads(path.read_text().splitlines()[0])
     metric = args.metric or header["metrics"][0]["name"]
     _, _, maximize, records = load(path, metric)
@@ -283,7 +467,7 @@ def main() -> None:
         if strategy == "random":
             summary[strategy] = random_summary(records, metric, best, maximize, args.trials)
             continue
-        runs = [run_one(path, metric, strategy, s, args.trials) for s in range(args.seeds)]
+        runs = _map(run_one, [(path, metric, strategy, s, args.trials) for s in range(args.seeds)], args.jobs)
         summary[strategy] = {"seeds": args.seeds, **summarise(runs, best, maximize, args.trials)}
         curves[strategy] = [
             [round(v / best if maximize else best / v, 4) if v == v else None for v in r["curve"]] for r in runs

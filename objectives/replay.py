@@ -184,7 +184,7 @@ class Replay(Workload):
         return {
             "version": 1,
             "workloads": [self.name],
-            "params": {name: grid_param(values) for name, values in self.landscape.grid.items()},
+            "params": {name: self._param(name, values) for name, values in self.landscape.grid.items()},
             "seeds": self.seeds,
         }
 
@@ -214,5 +214,12 @@ class Replay(Workload):
             extra={"replayed_from": self.landscape.header.get("workload")},
         )
 
+    def _param(self, name: str, values: list[Any]) -> dict[str, Any]:
+        """A grid axis as a space param, with its condition when the header gives one (``when``)."""
+        when = (self.landscape.header.get("when") or {}).get(name)
+        return {**grid_param(values), "when": when} if when else grid_param(values)
+
     def _grid_params(self, config: dict[str, Any]) -> dict[str, Any]:
-        return {name: config.get(name) for name in self.landscape.grid}
+        """The config as the landscape keys it: every grid param; a conditional one only when present."""
+        conditional = self.landscape.header.get("when") or {}
+        return {name: config.get(name) for name in self.landscape.grid if name in config or name not in conditional}

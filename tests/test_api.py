@@ -70,6 +70,8 @@ def test_submit_run_inspect_export(client: TestClient) -> None:
     assert detail["status"] == "completed" and detail["measured"] == 8 and detail["progress"] == 1.0
     assert detail["spec"]["name"] == "api-study" and detail["fingerprint"]["python"]
     assert detail["best"] is not None and detail["objectives"][0] == {"metric": "score", "direction": "maximize"}
+    # the default strategy's replaced proposals, counted on the study (not trial rows)
+    assert detail["proposals"] == {"repeats_replaced": 0, "static_rejected": 0}
     listing = client.get("/api/studies", params={"status": "completed"}).json()
     assert [s["id"] for s in listing["items"]] == [study["id"]] and listing["total"] == 1
     assert client.get("/api/studies", params={"workload": "triton_gemm"}).json()["total"] == 0

@@ -299,6 +299,8 @@ def test_the_default_strategy_measures_only_new_feasible_configs_and_ends_an_exh
     assert len({json.dumps(t.params, sort_keys=True) for t in trials}) == 16
     assert all(t.params["tile"] * t.params["stages"] <= 1024 for t in trials)
     assert "duplicate" not in summary.counts and "infeasible_static" not in summary.counts
+    # the replaced-proposal counts are kept on the study, not as trial rows
+    assert db.find_study("auto-tiny").proposal_counts == {"repeats_replaced": 0, "static_rejected": 0}
     db.dispose()
 
 

@@ -151,13 +151,16 @@ def test_a_replay_study_runs_on_the_engine_and_finds_the_recorded_best(
 
 @pytest.mark.parametrize("path", LANDSCAPES, ids=[p.name for p in LANDSCAPES])
 def test_committed_landscapes_are_complete_and_replayable(path: Path) -> None:
-    """Every committed landscape: a GPU fingerprint, >= 300 configs, each grid config once, replayable."""
+    """Every committed landscape: a GPU fingerprint, >= 300 configs, each grid config once (all of them, unless
+    a time limit cut the recording), replayable."""
     replay = Replay(file=str(path))
     header = replay.landscape.header
     assert replay.landscape.on_gpu, "landscapes are recorded on a GPU"
-    configs = grid_configs(header["grid"])
-    assert len(configs) >= 300 and len(replay.landscape.records) == len(configs)
-    assert {params_key(c) for c in configs} == set(replay.landscape.records)
+    configs = grid_configs(header["grid"], header.get("when"))
+    # a grid recorded within a time limit holds a random subset of its configs, and says how many
+    expected = header.get("configs_recorded", len(configs))
+    assert expected >= 300 and len(replay.landscape.records) == expected
+    assert set(replay.landscape.records) <= {params_key(c) for c in configs}
     statuses = {r["status"] for r in replay.landscape.records.values()}
     assert "ok" in statuses
     load_spec(
@@ -179,9 +182,10 @@ def test_every_family_grid_has_300_configs_over_the_workload_knobs(family: str) 
     grid = GRIDS[family]
     workload = workload_class(grid["workload"])(**grid["args"])
     space = compile_space(workload.space_document())
-    configs = grid_configs(grid["grid"])
+    configs = grid_configs(grid["grid"], grid.get("when"))
     assert len(configs) >= 300
     assert set(grid["grid"]) <= set(space.params)
+    assert all(space.params[name].when is not None for name in grid.get("when", {}))
     assert all(
         value in (space.params[name].values() or [value]) for name, values in grid["grid"].items() for value in values
     )
@@ -194,3 +198,39 @@ def test_grid_axes_keep_their_order_as_pow2_or_int_params() -> None:
     assert grid_param([3, 4, 5]) == {"type": "int", "low": 3, "high": 5}
     for values in ([16, 64, 256], [1, 4, 8, 16], [8], ["bf16", "fp16"], [False, True], [0.1, 0.4]):
         assert grid_param(values) == {"type": "categorical", "choices": values}
+
+
+def test_a_conditional_grid_records_each_config_once_and_replays_with_its_conditions(landscape_dir: Path) -> None:
+    """``when``: depth exists only for mode 'exact'; the replay space carries the condition, and a study of the
+    project's strategy measures every recorded config once."""
+    from tuner.space import compile_space
+    from tuner.strategy import SpaceExhausted, TunerSampler
+
+    grid = {"x": [0.5], "tile": [16, 64], "stages": [1, 3], "mode": ["balanced", "exact"], "depth": [8, 16]}
+    when = {"depth": "mode == 'exact'"}
+    configs = grid_configs(grid, when)
+    assert len(configs) == 12 and all(("depth" in c) == (c["mode"] == "exact") for c in configs)
+    out = landscape_dir / "noop-conditional.jsonl"
+    counts = record_landscape("noop", {}, grid, out, compile_threads=1, when=when, order_seed=3)
+    assert counts == {"ok": 12}
+    replay = Replay(file=str(out))
+    space = compile_space(replay.space_document())
+    assert space.params["depth"].when is not None and replay.static_check(configs[0], CPU) is None
+    sampler = TunerSampler(space, seed=0, static_check=lambda c: replay.static_check(c, CPU))
+    study = __import__("optuna").create_study(direction="maximize", sampler=sampler)
+    seen = set()
+    for _ in range(12):
+        trial = study.ask()
+        config = space.suggest(trial)
+        seen.add(params_key(config))
+        study.tell(trial, replay.run(config, CPU, TrialContext()).metrics["score"])
+    assert seen == {params_key(c) for c in configs}
+    with pytest.raises(SpaceExhausted):
+        space.suggest(study.ask())
+
+
+def test_a_time_limit_records_a_prefix_and_says_so_in_the_header(landscape_dir: Path) -> None:
+    out = landscape_dir / "noop-limited.jsonl"
+    record_landscape("noop", {}, NOOP_GRID, out, compile_threads=1, order_seed=0, time_limit_s=0.0)
+    header = json.loads(out.read_text().splitlines()[0])
+    assert header["configs"] == 54 and header["configs_recorded"] < 54 and "time limit" in header["truncated"]

@@ -85,6 +85,8 @@ def test_a_workload_static_check_is_applied_before_proposing() -> None:
     sampler = TunerSampler(space, seed=2, device=H200, static_check=check)
     configs = run_trials(new_study(sampler), space, 25)
     assert not any(c["mode"] == "fast" for c in configs)
+    counts = sampler.proposal_counts()  # refused picks were replaced by the next candidate, never dispatched
+    assert counts["repeats_replaced"] == 0 and counts["static_rejected"] > 0
 
 
 def test_a_batch_of_proposals_differs_from_each_other_and_from_the_measured() -> None:
@@ -99,8 +101,13 @@ def test_a_batch_of_proposals_differs_from_each_other_and_from_the_measured() ->
         measure(study, space, trial, config)
 
 
-def test_a_study_rebuilt_from_the_same_trials_proposes_the_same_configs() -> None:
-    space = compile_space(CONDITIONAL)
+# The same space with a knob of 1,001 values: too many combinations to decode, so candidates are drawn.
+SAMPLED = {**CONDITIONAL, "params": {**CONDITIONAL["params"], "offset": {"type": "int", "low": 0, "high": 1000}}}
+
+
+@pytest.mark.parametrize("document", [CONDITIONAL, SAMPLED], ids=["decoded", "sampled"])
+def test_a_study_rebuilt_from_the_same_trials_proposes_the_same_configs(document: dict[str, Any]) -> None:
+    space = compile_space(document)
     study = new_study(TunerSampler(space, seed=5, device=H200, budget_trials=30))
     run_trials(study, space, 14)
     rebuilt = new_study(TunerSampler(space, seed=5, device=H200, budget_trials=30))

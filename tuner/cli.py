@@ -150,7 +150,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     table = Table(title=f"studies in {db.url}")
     for col in ("id", "name", "workload", "status", "trials", "failed", "best"):
         table.add_column(col)
+    replaced: list[str] = []
     for row in db.list_studies():
+        if row.proposal_counts:  # proposals the sampler replaced inside its proposal step (not trial rows)
+            p = row.proposal_counts
+            replaced.append(
+                f"study {row.id} ({row.name}): {p.get('repeats_replaced', 0)} repeated and "
+                f"{p.get('static_rejected', 0)} statically infeasible proposals replaced before dispatch"
+            )
         counts = db.status_counts(row.id)
         measured = measured_count(counts)
         failed = measured - counts.get("ok", 0)
@@ -160,6 +167,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         budget = row.spec.get("budget", {}).get("trials", "?")
         table.add_row(str(row.id), row.name, row.workload, row.status, f"{measured}/{budget}", str(failed), best_text)
     console.print(table)
+    for line in replaced:
+        console.print(line)
     return 0
 
 

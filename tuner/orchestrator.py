@@ -139,6 +139,7 @@ class Orchestrator:
         self._reusable: dict[str, Any] = {}  # config key -> finished trial whose result a repeat reuses
         self._duplicates_in_a_row = 0
         self._exhausted: str | None = None
+        self._prior_proposals: dict[str, int] = {}  # replaced-proposal counts of earlier runs of the study
 
     # public ------------------------------------------------------------------
     def stop(self) -> None:
@@ -150,6 +151,7 @@ class Orchestrator:
         row = self.session.open()
         self.study_id = row.id
         self._prior_elapsed = row.elapsed_s or 0.0
+        self._prior_proposals = dict(getattr(row, "proposal_counts", None) or {})
         self._run_started = time.monotonic()
         ensure_ray(self.ray_address, min_cpus=self.pool.requested_workers or 2)
         status, message = "completed", None
@@ -175,6 +177,8 @@ class Orchestrator:
             self._settle()
             self.pool.kill_all()
             elapsed = self._elapsed()
+            if self._proposal_fields():
+                self.session.record(**self._proposal_fields())
             self.session.close(status=status, elapsed_s=elapsed, message=message)
         if status == "completed":
             from tuner.configs import publish_completed
@@ -259,7 +263,7 @@ class Orchestrator:
             self._settle()  # the results are committed, then told
             self._beat()
             if time.monotonic() - last_save > ELAPSED_SAVE_EVERY_S:
-                self.session.record(elapsed_s=self._elapsed())
+                self.session.record(elapsed_s=self._elapsed(), **self._proposal_fields())
                 last_save = time.monotonic()
 
     def _fill(self) -> bool:
@@ -450,6 +454,15 @@ class Orchestrator:
         return sorted(rows, key=lambda t: (sign * t.metrics[metric], t.number))[:top_k]
 
     # bookkeeping -------------------------------------------------------------
+    def _proposal_fields(self) -> dict[str, Any]:
+        """The study's replaced-proposal counts (earlier runs' plus this run's), when its sampler replaces
+        proposals inside the proposal step: ``{"proposal_counts": {...}}``, else nothing."""
+        counts = self.sampler.proposal_counts() if self.sampler is not None else None
+        if counts is None:
+            return {}
+        keys = set(counts) | set(self._prior_proposals)
+        return {"proposal_counts": {k: self._prior_proposals.get(k, 0) + counts.get(k, 0) for k in sorted(keys)}}
+
     def _count(self, status: str, delta: int) -> None:
         self._counts[status] = self._counts.get(status, 0) + delta
 

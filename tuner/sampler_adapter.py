@@ -19,7 +19,7 @@ attributes, are not rebuilt: after a restart it counts generations afresh).
 The grid sampler and the project's own strategy (``auto``, :mod:`tuner.strategy`) are made
 once: the grid's order comes from the study's seed and the points it has visited from the
 trials' params; the strategy derives each proposal from the seed, the trial number and the
-trials, and enumerates the feasible set once.
+trials (a small space is decoded in full once; a large one is sampled, never listed).
 
 Only Optuna's public API is used: ``create_trial`` + ``add_trials`` to rebuild,
 ``enqueue_trial`` for warm-start seeds and for the trials in flight,
@@ -171,6 +171,14 @@ class SamplerAdapter:
         if done and isinstance(self._sampler, TunerSampler):
             self.exhausted_reason = "the space is exhausted: every statically feasible config is measured"
         return done
+
+    def proposal_counts(self) -> dict[str, int] | None:
+        """Proposals the sampler replaced inside its proposal step in this run (see
+        :meth:`TunerSampler.proposal_counts`); None for a sampler that replaces nothing (an Optuna
+        sampler's repeats and statically infeasible proposals are trial rows, in the status counts)."""
+        if isinstance(self._sampler, TunerSampler):
+            return self._sampler.proposal_counts()
+        return None
 
     # ask and tell -------------------------------------------------------------
     def ask(self) -> Proposal | None:

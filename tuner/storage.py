@@ -106,6 +106,9 @@ class StudyRow(Base):
     idempotency_spec_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     # [{"metric": m, "direction": d}] resolved at submit time, so reads never rebuild the workload
     objectives: Mapped[list[dict[str, str]] | None] = mapped_column(JSON, nullable=True)
+    # Proposals the sampler replaced inside its proposal step (not trial rows): {"repeats_replaced": n,
+    # "static_rejected": m}; NULL when the study's sampler replaces nothing (tuner.strategy does).
+    proposal_counts: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now, onupdate=_now)
 

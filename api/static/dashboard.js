@@ -688,6 +688,14 @@
       const message = $("study-message");
       message.textContent = study.message || "";
       message.hidden = !study.message;
+      // proposals the sampler replaced inside its proposal step (not trial rows)
+      const proposals = $("study-proposals");
+      const replaced = study.proposals || null;
+      proposals.hidden = !replaced;
+      proposals.textContent = replaced
+        ? `replaced proposals: ${replaced.repeats_replaced || 0} repeats, ` +
+          `${replaced.static_rejected || 0} statically infeasible (not trials)`
+        : "";
       const stem = fileStem(study.name);
       for (const fmt of ["json", "yaml"]) {
         const link = $(`export-best-${fmt}`);

@@ -1,10 +1,17 @@
-"""The statically feasible configs a proposal is chosen from.
+"""The statically feasible configs a proposal is chosen from, as rows of levels (see :mod:`.encoding`).
 
-A space small enough to enumerate (at most :data:`ENUMERATE_LIMIT` points, conditions
-respected) is enumerated once and filtered by its static rules (and the workload's own static
-check, when given): proposals then come from that exact set, and when every member has been
-measured the set says so. A larger or continuous space is sampled: random configs drawn knob by
-knob (conditional params only when active), rejected when a rule fails.
+Nothing here lists a range or walks the whole space. Candidates are drawn arithmetically from the
+space's structure: a level per param (``rng.integers(count)``, a continuous float uniformly), the
+``when`` conditions applied in the space's order, then the static rules. A space of at most
+:data:`ENUMERATE_LIMIT` value combinations is decoded in full instead (mixed-radix indices, one
+numpy pass): proposals then come from that exact set, and when every member is measured the set says so.
+
+Conditions and rules are evaluated by the space's own expression evaluator, once per distinct
+combination of the levels of the params they read (a rule over four knobs sees a few hundred
+combinations, however many candidates there are), and the verdicts are kept: after the first
+proposals checking a thousand candidates is a few numpy lookups. The workload's own static check
+runs on a whole config, so it is applied lazily, to the candidates a proposal is about to pick
+(:meth:`FeasibleSet.accept`), and its verdicts are kept too.
 
 Local moves change 1 to 3 knobs of a config together (a tile with its warps, as a plateau often
 needs): an ordered knob steps to a nearby value, a categorical to another choice, a float moves by
@@ -14,22 +21,59 @@ a tenth of its range; params that a move activates are drawn at random.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
+from tuner import expr
 from tuner.space import SearchSpace
-from tuner.strategy.encoding import Encoder, config_key
+from tuner.strategy.encoding import Encoder, row_key, row_keys, unique_rows
 
-ENUMERATE_LIMIT = 50_000
-POOL_BLOCK = 1000  # feasible random configs drawn at a time for a sampled space
-MAX_POOL_BLOCKS = 20
+ENUMERATE_LIMIT = 16_384  # value combinations (conditions aside) decoded in full
+DRAW_ROUNDS = 8  # rounds of random draws a sampled space gets to find enough free candidates
+PROBE = 2048  # random draws that estimate a sampled space's share of rule-feasible configs
+TABLE_LIMIT = 1 << 22  # level combinations of one expression kept in a dense verdict table
 StaticCheck = Callable[[dict[str, Any]], "str | None"]
 
 
+class _Verdicts:
+    """One expression's verdict per combination of the levels of the params it reads, evaluated once each."""
+
+    def __init__(self, columns: list[int], counts: list[int | None], evaluate: Callable[[np.ndarray], bool]) -> None:
+        self.columns, self.evaluate = columns, evaluate
+        finite = all(counts[c] is not None for c in columns)
+        radix = [int(counts[c]) + 2 for c in columns] if finite else []  # +2: inactive and out-of-space levels
+        size = math.prod(radix) if finite else 0
+        self.weights = np.cumprod([1, *radix[:-1]]).astype(np.int64) if finite and size <= TABLE_LIMIT else None
+        self.table = np.full(size, -1, dtype=np.int8) if self.weights is not None else None
+        self.cache: dict[tuple[float, ...], bool] = {}
+
+    def __call__(self, R: np.ndarray) -> np.ndarray:
+        sub = R[:, self.columns]
+        if self.table is None or self.weights is None:
+            return np.array([self._cached(r) for r in sub], dtype=bool)
+        codes = (np.where(np.isnan(sub), -2, sub) + 2).astype(np.int64) @ self.weights
+        verdict = self.table[codes]
+        unknown = np.flatnonzero(verdict < 0)
+        if len(unknown):
+            fresh, first = np.unique(codes[unknown], return_index=True)
+            self.table[fresh] = [self.evaluate(sub[unknown[i]]) for i in first]
+            verdict = self.table[codes]
+        return verdict.astype(bool)
+
+    def _cached(self, levels: np.ndarray) -> bool:
+        key = tuple(np.where(np.isnan(levels), -math.inf, levels).tolist())
+        found = self.cache.get(key)
+        if found is None:
+            if len(self.cache) > 200_000:
+                self.cache.clear()
+            found = self.cache[key] = self.evaluate(levels)
+        return found
+
+
 class FeasibleSet:
-    """Feasible configs of ``space`` on ``device`` (``device.<field>`` rules), enumerated when small enough."""
+    """Feasible configs of ``space`` on ``device`` (``device.<field>`` rules); decoded in full when small."""
 
     def __init__(
         self,
@@ -43,86 +87,108 @@ class FeasibleSet:
         self.device = dict(device or {})
         self.static_check = static_check
         self.encoder = Encoder(space)
-        self._values = {name: p.values() for name, p in space.params.items()}
+        self.names = list(space.params)
+        self.counts = self.encoder.counts
+        self._position = {name: i for i, name in enumerate(self.names)}
+        self._when = {
+            p: self._verdicts(param.when, self._when_verdict(param.when))
+            for p, param in enumerate(space.params.values())
+            if param.when is not None
+        }
+        self._rules = [self._verdicts(rule.expression, self._rule_verdict(rule.expression)) for rule in space.rules]
+        self._checked: dict[bytes, bool] = {}  # the workload's static check, by row key
+        self.static_rejected = 0  # distinct configs the workload's check refused when they were about to be proposed
+        self._yield = 1.0  # share of random draws that pass the rules (estimated below for a sampled space)
+        self._move_cache: dict[tuple[int, float, int], list[float]] = {}
+        self.ordered = np.array([c.kind == "ordinal" for c in self.encoder.columns])
         bound = space.grid_upper_bound()
         self.enumerated = bound is not None and bound <= enumerate_limit
-        self.configs: list[dict[str, Any]] = []
-        self.keys: list[str] = []
-        self.index: dict[str, int] = {}
-        self.X = np.zeros((0, self.encoder.width))
-        self._pool: list[dict[str, Any]] = []  # a sampled space's candidates (see sample_pool)
-        self._pool_keys: list[str] = []
-        self._pool_X: list[np.ndarray] = []
-        self._pool_blocks = 0
-        self.levels = np.zeros((0, len(space.params)), dtype=int)
-        self.ordered = np.array([self._is_ordered(name) for name in space.params])
-        self._counts = [len(v) if v is not None else 0 for v in self._values.values()]
-        self._by_levels: dict[tuple[int, ...], int] | None = None
+        self.rows = np.zeros((0, len(self.names)))
+        self.index: dict[bytes, int] = {}
         if self.enumerated:
-            self.configs = [c for c in space.grid(limit=enumerate_limit) if self.feasible(c)]
-            self.keys = [config_key(c) for c in self.configs]
-            self.index = {k: i for i, k in enumerate(self.keys)}
-            self.X = self.encoder.encode_many(self.configs)
-            self.levels = np.array([[self._level(n, c.get(n)) for n in space.params] for c in self.configs], dtype=int)
-            self.levels = self.levels.reshape(len(self.configs), len(space.params))
+            grid = np.stack(np.unravel_index(np.arange(bound), [int(c) for c in self.counts]), axis=1).astype(float)  # type: ignore[arg-type]
+            grid = unique_rows(self._apply_conditions(grid, None))
+            self.rows = grid[self.rule_mask(grid)]
+            self.index = {k: i for i, k in enumerate(row_keys(self.rows))}
+            self.X = self.encoder.encode_rows(self.rows)
+        else:  # from a fixed probe, so the number of draws per proposal is a function of the space alone
+            probe = np.random.default_rng(0)
+            R = self._apply_conditions(np.stack([self._draw(p, probe, PROBE) for p in range(len(self.names))], 1), None)
+            self._yield = max(float(self.rule_mask(R).mean()), 0.02)
 
-    def free_mask(self, exclude: set[str]) -> np.ndarray:
-        """Of an enumerated set: which members are not in ``exclude``."""
-        mask = np.ones(len(self.configs), dtype=bool)
-        for key in exclude:
-            i = self.index.get(key)
-            if i is not None:
-                mask[i] = False
-        return mask
+    # expressions ------------------------------------------------------------------------
+    def _verdicts(self, expression: expr.Expression, evaluate: Callable[[dict[str, Any]], bool]) -> _Verdicts:
+        columns = sorted(self._position[n] for n in expression.names)
+        cols = self.encoder.columns
 
-    def neighbour_indices(self, i: int, rng: np.random.Generator, n_random: int, free: np.ndarray) -> np.ndarray:
-        """Of an enumerated set: the free one-knob moves of member ``i`` (ordered knobs by one step, categoricals
-        to any other choice) and ``n_random`` free moves of 2-3 knobs (ordered knobs by up to two steps).
+        def on_levels(levels: np.ndarray) -> bool:
+            values = {}
+            for c, level in zip(columns, levels.tolist(), strict=True):
+                if level != level:
+                    continue
+                if cols[c].count is None:
+                    values[cols[c].name] = level
+                elif level >= 0:
+                    values[cols[c].name] = cols[c].param.value_at(int(level))
+            return evaluate(values)
 
-        Moves are looked up by their level vectors, so the cost does not grow with the set; a move that would
-        switch a conditional param on or off is not among them (the random candidates cover those)."""
-        if self._by_levels is None:
-            self._by_levels = {tuple(row): j for j, row in enumerate(self.levels.tolist())}
-        base = self.levels[i].tolist()
-        active = [p for p, level in enumerate(base) if level >= 0]
-        found: list[int] = []
+        return _Verdicts(columns, self.counts, on_levels)
 
-        def look(levels: list[int]) -> None:
-            j = self._by_levels.get(tuple(levels))  # type: ignore[union-attr]
-            if j is not None and free[j]:
-                found.append(j)
+    @staticmethod
+    def _when_verdict(when: expr.Expression) -> Callable[[dict[str, Any]], bool]:
+        def active(values: dict[str, Any]) -> bool:  # as SearchSpace.active
+            try:
+                return bool(when.evaluate(values))
+            except expr.ExpressionError:
+                return False
 
-        for p in active:
-            for level in self._moves(p, base[p], 1):
-                look([*base[:p], level, *base[p + 1 :]])
-        for _ in range(n_random):
-            moved = list(base)
-            for p in rng.choice(active, size=min(int(rng.integers(2, 4)), len(active)), replace=False):
-                options = self._moves(int(p), base[int(p)], 2)
-                if options:
-                    moved[int(p)] = options[int(rng.integers(len(options)))]
-            look(moved)
-        return np.unique(np.array(found, dtype=int))
+        return active
 
-    def _moves(self, p: int, level: int, reach: int) -> list[int]:
-        count = self._counts[p]
-        if not self.ordered[p]:
-            return [v for v in range(count) if v != level]
-        return [level + d for d in range(-reach, reach + 1) if d and 0 <= level + d < count]
+    def _rule_verdict(self, expression: expr.Expression) -> Callable[[dict[str, Any]], bool]:
+        def holds(values: dict[str, Any]) -> bool:  # as SearchSpace.static_violation
+            if not expression.names <= set(values):
+                return True
+            try:
+                return bool(expression.evaluate(values, self.device))
+            except expr.Unknown:
+                return True
+            except expr.ExpressionError:
+                return False
 
-    def _is_ordered(self, name: str) -> bool:
-        values = self._values[name]
-        if self.space.params[name].type != "categorical":
-            return True
-        return values is not None and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        return holds
 
-    def _level(self, name: str, value: Any) -> int:
-        """A value's position among the param's values (sorted when ordered); -1 when the param is inactive."""
-        if value is None:
-            return -1
-        values = self._values[name] or []
-        ordered = sorted(values) if self.space.params[name].type == "categorical" and self._is_ordered(name) else values
-        return ordered.index(value)
+    def rule_mask(self, R: np.ndarray) -> np.ndarray:
+        """Which rows pass every static rule of the space."""
+        ok = np.ones(len(R), dtype=bool)
+        for verdicts in self._rules:
+            if ok.any():
+                ok[ok] = verdicts(R[ok])
+        return ok
+
+    def _apply_conditions(self, R: np.ndarray, rng: np.random.Generator | None) -> np.ndarray:
+        """``R`` with each conditional param set inactive (NaN) where its condition fails, in the space's
+        order; with ``rng``, a param that becomes active without a level gets a random one."""
+        for p, verdicts in self._when.items():
+            active = verdicts(R)
+            R[~active, p] = np.nan
+            if rng is not None:
+                fill = active & np.isnan(R[:, p])
+                if fill.any():
+                    R[fill, p] = self._draw(p, rng, int(fill.sum()))
+        return R
+
+    # the workload's check, lazily ---------------------------------------------------------
+    def accept(self, row: np.ndarray) -> dict[str, Any] | None:
+        """The config of a rule-feasible row if the workload's static check passes it, else None."""
+        config = self.encoder.config(row)
+        if self.static_check is None:
+            return config
+        key = row_key(row)
+        ok = self._checked.get(key)
+        if ok is None:
+            ok = self._checked[key] = self.static_check(config) is None
+            self.static_rejected += not ok
+        return config if ok else None
 
     def feasible(self, config: dict[str, Any]) -> bool:
         """Whether ``config`` passes the space's static rules and the workload's static check."""
@@ -130,122 +196,115 @@ class FeasibleSet:
             return False
         return self.static_check is None or self.static_check(config) is None
 
-    def random_config(self, rng: np.random.Generator) -> dict[str, Any]:
-        """One config drawn knob by knob, in the space's order (conditions respected, rules not checked)."""
-        config: dict[str, Any] = {}
-        for name in self.space.params:
-            if self.space.active(name, config):
-                config[name] = self._draw(name, rng)
-        return config
+    def remaining(self, exclude: set[bytes]) -> int | None:
+        """Of a decoded space: feasible rows not in ``exclude`` (the workload's check counted where it has
+        been applied); None for a sampled space."""
+        if not self.enumerated:
+            return None
+        refused = sum(1 for k, ok in self._checked.items() if not ok and k in self.index and k not in exclude)
+        return len(self.rows) - sum(1 for k in exclude if k in self.index) - refused
 
-    def sample(self, rng: np.random.Generator, n: int, exclude: set[str], tries: int = 20) -> list[dict[str, Any]]:
-        """Up to ``n`` distinct feasible configs whose keys are not in ``exclude``."""
+    # candidates ---------------------------------------------------------------------------
+    def sample(self, rng: np.random.Generator, n: int, exclude: set[bytes]) -> np.ndarray:
+        """Up to ``n`` distinct rule-feasible rows not in ``exclude`` (the workload's check not yet applied)."""
         if self.enumerated:
-            free = [i for i, k in enumerate(self.keys) if k not in exclude]
-            if len(free) > n:
-                free = sorted(rng.choice(free, size=n, replace=False).tolist())
-            return [self.configs[i] for i in free]
-        out: dict[str, dict[str, Any]] = {}
-        for _ in range(n * tries):
-            config = self.random_config(rng)
-            key = config_key(config)
-            if key in exclude or key in out or not self.feasible(config):
-                continue
-            out[key] = config
-            if len(out) >= n:
-                break
-        return list(out.values())
-
-    def sample_pool(
-        self, seed: int, rng: np.random.Generator, n: int, exclude: set[str]
-    ) -> tuple[list[dict[str, Any]], np.ndarray]:
-        """Of a sampled space: up to ``n`` free configs of a pool of feasible random configs, and their encodings.
-
-        Drawing and checking configs is the slow part of a proposal, so the pool is drawn once, in blocks of
-        :data:`POOL_BLOCK` each seeded by ``(seed, block)``, and grows by a block whenever fewer than ``n`` of
-        its members are free: the pool is a function of the seed and the measured configs alone (resume
-        proposes the same configs).
-        """
-        while True:
-            free = [i for i, k in enumerate(self._pool_keys) if k not in exclude]
-            if len(free) >= n or self._pool_blocks >= MAX_POOL_BLOCKS:
-                break
-            block = np.random.default_rng([seed, self._pool_blocks, 7])
-            self._pool_blocks += 1
-            known = set(self._pool_keys)
-            for config in self.sample(block, POOL_BLOCK, known):
-                self._pool.append(config)
-                self._pool_keys.append(config_key(config))
-                self._pool_X.append(self.encoder.encode(config))
-        if len(free) > n:
-            free = sorted(rng.choice(free, size=n, replace=False).tolist())
-        configs = [self._pool[i] for i in free]
-        return configs, np.stack([self._pool_X[i] for i in free]) if free else np.zeros((0, self.encoder.width))
-
-    def neighbours(
-        self, config: Mapping[str, Any], rng: np.random.Generator, n_random: int, exclude: set[str]
-    ) -> list[dict[str, Any]]:
-        """Every feasible one-knob move of ``config`` and ``n_random`` moves of 2-3 knobs, none in ``exclude``."""
-        moves: list[dict[str, Any]] = []
-        names = [name for name in self.space.params if name in config]
-        for name in names:
-            for value in self._nearby(name, config[name], rng, every=True):
-                moves.append(self._resolve({**config, name: value}, rng))
-        for _ in range(n_random):
-            k = int(rng.integers(2, 4))
-            changed = dict(config)
-            for name in rng.choice(names, size=min(k, len(names)), replace=False):
-                options = self._nearby(str(name), config[str(name)], rng, every=False)
-                if options:
-                    changed[str(name)] = options[int(rng.integers(len(options)))]
-            moves.append(self._resolve(changed, rng))
-        return self._admissible(moves, exclude)
-
-    def _admissible(self, configs: Iterable[dict[str, Any]], exclude: set[str]) -> list[dict[str, Any]]:
-        out: dict[str, dict[str, Any]] = {}
-        for config in configs:
-            key = config_key(config)
-            if key in exclude or key in out:
-                continue
-            if self.enumerated:
+            free = np.ones(len(self.rows), dtype=bool)
+            for key in exclude:
                 i = self.index.get(key)
                 if i is not None:
-                    out[key] = self.configs[i]
-            elif self.space.validate_config(config) is None and self.feasible(config):
-                out[key] = config
-        return list(out.values())
+                    free[i] = False
+            index = np.flatnonzero(free)
+            if len(index) > n:
+                index = np.sort(rng.choice(index, size=n, replace=False))
+            return self.rows[index]
+        found: dict[bytes, None] = {}
+        blocks: list[np.ndarray] = []
+        for _ in range(DRAW_ROUNDS):
+            # as many draws as the share that passed the rules so far says n needs (at least n, at most 8 n)
+            want = n - len(found)
+            draws = int(min(8 * n, max(n, 1.2 * want / self._yield)))
+            R = np.stack([self._draw(p, rng, draws) for p in range(len(self.names))], axis=1)
+            R = self._apply_conditions(R, None)
+            R = R[self.rule_mask(R)]
+            keep = []
+            for i, key in enumerate(row_keys(R)):
+                if key not in exclude and key not in found:
+                    found[key] = None
+                    keep.append(i)
+            blocks.append(R[keep])
+            if len(found) >= n:
+                break
+        return np.vstack(blocks)[:n] if blocks else np.zeros((0, len(self.names)))
 
-    def _resolve(self, config: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-        """``config`` with inactive params dropped and newly active ones drawn."""
-        out: dict[str, Any] = {}
-        for name in self.space.params:
-            if self.space.active(name, out):
-                out[name] = config[name] if name in config else self._draw(name, rng)
-        return out
+    def neighbours(
+        self, rows: list[np.ndarray], rng: np.random.Generator, n_random: int, exclude: set[bytes]
+    ) -> np.ndarray:
+        """Of each row of ``rows``: its rule-feasible one-knob moves (ordered knobs by one step, categoricals
+        to any other choice, floats by a tenth of the range) and ``n_random`` moves of 2-3 knobs (ordered knobs
+        by up to two steps), none in ``exclude``; params a move activates are drawn at random."""
+        moves: list[np.ndarray] = []
+        for row in rows:
+            moves += self._moves_of(row, rng, n_random)
+        if not moves:
+            return np.zeros((0, len(self.names)))
+        R = self._apply_conditions(np.array(moves), rng)
+        R = R[self.rule_mask(R)]
+        seen: set[bytes] = set()
+        keep = []
+        for i, key in enumerate(row_keys(R)):
+            if key not in exclude and key not in seen and (not self.enumerated or key in self.index):
+                seen.add(key)
+                keep.append(i)
+        return R[keep]
 
-    def _draw(self, name: str, rng: np.random.Generator) -> Any:
-        values = self._values[name]
-        if values is not None:
-            return values[int(rng.integers(len(values)))]
-        param = self.space.params[name]
-        if param.log:
-            return float(math.exp(rng.uniform(math.log(param.low), math.log(param.high))))
-        return float(rng.uniform(param.low, param.high))
+    def _moves_of(self, row: np.ndarray, rng: np.random.Generator, n_random: int) -> list[np.ndarray]:
+        levels = row.tolist()
+        active = [p for p, level in enumerate(levels) if level == level and level >= 0]
+        moves: list[np.ndarray] = []
+        for p in active:
+            for level in self._moves(p, levels[p], 1, rng):
+                moved = row.copy()
+                moved[p] = level
+                moves.append(moved)
+        for _ in range(n_random if active else 0):
+            moved = row.copy()
+            for p in rng.choice(active, size=min(int(rng.integers(2, 4)), len(active)), replace=False).tolist():
+                options = self._moves(p, levels[p], 2, rng)
+                if options:
+                    moved[p] = options[int(rng.integers(len(options)))]
+            moves.append(moved)
+        return moves
 
-    def _nearby(self, name: str, value: Any, rng: np.random.Generator, *, every: bool) -> list[Any]:
-        """Values a move of knob ``name`` may take from ``value``: ordered knobs step by 1 (or 2), categoricals
-        take any other choice, floats move by about a tenth of their range."""
-        param = self.space.params[name]
-        values = self._values[name]
-        if values is None:
+    def _moves(self, p: int, level: float, reach: int, rng: np.random.Generator) -> list[float]:
+        column = self.encoder.columns[p]
+        count = self.counts[p]
+        if count is None:  # a continuous float: about a tenth of the range either way
+            param = column.param
             width = (param.high - param.low) / 10
-            moved = [min(param.high, max(param.low, value + d)) for d in (-width, width)]
-            return [float(v + rng.normal(0, width / 4)) if not every else float(v) for v in moved if v != value]
-        if param.type == "categorical" and not all(isinstance(c, (int, float)) for c in values):
-            return [v for v in values if v != value]
-        ordered = sorted(values) if param.type == "categorical" else values
-        if value not in ordered:
-            return []
-        i = ordered.index(value)
-        steps = (-1, 1) if every else (-2, -1, 1, 2)
-        return [ordered[i + s] for s in steps if 0 <= i + s < len(ordered)]
+            noise = rng.normal(0, width / 4) if reach > 1 else 0.0
+            moved = [min(param.high, max(param.low, level + d + noise)) for d in (-width, width)]
+            return [float(f"{v:.12g}") for v in moved if v != level]
+        cached = self._move_cache.get((p, level, reach))
+        if cached is not None:
+            return cached
+        if column.kind == "onehot":
+            moves = [float(v) for v in range(count) if v != level]
+        else:
+            order = list(column.ordered_levels) if column.ordered_levels else None
+            rank = order.index(int(level)) if order else int(level)
+            ranks = [rank + d for d in range(-reach, reach + 1) if d and 0 <= rank + d < count]
+            moves = [float(order[r]) if order else float(r) for r in ranks]
+        if len(self._move_cache) < 100_000:
+            self._move_cache[(p, level, reach)] = moves
+        return moves
+
+    def _draw(self, p: int, rng: np.random.Generator, n: int) -> np.ndarray:
+        count = self.counts[p]
+        if count is not None:
+            return rng.integers(count, size=n).astype(float)
+        param = self.encoder.columns[p].param
+        if param.log:
+            values = np.exp(rng.uniform(math.log(param.low), math.log(param.high), size=n))
+        else:
+            values = rng.uniform(param.low, param.high, size=n)
+        return np.array([float(f"{v:.12g}") for v in values.tolist()])

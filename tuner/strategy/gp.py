@@ -39,14 +39,32 @@ class Hyper:
 
 def sqdist(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Squared Euclidean distances between the rows of ``a`` and of ``b``."""
-    d = (a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T
-    return np.maximum(d, 0.0)
+    d = a @ b.T
+    d *= -2.0
+    d += (a * a).sum(1)[:, None]
+    d += (b * b).sum(1)[None, :]
+    return np.maximum(d, 0.0, out=d)
 
 
 def matern52(a: np.ndarray, b: np.ndarray, hyper: Hyper) -> np.ndarray:
     """Kernel matrix between rows of ``a`` and ``b``."""
-    r = np.sqrt(sqdist(a / hyper.lengthscales, b / hyper.lengthscales))
-    return hyper.signal_var * (1.0 + SQRT5 * r + (5.0 / 3.0) * r * r) * np.exp(-SQRT5 * r)
+    return _matern_scaled(a / hyper.lengthscales, b / hyper.lengthscales, hyper.signal_var)
+
+
+def _matern_scaled(a: np.ndarray, b: np.ndarray, signal_var: float) -> np.ndarray:
+    """Matern-5/2 of inputs already divided by the length scales, computed in place: with s = sqrt(5) r,
+    sf2 (1 + s + s^2 / 3) e^-s (a candidate set times the history is the largest array of a proposal)."""
+    s2 = sqdist(a, b)
+    s2 *= 5.0
+    s = np.sqrt(s2)
+    s2 *= 1.0 / 3.0
+    s2 += s
+    s2 += 1.0
+    np.negative(s, out=s)
+    np.exp(s, out=s)
+    s2 *= s
+    s2 *= signal_var
+    return s2
 
 
 def _neg_log_likelihood(theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
@@ -102,16 +120,18 @@ class Posterior:
 
     def __init__(self, X: np.ndarray, y: np.ndarray, hyper: Hyper) -> None:
         self.X, self.hyper = X, hyper
-        K = matern52(X, X, hyper) + (hyper.noise_var + JITTER) * np.eye(len(X))
+        self._Xs = X / hyper.lengthscales
+        K = _matern_scaled(self._Xs, self._Xs, hyper.signal_var)
+        K[np.diag_indices_from(K)] += hyper.noise_var + JITTER
         self.L = np.linalg.cholesky(K)
         self.alpha = cho_solve((self.L, True), y, check_finite=False)
 
     def predict(self, Xq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        Ks = matern52(Xq, self.X, self.hyper)
+        Ks = _matern_scaled(Xq / self.hyper.lengthscales, self._Xs, self.hyper.signal_var)
         mean = Ks @ self.alpha
-        v = solve_triangular(self.L, Ks.T, lower=True, check_finite=False)
-        var = np.maximum(self.hyper.signal_var - (v * v).sum(0), 1e-12)
-        return mean, np.sqrt(var)
+        v = solve_triangular(self.L, Ks.T, lower=True, check_finite=False, overwrite_b=True)
+        var = self.hyper.signal_var - np.einsum("ij,ij->j", v, v)
+        return mean, np.sqrt(np.maximum(var, 1e-12))
 
 
 def log_expected_improvement(mean: np.ndarray, std: np.ndarray, best: float) -> np.ndarray:

@@ -17,7 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.space import SearchSpace
-from tuner.strategy.encoding import Encoder, config_from_optuna, config_key
+from tuner.strategy.encoding import Encoder, config_from_optuna, config_key, row_key
 
 CONSTRAINTS_ATTR = "constraints"  # as tuner.samplers writes it (Optuna's key for Trial.set_constraint too)
 STATES = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.FAIL)
@@ -34,6 +34,8 @@ class Observation:
     running: bool
     feasible: bool
     values: tuple[float, ...] | None
+    levels: np.ndarray  # the config's level row (see :class:`Encoder`)
+    row: bytes  # its identity (``row_key``): what a proposal must not repeat
 
 
 def _violated(trial: FrozenTrial) -> bool:
@@ -49,24 +51,35 @@ class History:
     def __init__(self, space: SearchSpace, encoder: Encoder) -> None:
         self.space, self.encoder = space, encoder
         self._finished: dict[int, Observation | None] = {}
+        # The leading trials that are all finished, and their observations: a finished trial never changes,
+        # so a read walks only the trials after them (the last few, at 1,000 trials).
+        self._prefix = 0
+        self._prefix_obs: list[Observation] = []
 
     def read(self, study: optuna.Study, current: int | None = None) -> list[Observation]:
         """Every trial with a complete config of the space, but the trial numbered ``current``."""
-        out: list[Observation] = []
-        for trial in study.get_trials(deepcopy=False, states=STATES):
-            if trial.number == current:
+        trials = study.get_trials(deepcopy=False)
+        while self._prefix < len(trials) and trials[self._prefix].state.is_finished():
+            trial = trials[self._prefix]
+            if trial.number == current:  # the trial being asked is never finished; kept out to be safe
+                break
+            obs = self._finished_obs(trial)
+            if obs is not None:
+                self._prefix_obs.append(obs)
+            self._prefix += 1
+        out = list(self._prefix_obs)
+        for trial in trials[self._prefix :]:
+            if trial.number == current or trial.state not in STATES:
                 continue
-            if trial.state != TrialState.RUNNING and trial.number in self._finished:
-                cached = self._finished[trial.number]
-                if cached is not None:
-                    out.append(cached)
-                continue
-            obs = self._parse(trial)
-            if trial.state != TrialState.RUNNING:
-                self._finished[trial.number] = obs
+            obs = self._finished_obs(trial) if trial.state != TrialState.RUNNING else self._parse(trial)
             if obs is not None:
                 out.append(obs)
         return out
+
+    def _finished_obs(self, trial: FrozenTrial) -> Observation | None:
+        if trial.number not in self._finished:
+            self._finished[trial.number] = self._parse(trial) if trial.state in STATES else None
+        return self._finished[trial.number]
 
     def _parse(self, trial: FrozenTrial) -> Observation | None:
         params = trial.params
@@ -82,6 +95,8 @@ class History:
             vals = tuple(float(v) for v in trial.values)
             if all(math.isfinite(v) for v in vals):
                 values, feasible = vals, True
+        levels = self.encoder.row(config)
+        x = self.encoder.encode_rows(levels[None, :])[0]
         return Observation(
-            trial.number, config_key(config), config, self.encoder.encode(config), running, feasible, values
+            trial.number, config_key(config), config, x, running, feasible, values, levels, row_key(levels)
         )

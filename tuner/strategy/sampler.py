@@ -25,7 +25,6 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.space import LOG2_SUFFIX, Param, SearchSpace
 from tuner.strategy.candidates import FeasibleSet, StaticCheck
-from tuner.strategy.encoding import config_key
 from tuner.strategy.history import History
 from tuner.strategy.model import SpaceExhausted, Strategy
 
@@ -91,7 +90,7 @@ class TunerSampler(BaseSampler):
         self._fallback = optuna.samplers.RandomSampler(seed=self._seed)
         self._last_remaining: int | None = None  # feasible configs left after the last proposal
 
-    # the strategy, built on first use: enumerating a space takes a moment --------------------
+    # the strategy, built on first use (a small space is decoded in full then) ------------------
     def _ensure(self, study: optuna.Study) -> Strategy:
         if self._strategy is None:
             feasible = FeasibleSet(self._space, device=self._device, static_check=self._static_check)
@@ -112,18 +111,26 @@ class TunerSampler(BaseSampler):
         seen = {o.number for o in observations}
         planned = [c for n, c in sorted(self._planned.items()) if n != number and n not in seen]
         config = strategy.propose(observations, planned, number)
-        remaining = strategy.remaining({o.key for o in observations} | {config_key(c) for c in [*planned, config]})
+        remaining = strategy.remaining(strategy.exclusion(observations, [*planned, config]))
         self._last_remaining = remaining
         return config
 
     def is_exhausted(self, study: optuna.Study) -> bool:
-        """True when every statically feasible config is measured or in flight (an enumerated space only)."""
+        """True when every statically feasible config is measured or in flight (a decoded space only)."""
         if self._last_remaining:  # something was left after the last proposal: one ask takes one config at most
             return False
         strategy = self._ensure(study)
         assert self._history is not None
-        keys = {o.key for o in self._history.read(study)} | {config_key(c) for c in self._planned.values()}
+        keys = strategy.exclusion(self._history.read(study), list(self._planned.values()))
         return strategy.remaining(keys) == 0
+
+    def proposal_counts(self) -> dict[str, int]:
+        """Proposals replaced inside the proposal step so far (this process): ``repeats_replaced`` stays 0,
+        since measured and in-flight configs are never candidates; ``static_rejected`` counts the distinct
+        configs the workload's static check refused as they were about to be proposed (the next candidate
+        was proposed instead). The space's static rules are applied before scoring and count as neither."""
+        rejected = self._strategy.feasible.static_rejected if self._strategy is not None else 0
+        return {"repeats_replaced": 0, "static_rejected": int(rejected)}
 
     # Optuna's sampler interface ------------------------------------------------------------
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
