@@ -210,11 +210,35 @@ def get_trial(row: StudyDep, db: DBDep, number: Annotated[int, Path(ge=0, le=MAX
     return trial_out(trial, detail=True)  # type: ignore[return-value]
 
 
+#: Front trials ``/pareto`` returns by default; the study page's first draw gets at most this many too.
+PARETO_PAGE = 500
+
+
 @router.get("/{study_id}/pareto", response_model=ParetoOut, responses=ERRORS)
-def get_pareto(row: StudyDep, db: DBDep) -> Response:
+def get_pareto(
+    row: StudyDep,
+    db: DBDep,
+    limit: Annotated[int, Query(ge=1, le=10000)] = PARETO_PAGE,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+    whole: Annotated[bool, Query(alias="all")] = False,
+    sample: Annotated[int | None, Query(ge=1, le=10000)] = None,
+) -> Response:
     """The non-dominated feasible trials (for one objective: the best) and the default pick, from the front
-    the study's summary keeps."""
-    return _json(_pareto_dict(db, queries.study_view(db, row, with_front=True)))
+    the study's summary keeps: a page of ``limit`` from ``offset`` in front order (ascending in the first
+    objective's "smaller is better" value, then the next), ``total`` the front's size; ``all=true``: the
+    whole front, however large; ``sample=n``: the whole front up to ``n`` points, else about ``n`` spread
+    evenly along it (every ``stride``-th, both ends kept: what the study page draws)."""
+    view = queries.study_view(db, row, with_order=True)
+    if sample is not None and not whole:
+        return _json(_front_sample(db, view, sample))
+    front, best, total = queries.front_page(db, view, limit=None if whole else limit, offset=offset)
+    return _json(_pareto_dict(view, front, best, total, offset=offset))
+
+
+def _front_sample(db: Any, view: queries.StudyView, cap: int) -> dict[str, Any]:
+    numbers, stride, total = queries.front_sample(view, cap)
+    front = queries.trials_by_number(db, view.row.id, numbers)
+    return _pareto_dict(view, front, view.summary.pick(), total, stride=stride)
 
 
 def _json(document: dict[str, Any]) -> Response:
@@ -222,12 +246,16 @@ def _json(document: dict[str, Any]) -> Response:
     return Response(json.dumps(document, separators=(",", ":")), media_type="application/json")
 
 
-def _pareto_dict(db: Any, view: queries.StudyView) -> dict[str, Any]:
-    front, best = queries.pareto(db, view)
+def _pareto_dict(
+    view: queries.StudyView, front: list[Any], best: int | None, total: int, *, offset: int = 0, stride: int = 1
+) -> dict[str, Any]:
     return {
         "objectives": [{"metric": m, "direction": d} for m, d in view.objectives],
         "trials": [trial_dict(t) for t in front],
         "default_pick": best,
+        "total": total,
+        "offset": offset,
+        "stride": stride,
     }
 
 
@@ -243,14 +271,16 @@ def get_overview(
     sort: SortParam = "number",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:
-    """The study page's first draw in one request: the study, the first page of its trial table (as
-    ``/trials``), the plots' points (params and metrics, no samples: every trial up to
-    ``queries.MAX_POINTS``, beyond that every ``points_stride``-th trial and the whole front), the front,
-    the latest 500 failures, and ``seq``: pass it to ``/events?after=`` to get what changes next."""
+    """The study page's first draw in one request, bounded whatever the study's size: the study, the first
+    page of its trial table (as ``/trials``), the front (all of it up to ``PARETO_PAGE`` points, else that
+    many spread evenly along it: every ``pareto.stride``-th, ``pareto.total`` its size), the plots' points
+    (params and metrics, no samples: every trial up to ``queries.MAX_POINTS``, beyond that every
+    ``points_stride``-th trial, and the front's points above), the latest 500 failures, and ``seq``: pass
+    it to ``/events?after=`` to get what changes next."""
     seq = queries.last_seq(db, row.id)  # first: what is written meanwhile comes again as a change
-    view = queries.study_view(db, row, with_front=True)
+    view = queries.study_view(db, row, with_order=True)
     trials, total = queries.trial_page(db, row.id, status=status, sort=sort, limit=limit)
-    pareto = _pareto_dict(db, view)
+    pareto = _front_sample(db, view, PARETO_PAGE)
     points, stride = queries.plot_points(db, row.id, view.summary, [t["number"] for t in pareto["trials"]])
     return _json(
         {
