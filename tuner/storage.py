@@ -175,6 +175,9 @@ class StudyDB:
         self.retry_s = retry_s
         self.engine = make_engine(self.url, retry_s=retry_s)
         self.Session = sessionmaker(self.engine, expire_on_commit=False)
+        # A study's objectives, read at its first write here: they never change once stored, and reading
+        # them again cost a query per write on the orchestrator's hot path.
+        self._objectives: dict[int, list[tuple[str, str]]] = {}
 
     def create_tables(self) -> None:
         """Create the tables or bring them up to date: the schema migrations (tuner/migrations) to the
@@ -336,6 +339,7 @@ class StudyDB:
             return list(s.scalars(select(StudyRow).order_by(StudyRow.id)))
 
     def delete_study(self, study_id: int) -> None:
+        self._objectives.pop(study_id, None)
         with self.Session.begin() as s:
             s.query(TrialValueRow).filter(TrialValueRow.study_id == study_id).delete()
             s.query(StudySummaryRow).filter(StudySummaryRow.study_id == study_id).delete()
@@ -444,7 +448,8 @@ class StudyDB:
             return
         with self.engine.begin() as conn:
             for study_id, group in by_study.items():
-                apply_writes(conn, study_id, group)
+                objectives = apply_writes(conn, study_id, group, self._objectives.get(study_id))
+                self._objectives[study_id] = objectives
 
     def insert_trial(self, study_id: int, number: int, params: dict[str, Any], **kwargs: Any) -> None:
         self.apply([self.insert_op(study_id, number, params, **kwargs)])

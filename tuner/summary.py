@@ -362,11 +362,13 @@ def _account(
     return status, dup, feasible
 
 
-def apply_writes(conn: Connection, study_id: int, writes: Sequence[Any]) -> None:
+def apply_writes(
+    conn: Connection, study_id: int, writes: Sequence[Any], objectives: Sequence[tuple[str, str]] | None = None
+) -> list[tuple[str, str]]:
     """Apply one study's trial writes (``storage.TrialWrite``, in order) and its summary, in ``conn``'s
-    transaction."""
+    transaction. ``objectives``: the study's, if the caller knows them (else read); returns them."""
     summaries = _tables()[2]
-    objectives = study_objectives(conn, study_id)
+    objectives = list(objectives) if objectives else study_objectives(conn, study_id)
     summary = _take(conn, study_id, len(writes), objectives)
     inserted = {w.number for w in writes if w.kind == "insert"}
     known = _known_rows(conn, study_id, {w.number for w in writes if w.kind != "insert"} - inserted)
@@ -386,6 +388,7 @@ def apply_writes(conn: Connection, study_id: int, writes: Sequence[Any]) -> None
     elif summary.best_number(objectives) != previous_best or any(w.number == previous_best for w in writes):
         summary.best = _best_entry(conn, study_id, summary, objectives)
     conn.execute(update(summaries).where(summaries.c.study_id == study_id).values(**summary.columns()))
+    return objectives
 
 
 def backfill(conn: Connection, study_id: int) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+import weakref
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
@@ -368,12 +370,15 @@ async def _event_stream(db: Any, study_id: int, request: Request, seq: int | Non
         seq = await asyncio.to_thread(queries.last_seq, db, study_id)
     last, idle = None, 0
     while not await request.is_disconnected():
-        # database work off the event loop: open dashboards must not stall the server
-        current = lifecycle.visible(await asyncio.to_thread(db.get_study, study_id))
-        if current is None:
+        snapshot = await _snapshot(db, study_id)
+        if snapshot is None:
             yield "event: deleted\ndata: {}\n\n"
             return
-        changed = await asyncio.to_thread(queries.changes_since, db, study_id, seq, EVENT_TRIALS)
+        current, payload, latest = snapshot
+        # database work off the event loop, and only when something changed since this client's last event
+        changed = (
+            await asyncio.to_thread(queries.changes_since, db, study_id, seq, EVENT_TRIALS) if latest > seq else []
+        )
         if changed:
             seq = max(int(t.seq or 0) for t in changed)
             body = json.dumps({"seq": seq, "trials": [trial_out(t).model_dump(mode="json") for t in changed]})
@@ -381,7 +386,6 @@ async def _event_stream(db: Any, study_id: int, request: Request, seq: int | Non
             idle = 0
             if len(changed) == EVENT_TRIALS:
                 continue  # more to catch up on: no pause
-        payload = (await asyncio.to_thread(study_out, db, current)).model_dump_json()
         if payload != last:
             last, idle = payload, 0
             yield f"id: {seq}\nevent: study\ndata: {payload}\n\n"
@@ -392,6 +396,33 @@ async def _event_stream(db: Any, study_id: int, request: Request, seq: int | Non
             if idle % 15 == 0:
                 yield ": keep-alive\n\n"
         await asyncio.sleep(EVENT_POLL_S)
+
+
+#: database -> study id -> (monotonic time read, (row, ``event: study`` payload, last change seq) or None)
+_SNAPSHOTS: weakref.WeakKeyDictionary[Any, dict[int, tuple[float, Any]]] = weakref.WeakKeyDictionary()
+
+
+async def _snapshot(db: Any, study_id: int) -> tuple[Any, str, int] | None:
+    """The study as every open event stream of it sends it, read at most once per ``EVENT_POLL_S / 2``
+    whatever the number of streams: fifty open pages of a study cost one read of it, not fifty."""
+    now = time.monotonic()
+    snapshots = _SNAPSHOTS.setdefault(db, {})
+    cached = snapshots.get(study_id)
+    if cached is not None and now - cached[0] < EVENT_POLL_S / 2:
+        return cached[1]
+
+    def read() -> tuple[Any, str, int] | None:
+        current = lifecycle.visible(db.get_study(study_id))
+        if current is None:
+            return None
+        view = queries.study_view(db, current)
+        return current, view_out(view).model_dump_json(), int(view.summary.seq)
+
+    snapshot = await asyncio.to_thread(read)
+    if len(snapshots) > 1000:  # streams of studies long gone
+        snapshots.clear()
+    snapshots[study_id] = (time.monotonic(), snapshot)
+    return snapshot
 
 
 #: Trials an ``event: trials`` carries at most; how often a stream looks for changes.
