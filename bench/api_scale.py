@@ -8,7 +8,7 @@ clients against a running study, in one run on loopback.
    orchestrator's write path: summary and metric values in the same transactions), each trial with ten
    raw timing samples, params drawn at random and metrics from the ``noop`` reference.
 3. ``tuner serve`` on ``--port``: p50/p95 of ``GET /api/studies/{id}``, ``/trials?limit=50`` and
-   ``/pareto`` (its default page of 500 front trials) on both studies (target: p95 <= 100 ms each), and
+   ``/pareto`` (its default page: 100 front trials) on both studies (target: p95 <= 100 ms each), and
    more reads beside them (``/pareto?limit=50``, the whole front ``/pareto?all=true``, sorted pages...).
 4. The study page in headless Chromium, from navigation to every chart and the table drawn
    (``body[data-refreshes] >= 1``; target <= 2 s) on both studies: ``cold`` (a fresh browser context: no
@@ -210,7 +210,7 @@ def measure_reads(base: str, study_id: int, n: int) -> dict[str, Any]:
     targets = ("", "/trials?limit=50", "/pareto")
     extras = (
         "/pareto?limit=50",
-        "/pareto?sample=500",
+        "/pareto?sample=300",
         "/trials?limit=50&offset=5000",
         "/trials?limit=50&sort=-score",
         "/trials?limit=50&status=ok&sort=cost",

@@ -370,7 +370,7 @@ def test_the_front_is_paged_and_sampled_in_front_order_from_the_summary(
         numbers = expected[::stride] + ([expected[-1]] if expected[::stride][-1] != expected[-1] else [])
         assert [t["number"] for t in sample["trials"]] == numbers and sample["stride"] == stride
         assert sample["default_pick"] == whole["default_pick"] == best_trial(db.trials(study_id), OBJECTIVES).number
-        monkeypatch.setattr("api.routes.studies.PARETO_PAGE", 3)
+        monkeypatch.setattr("api.routes.studies.FRONT_SAMPLE", 3)
         overview = client.get(f"/api/studies/{study_id}/overview").json()
         monkeypatch.undo()
         assert overview["pareto"] == sample

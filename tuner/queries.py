@@ -280,7 +280,7 @@ def last_seq(db: StudyDB, study_id: int) -> int:
 
 #: The most trials the plots get one point each (the study page's first draw is bounded by it whatever the
 #: study's size); a larger study gets every k-th trial and the front's points (``front_sample``).
-MAX_POINTS = 1_000
+MAX_POINTS = 800
 
 
 def plot_points(

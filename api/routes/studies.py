@@ -212,8 +212,10 @@ def get_trial(row: StudyDep, db: DBDep, number: Annotated[int, Path(ge=0, le=MAX
     return trial_out(trial, detail=True)  # type: ignore[return-value]
 
 
-#: Front trials ``/pareto`` returns by default; the study page's first draw gets at most this many too.
-PARETO_PAGE = 500
+#: Front trials ``/pareto`` returns by default (``all=true``: the whole front).
+PARETO_PAGE = 100
+#: The front's points the study page's first draw gets at most (all of a front this size or smaller).
+FRONT_SAMPLE = 300
 
 
 @router.get("/{study_id}/pareto", response_model=ParetoOut, responses=ERRORS)
@@ -274,7 +276,7 @@ def get_overview(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:
     """The study page's first draw in one request, bounded whatever the study's size: the study, the first
-    page of its trial table (as ``/trials``), the front (all of it up to ``PARETO_PAGE`` points, else that
+    page of its trial table (as ``/trials``), the front (all of it up to ``FRONT_SAMPLE`` points, else that
     many spread evenly along it: every ``pareto.stride``-th, ``pareto.total`` its size), the plots' points
     (params and metrics, no samples: every trial up to ``queries.MAX_POINTS``, beyond that every
     ``points_stride``-th trial, and the front's points above), the latest 500 failures, and ``seq``: pass
@@ -282,7 +284,7 @@ def get_overview(
     seq = queries.last_seq(db, row.id)  # first: what is written meanwhile comes again as a change
     view = queries.study_view(db, row, with_order=True)
     trials, total = queries.trial_page(db, row.id, status=status, sort=sort, limit=limit)
-    pareto = _front_sample(db, view, PARETO_PAGE)
+    pareto = _front_sample(db, view, FRONT_SAMPLE)
     points, stride = queries.plot_points(db, row.id, view.summary, [t["number"] for t in pareto["trials"]])
     return _json(
         {

@@ -16,7 +16,7 @@
   const WEBGL_FROM = 2000; // scatter plots of more points than this draw through WebGL
   const PARCOORDS_MAX = 5000; // parallel coordinates draw the best this many trials
   const PARCOORDS_SOFTWARE = 200; // where WebGL renders in software, more trials than this wait to be asked for
-  const FRONT_SAMPLE = 500; // the front's points the page holds: all of them up to this, else a sample as many
+  const FRONT_SAMPLE = 300; // the front's points the page holds: all of them up to this, else a sample as many
   const ACCENT = "#d9480f";
   const PLOT_CONFIG = {
     responsive: true,
