@@ -320,8 +320,8 @@ def finished_between(url: str, study_id: int, t0: float, t1: float) -> int:
     return int(n or 0)
 
 
-async def _reader(client: httpx.AsyncClient, paths: list[str], stop: float, stats: dict[str, Any]) -> None:
-    rng = random.Random(len(stats["latency_ms"]))
+async def _reader(client: httpx.AsyncClient, paths: list[str], stop: float, stats: dict[str, Any], seed: int) -> None:
+    rng = random.Random(seed)  # each reader its own sequence (all started at once, a shared seed made them one)
     while time.monotonic() < stop:
         path = rng.choice(paths)
         start = time.perf_counter()
@@ -384,7 +384,7 @@ async def load(base: str, running: int, big: list[int], clients: int, duration_s
     limits = httpx.Limits(max_connections=clients + 10, max_keepalive_connections=clients + 10)
     timeout = httpx.Timeout(30.0, read=5.0)
     async with httpx.AsyncClient(base_url=base, timeout=timeout, limits=limits) as client:
-        tasks = [_reader(client, paths, stop, stats) for _ in range(n_readers)]
+        tasks = [_reader(client, paths, stop, stats, seed) for seed in range(n_readers)]
         tasks += [_streamer(client, running, stop, stats) for _ in range(n_streams)]
         tasks += [_pages(client, running, stop, stats) for _ in range(n_pages)]
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=duration_s + 60)
