@@ -16,6 +16,8 @@ imports neither torch, triton, ray nor optuna.
 
 from __future__ import annotations
 
+import functools
+import gzip
 import importlib.util
 import logging
 from pathlib import Path
@@ -23,7 +25,7 @@ from typing import Any
 
 import httpx
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, HTMLResponse, Response
+from fastapi.responses import HTMLResponse, Response
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 log = logging.getLogger(__name__)
@@ -156,13 +158,28 @@ async def registry_page(request: Request) -> HTMLResponse:
 
 @router.get("/static/{name}", name="dashboard_static")
 async def static_file(request: Request, name: str) -> Response:
+    """A static file from memory, gzipped where the browser takes it: plotly.min.js is 4.8 MB, 1.4 MB
+    gzipped, and one write of it costs a loaded server far less than a file streamed in chunks."""
     path = _static_file(name)
     if path is None:
         return not_found_page(request, "No such file.")
+    stat = path.stat()
+    plain, packed = _static_body(str(path), stat.st_mtime_ns, stat.st_size)
     # plotly.min.js changes only with the installed package: let browsers keep it for a day.
-    cache = "public, max-age=86400" if name == PLOTLY_JS else "no-cache"
-    return FileResponse(
-        path,
-        media_type=_MEDIA_TYPES.get(path.suffix, "application/octet-stream"),
-        headers={"Cache-Control": cache, "X-Content-Type-Options": "nosniff"},
-    )
+    headers = {
+        "Cache-Control": "public, max-age=86400" if name == PLOTLY_JS else "no-cache",
+        "X-Content-Type-Options": "nosniff",
+        "Vary": "Accept-Encoding",
+    }
+    body = plain
+    if "gzip" in request.headers.get("accept-encoding", "").lower():
+        body, headers["Content-Encoding"] = packed, "gzip"
+    return Response(body, media_type=_MEDIA_TYPES.get(path.suffix, "application/octet-stream"), headers=headers)
+
+
+@functools.lru_cache(maxsize=16)
+def _static_body(path: str, mtime_ns: int, size: int) -> tuple[bytes, bytes]:
+    """A static file's bytes and their gzip, read and compressed once per version of the file (the
+    modification time and size are the cache key)."""
+    data = Path(path).read_bytes()
+    return data, gzip.compress(data, compresslevel=6, mtime=0)

@@ -102,9 +102,15 @@ class TrialPage(BaseModel):
 
 
 class ParetoOut(BaseModel):
+    """The front, or a part of it: ``trials`` are the front's from ``offset`` on (every ``stride``-th where
+    the study page's first draw samples a large front), ``total`` the front's size."""
+
     objectives: list[ObjectiveOut]
     trials: list[TrialOut]
     default_pick: int | None
+    total: int
+    offset: int = 0
+    stride: int = 1
 
 
 class PlotPointOut(BaseModel):

@@ -169,6 +169,32 @@ def test_other_samplers_run(sqlite_url: str, sampler: str) -> None:
     db.dispose()
 
 
+def test_nsga2_with_one_intersection_for_the_study_proposes_what_stock_nsga2_does() -> None:
+    """Per-trial samplers (as a seeded study makes them) sharing one search-space intersection propose
+    exactly what a fresh ``NSGAIISampler`` per trial proposes, without walking every trial each time."""
+    import optuna
+    from optuna.search_space import IntersectionSearchSpace
+
+    from tuner.samplers import SharedSpaceNSGAII
+
+    def run(make: Any) -> list[dict[str, Any]]:
+        storage = optuna.storages.InMemoryStorage()
+        optuna.create_study(storage=storage, study_name="s", directions=["maximize", "minimize"])
+        for number in range(40):
+            study = optuna.load_study(study_name="s", storage=storage, sampler=make(number))
+            trial = study.ask()
+            x, mode = trial.suggest_float("x", 0, 1), trial.suggest_categorical("mode", ["a", "b"])
+            if mode == "b":
+                trial.suggest_int("depth", 1, 4)  # conditional: leaves the intersection once it is absent
+            study.tell(trial, [x, x * x + (mode == "b")])
+        return [t.params for t in study.get_trials()]
+
+    shared = IntersectionSearchSpace()
+    stock = run(lambda n: optuna.samplers.NSGAIISampler(seed=n, population_size=8))
+    ours = run(lambda n: SharedSpaceNSGAII(seed=n, population_size=8, intersection=shared))
+    assert ours == stock
+
+
 def test_grid_sampler_visits_every_point_once(sqlite_url: str) -> None:
     db = StudyDB(sqlite_url)
     space = {

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import event, update
+from sqlalchemy import event, select, text, update
 
 from api.main import create_app
 from api.settings import Settings
 from tuner import queries
 from tuner.pareto import best_trial, pareto_front
-from tuner.storage import DUPLICATE, StudyDB, StudyRow, TrialRow, TrialWrite
+from tuner.storage import DUPLICATE, FAILED_SQL, StudyDB, StudyRow, StudySummaryRow, TrialRow, TrialWrite
 from tuner.summary import Summary, rebuild
 
 pytestmark = [pytest.mark.timeout(120)]
@@ -372,3 +372,100 @@ def test_the_plots_of_a_very_large_study_get_every_kth_trial_and_the_whole_front
     assert overview["points_stride"] == 5  # ceil(120 / 25)
     front = {t["number"] for t in overview["pareto"]["trials"]}
     assert front and {p["number"] for p in overview["points"]} == set(range(0, 120, 5)) | front
+
+
+def test_the_front_is_paged_and_sampled_in_front_order_from_the_summary(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/pareto`` pages (``limit``, ``offset``, ``total``), gives the whole front on request (``all``) and a
+    sample spread along it (``sample``, what the study page's first draw gets); all in ``pareto_front``'s
+    order, also for a summary stored before the front's order was."""
+    db: StudyDB = client.app.state.db
+    study_id = _study(db)
+    rng = random.Random(8)
+    writes = []
+    for number in range(60):  # score against cost: a wide front, with dominated points and ties among it
+        x = round(rng.random(), 2)
+        worse = rng.random() < 0.3
+        writes.append(db.insert_op(study_id, number, {"x": x}, optuna_trial_id=None))
+        writes.append(
+            db.finish_op(study_id, number, status="ok", metrics={"score": x - 0.5 * worse, "cost": x + 0.5 * worse},
+                         feasible=True, timing_comparable=True, error=None, worker="w", attempt=1, fingerprint=None)
+        )  # fmt: skip
+        if number % 7 == 0:
+            db.apply(writes)
+            writes = []
+    db.apply(writes)
+    expected = [t.number for t in pareto_front(db.trials(study_id), OBJECTIVES)]
+    assert len(expected) >= 20
+    base = f"/api/studies/{study_id}/pareto"
+    for _stored_order in (True, False):
+        whole = client.get(base, params={"all": "true"}).json()
+        assert [t["number"] for t in whole["trials"]] == expected and whole["total"] == len(expected)
+        assert client.get(base).json() == whole  # a front smaller than the default page
+        paged = [client.get(base, params={"limit": 4, "offset": o}).json() for o in range(0, len(expected), 4)]
+        assert [t["number"] for p in paged for t in p["trials"]] == expected
+        assert {p["total"] for p in paged} == {len(expected)} and [p["offset"] for p in paged][:2] == [0, 4]
+        sample = client.get(base, params={"sample": 3}).json()
+        stride = -(-len(expected) // 3)
+        numbers = expected[::stride] + ([expected[-1]] if expected[::stride][-1] != expected[-1] else [])
+        assert [t["number"] for t in sample["trials"]] == numbers and sample["stride"] == stride
+        assert sample["default_pick"] == whole["default_pick"] == best_trial(db.trials(study_id), OBJECTIVES).number
+        monkeypatch.setattr("api.routes.studies.FRONT_SAMPLE", 3)
+        overview = client.get(f"/api/studies/{study_id}/overview").json()
+        monkeypatch.undo()
+        assert overview["pareto"] == sample
+        assert set(numbers) <= {p["number"] for p in overview["points"]}
+        with db.engine.begin() as conn:  # as a release before the front's order was stored left it
+            conn.execute(update(StudySummaryRow).values(front_order=None))
+
+
+def test_page_totals_come_from_the_summary_where_it_knows_them(db_url: str) -> None:
+    """No ``count(*)`` over a study's trials for a page of a study without copies (a 100,000-trial study
+    counted on every page read), and the same totals as a count."""
+    db = StudyDB(db_url)
+    db.create_tables()
+    study_id = _study(db)
+    for number in range(40):
+        db.insert_trial(study_id, number, {"x": number}, optuna_trial_id=None)
+        if number % 4:
+            status = "ok" if number % 3 else "timeout"
+            db.finish_trial(study_id, number, status=status, metrics={"score": float(number), "cost": 1.0},
+                            feasible=True, timing_comparable=True, error=None, worker="w", attempt=1,
+                            fingerprint=None)  # fmt: skip
+    statements: list[str] = []
+    listener = lambda *args: statements.append(args[2])  # noqa: E731 - (conn, cursor, statement, ...)
+    event.listen(db.engine, "before_cursor_execute", listener)
+    try:
+        every = db.trials(study_id)
+        for status in (None, "ok", "timeout", "running", "runtime_error"):
+            statements.clear()
+            rows, total = queries.trial_page(db, study_id, status=status, limit=5)
+            assert total == len([t for t in every if status is None or t.status == status])
+            assert not any("count(" in s.lower() for s in statements), status
+        for status in (None, "ok"):  # a full page of trials with the metric: the values are not counted either
+            statements.clear()
+            rows, _ = queries.trial_page(db, study_id, status=status, sort="-score", limit=5)
+            assert len(rows) == 5 and not any("count(" in s.lower() for s in statements), status
+    finally:
+        event.remove(db.engine, "before_cursor_execute", listener)
+    db.dispose()
+
+
+def test_the_failure_panel_walks_the_partial_index_of_failures(tmp_path: Path) -> None:
+    db = StudyDB(f"sqlite:///{tmp_path / 'f.db'}")
+    db.create_tables()
+    study_id = _study(db)
+    _fill(db, study_id, 60, seed=9)
+    failed = {
+        t.number
+        for t in db.trials(study_id)
+        if t.duplicate_of is None and (t.status not in ("ok", "running") or (t.status == "ok" and t.feasible is False))
+    }
+    assert {t.number for t in queries.failures(db, study_id)} == failed and failed
+    with db.engine.connect() as conn:
+        statement = select(TrialRow.number).where(TrialRow.study_id == study_id, text(FAILED_SQL))
+        compiled = statement.order_by(TrialRow.number.desc()).limit(500).compile(compile_kwargs={"literal_binds": True})
+        plan = " ".join(str(r[-1]) for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {compiled}"))
+    assert "ix_tuner_trials_failures" in plan, plan
+    db.dispose()

@@ -57,18 +57,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tuner.orchestrator import Orchestrator, StudyConflict, StudyFailed
-    from tuner.spec import SpecError, load_spec
     from tuner.storage import lease_owner_name
 
-    try:
-        compiled = load_spec(Path(args.spec))
-    except FileNotFoundError:
-        err.print(f"[red]no such spec file: {args.spec}[/red]")
-        return 2
-    except SpecError as exc:
-        err.print("[red]invalid spec:[/red]")
-        for field, message in exc.errors:
-            err.print(f"  {field or '(spec)'}: {message}")
+    compiled = _load_spec_or_say_why(args.spec)
+    if compiled is None:
         return 2
     db = _db(args, write=True)
     spec = compiled.spec
@@ -114,6 +106,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         except StudyFailed as exc:
             err.print(f"[red]study failed: {exc}[/red]")
             return 1
+    _print_run_summary(summary, compiled.objectives)
+    return 0 if summary.status == "completed" else 1
+
+
+def _load_spec_or_say_why(path: str) -> Any:
+    """The compiled spec, or None after printing why it cannot be loaded."""
+    from tuner.spec import SpecError, load_spec
+
+    try:
+        return load_spec(Path(path))
+    except FileNotFoundError:
+        err.print(f"[red]no such spec file: {path}[/red]")
+    except SpecError as exc:
+        err.print("[red]invalid spec:[/red]")
+        for field, message in exc.errors:
+            err.print(f"  {field or '(spec)'}: {message}")
+    return None
+
+
+def _print_run_summary(summary: Any, objectives: list[tuple[str, str]]) -> None:
     counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items()))
     console.print(f"study {summary.name} {summary.status} in {summary.elapsed_s:.1f} s: {counts}")
     if any(t.timing_comparable is False for t in summary.pareto):
@@ -121,8 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "[yellow]timings come from a CPU or the Triton interpreter: numerics are real, speeds are not "
             "comparable with GPU timings[/yellow]"
         )
-    _print_front(summary.pareto, compiled.objectives, summary.best.number if summary.best else None)
-    return 0 if summary.status == "completed" else 1
+    _print_front(summary.pareto, objectives, summary.best.number if summary.best else None)
 
 
 def _print_front(front: list[Any], objectives: list[tuple[str, str]], chosen: int | None) -> None:
@@ -476,10 +487,21 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description="Autotune GPU performance knobs.")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_study_commands(sub)
+    _add_service_commands(sub)
+    from tuner.config_cli import add_parsers
 
-    def add_db(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--db", help="database URL or SQLite path (default: $TUNER_DB_URL or ./tuner.db)")
+    add_parsers(sub, _add_db)  # publish, lookup, recheck: the best-config registry
+    return parser
 
+
+def _add_db(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", help="database URL or SQLite path (default: $TUNER_DB_URL or ./tuner.db)")
+
+
+def _add_study_commands(sub: Any) -> None:
+    """``run``, ``status``, ``trials``, ``export``, ``collective-table``: one study database, no server."""
+    add_db = _add_db
     run = sub.add_parser("run", help="run (or resume) a study from a YAML/JSON spec")
     run.add_argument("spec")
     add_db(run)
@@ -523,6 +545,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_db(table)
     table.set_defaults(func=cmd_collective_table)
 
+
+def _add_service_commands(sub: Any) -> None:
+    """``serve``, ``worker``, ``db``, ``submit``, ``workloads``: the service, its database and its clients."""
+    add_db = _add_db
     serve = sub.add_parser("serve", help="run the REST API and dashboard, with a study runner beside it")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -561,11 +587,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     workloads = sub.add_parser("workloads", help="list workloads, their metrics and spaces")
     workloads.set_defaults(func=cmd_workloads)
-
-    from tuner.config_cli import add_parsers
-
-    add_parsers(sub, add_db)  # publish, lookup, recheck: the best-config registry
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

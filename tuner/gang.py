@@ -160,56 +160,12 @@ def run_gang(
     }
     job_path = folder / "job.json"
     job_path.write_text(json.dumps(job, default=str))
-    port = free_port()
-    base = dict(os.environ)
     procs: list[subprocess.Popen] = []
     logs = [folder / f"rank{r}.log" for r in range(world_size)]
     results_paths = [folder / f"rank{r}.json" for r in range(world_size)]
-    started = time.monotonic()
-    killed: set[int] = set()
-    timed_out = False
     try:
-        for rank in range(world_size):
-            with open(logs[rank], "wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-m", "tuner.gang_rank", str(job_path)],
-                        env=rank_env(base, trial_env, rank, world_size, port),
-                        cwd=str(REPO_ROOT),
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                    )
-                )
-        first_failure: float | None = None
-        while True:
-            codes = [p.poll() for p in procs]
-            if all(c is not None for c in codes):
-                break
-            now = time.monotonic()
-            if first_failure is None:
-                for rank, code in enumerate(codes):
-                    if code is None:
-                        continue
-                    result = _read_result(results_paths[rank])
-                    if code != 0 or result is None or result.get("status") != TrialStatus.OK.value:
-                        first_failure = now
-                        break
-            if first_failure is not None and now - first_failure > GRACE_S:
-                for rank, p in enumerate(procs):
-                    if p.poll() is None:
-                        killed.add(rank)
-                        _kill(p)
-                break
-            if now - started > deadline_s:
-                timed_out = True
-                for rank, p in enumerate(procs):
-                    if p.poll() is None:
-                        killed.add(rank)
-                        _kill(p)
-                break
-            time.sleep(POLL_S)
+        _spawn_ranks(procs, job_path, trial_env, world_size, logs)
+        killed, timed_out = _watch(procs, results_paths, time.monotonic(), deadline_s)
         results = [_read_result(path) for path in results_paths]
         codes = [p.returncode for p in procs]
         return _merge(results, codes, killed, timed_out, deadline_s, timeout_s, logs)
@@ -217,6 +173,62 @@ def run_gang(
         for p in procs:
             _kill(p)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _spawn_ranks(
+    procs: list[subprocess.Popen], job_path: Path, trial_env: dict[str, str | None], world_size: int, logs: list[Path]
+) -> None:
+    """Start the rank processes (appended to ``procs`` as they start, so the caller can kill them all)."""
+    port = free_port()
+    base = dict(os.environ)
+    for rank in range(world_size):
+        with open(logs[rank], "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "tuner.gang_rank", str(job_path)],
+                    env=rank_env(base, trial_env, rank, world_size, port),
+                    cwd=str(REPO_ROOT),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            )
+
+
+def _watch(
+    procs: list[subprocess.Popen], results_paths: list[Path], started: float, deadline_s: float
+) -> tuple[set[int], bool]:
+    """Wait for every rank to exit; once one has failed, the rest get ``GRACE_S`` to exit on their own, and
+    none outlives the deadline. Returns the ranks killed and whether the deadline passed."""
+    killed: set[int] = set()
+    first_failure: float | None = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return killed, False
+        now = time.monotonic()
+        if first_failure is None and _a_rank_failed(codes, results_paths):
+            first_failure = now
+        graced = first_failure is not None and now - first_failure > GRACE_S
+        overdue = now - started > deadline_s
+        if graced or overdue:
+            for rank, p in enumerate(procs):
+                if p.poll() is None:
+                    killed.add(rank)
+                    _kill(p)
+            return killed, overdue and not graced  # a failure past its grace is that failure, not a timeout
+        time.sleep(POLL_S)
+
+
+def _a_rank_failed(codes: list[int | None], results_paths: list[Path]) -> bool:
+    for rank, code in enumerate(codes):
+        if code is None:
+            continue
+        result = _read_result(results_paths[rank])
+        if code != 0 or result is None or result.get("status") != TrialStatus.OK.value:
+            return True
+    return False
 
 
 def _merge(

@@ -209,18 +209,34 @@ def time_fn(
     samples_ms = timer.sample(reps)
     timing = Timing.from_samples(samples_ms, warmup_calls)
     if target_rel_ci is not None:
-        spent_ms = sum(samples_ms)
-        while rel_ci_half_width(timing) > target_rel_ci and len(samples_ms) < max_reps and spent_ms < max_time_ms:
-            more = min(len(samples_ms), max_reps - len(samples_ms))
-            if estimate_ms > 0:
-                more = max(1, min(more, int((max_time_ms - spent_ms) / estimate_ms)))
-            new = timer.sample(more)
-            samples_ms.extend(new)
-            spent_ms += sum(new)
-            timing = Timing.from_samples(samples_ms, warmup_calls)
-        timing.extra["rel_ci"] = rel_ci_half_width(timing)
-        timing.extra["converged"] = timing.extra["rel_ci"] <= target_rel_ci
+        timing = _until_converged(timer, samples_ms, warmup_calls, estimate_ms, target_rel_ci, max_reps, max_time_ms)
     timing.extra.update(timer.describe())
+    return timing
+
+
+def _until_converged(
+    timer: Any,
+    samples_ms: list[float],
+    warmup_calls: int,
+    estimate_ms: float,
+    target_rel_ci: float,
+    max_reps: int,
+    max_time_ms: float,
+) -> Timing:
+    """More rounds (each as large as all before it) until the median's 95% interval is narrow enough, or
+    ``max_reps`` samples or ``max_time_ms`` of timed calls; ``samples_ms`` grows in place."""
+    timing = Timing.from_samples(samples_ms, warmup_calls)
+    spent_ms = sum(samples_ms)
+    while rel_ci_half_width(timing) > target_rel_ci and len(samples_ms) < max_reps and spent_ms < max_time_ms:
+        more = min(len(samples_ms), max_reps - len(samples_ms))
+        if estimate_ms > 0:
+            more = max(1, min(more, int((max_time_ms - spent_ms) / estimate_ms)))
+        new = timer.sample(more)
+        samples_ms.extend(new)
+        spent_ms += sum(new)
+        timing = Timing.from_samples(samples_ms, warmup_calls)
+    timing.extra["rel_ci"] = rel_ci_half_width(timing)
+    timing.extra["converged"] = timing.extra["rel_ci"] <= target_rel_ci
     return timing
 
 

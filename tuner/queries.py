@@ -14,17 +14,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, exists, func, select
+from sqlalchemy import and_, exists, func, select, text
 from sqlalchemy.orm import defer
 
 from tuner.export import objectives_or_error
-from tuner.storage import StudyDB, StudyRow, StudySummaryRow, TrialRow, TrialValueRow, clean_metrics
+from tuner.storage import (
+    DUPLICATE,
+    FAILED_SQL,
+    StudyDB,
+    StudyRow,
+    StudySummaryRow,
+    TrialRow,
+    TrialValueRow,
+    clean_metrics,
+)
 from tuner.summary import Summary, rebuild
 
 #: What the trial table shows; raw samples and fingerprints are only in a single trial's detail.
 _LIST_OPTIONS = (defer(TrialRow.samples_ms), defer(TrialRow.fingerprint))
-#: Statuses that are not failures (the failure panel lists the others).
-NOT_FAILURES = ("ok", "running")
 
 
 @dataclass
@@ -37,25 +44,39 @@ class StudyView:
     error: str | None
 
 
-#: A summary read for a list entry or a study's header: without the front and re-measurements.
-_LIGHT_SUMMARY = (defer(StudySummaryRow.front), defer(StudySummaryRow.remeasured))
+#: A summary read for a list entry or a study's header: without the front, its order and re-measurements.
+_LIGHT_SUMMARY = (
+    defer(StudySummaryRow.front),
+    defer(StudySummaryRow.front_order),
+    defer(StudySummaryRow.remeasured),
+)
+#: A summary read for the front's pages: the front's numbers in order, not the front's points.
+_ORDER_SUMMARY = (defer(StudySummaryRow.front), defer(StudySummaryRow.remeasured))
 
 
-def _view(db: StudyDB, row: StudyRow, summary_row: StudySummaryRow | None, with_front: bool = False) -> StudyView:
+def _view(
+    db: StudyDB, row: StudyRow, summary_row: StudySummaryRow | None, with_front: bool = False, with_order: bool = False
+) -> StudyView:
     objectives, error = objectives_or_error(row)
     if summary_row is not None:
-        summary = Summary.from_row(summary_row, with_front=with_front)
+        summary = Summary.from_row(summary_row, with_front=with_front, with_order=with_order)
     else:  # stored before summaries, in a database not upgraded yet: computed here, not stored by a read
         with db.engine.connect() as conn:
             summary = rebuild(conn, row.id, objectives)
     return StudyView(row, summary, objectives, error)
 
 
-def study_view(db: StudyDB, row: StudyRow, *, with_front: bool = False) -> StudyView:
-    """One study's view (its summary read by primary key); ``with_front``: with the Pareto front."""
+def study_view(db: StudyDB, row: StudyRow, *, with_front: bool = False, with_order: bool = False) -> StudyView:
+    """One study's view (its summary read by primary key); ``with_front``: with the Pareto front's points
+    and the re-measurements; ``with_order``: with the front's numbers in order (``Summary.front_numbers``),
+    what the front's pages need (the front's points too only for a summary stored without its order)."""
+    options = () if with_front else _ORDER_SUMMARY if with_order else _LIGHT_SUMMARY
     with db.Session() as s:
-        summary_row = s.get(StudySummaryRow, row.id, options=() if with_front else _LIGHT_SUMMARY)
-    return _view(db, row, summary_row, with_front)
+        summary_row = s.get(StudySummaryRow, row.id, options=options)
+        if with_order and not with_front and summary_row is not None and summary_row.front_order is None:
+            s.refresh(summary_row, ["front", "remeasured"])  # stored before the order was: sorted on read
+            with_front = True
+    return _view(db, row, summary_row, with_front=with_front, with_order=with_order)
 
 
 def study_page(
@@ -100,7 +121,7 @@ def trial_page(
     if status is not None:
         where.append(TrialRow.status == status)
     with db.Session() as s:
-        total = s.scalar(select(func.count()).select_from(TrialRow).where(*where)) or 0
+        total = _total(s, study_id, status, where)
         base = select(TrialRow).where(*where).options(*_LIST_OPTIONS)
         if key == "number":
             order = TrialRow.number.desc() if descending else TrialRow.number.asc()
@@ -109,6 +130,22 @@ def trial_page(
             order = TrialRow.status.desc() if descending else TrialRow.status.asc()
             return list(s.scalars(base.order_by(order, TrialRow.number).limit(limit).offset(offset))), total
         return _by_metric(s, study_id, status, key, descending, limit, offset), total
+
+
+def _total(s: Any, study_id: int, status: str | None, where: list[Any]) -> int:
+    """How many trials match: from the summary (kept in each write's transaction) where it can say, else a
+    count. The summary counts copies under ``duplicate``, not under their status, so a status filter on a
+    study with copies is counted in SQL (an index range on ``(study_id, status)``)."""
+    row = s.execute(
+        select(StudySummaryRow.n_trials, StudySummaryRow.counts).where(StudySummaryRow.study_id == study_id)
+    ).first()
+    if row is not None:
+        counts = row.counts or {}
+        if status is None:
+            return int(row.n_trials or 0)
+        if not counts.get(DUPLICATE) and status != DUPLICATE:
+            return int(counts.get(status, 0))
+    return s.scalar(select(func.count()).select_from(TrialRow).where(*where)) or 0
 
 
 def _by_metric(
@@ -123,13 +160,12 @@ def _by_metric(
     has_value = [TrialValueRow.study_id == study_id, TrialValueRow.metric == metric]
     if status is not None:
         has_value.append(TrialValueRow.status == status)
-    with_value = s.scalar(select(func.count()).select_from(TrialValueRow).where(*has_value)) or 0
-    numbers: list[int] = []
-    if offset < with_value:
-        order = value.desc() if descending else value.asc()
-        numbers = list(s.scalars(select(number).where(*has_value).order_by(order, number).limit(limit).offset(offset)))
+    order = value.desc() if descending else value.asc()
+    numbers = list(s.scalars(select(number).where(*has_value).order_by(order, number).limit(limit).offset(offset)))
     rows = _in_order(s, study_id, numbers)
     if len(rows) < limit:
+        # Past the trials with a value: only now is their count needed (a full page never counts them).
+        with_value = offset + len(numbers) if numbers else _count(s, has_value)
         joined = and_(
             TrialValueRow.study_id == TrialRow.study_id,
             TrialValueRow.number == TrialRow.number,
@@ -145,6 +181,10 @@ def _by_metric(
             .offset(max(0, offset - with_value))
         )
     return rows
+
+
+def _count(s: Any, where: list[Any]) -> int:
+    return s.scalar(select(func.count()).select_from(TrialValueRow).where(*where)) or 0
 
 
 def _in_order(s: Any, study_id: int, numbers: list[int]) -> list[TrialRow]:
@@ -181,11 +221,38 @@ def trials_by_number(db: StudyDB, study_id: int, numbers: Sequence[int]) -> list
 def pareto(db: StudyDB, view: StudyView) -> tuple[list[TrialRow], int | None]:
     """The maintained front's trials (for one objective: the best one), ordered as ``pareto.pareto_front``
     orders them, and the default pick."""
+    trials, best, _ = front_page(db, view)
+    return trials, best
+
+
+def front_numbers(view: StudyView) -> list[int]:
+    """The front's trial numbers in ``pareto.pareto_front``'s order (for one objective: the best one)."""
     numbers = view.summary.front_numbers()
-    if len(view.objectives) == 1:
-        numbers = numbers[:1]
-    best = view.summary.best_number(view.objectives)
-    return trials_by_number(db, view.row.id, numbers), best
+    return numbers[:1] if len(view.objectives) == 1 else numbers
+
+
+def front_page(
+    db: StudyDB, view: StudyView, *, limit: int | None = None, offset: int = 0
+) -> tuple[list[TrialRow], int | None, int]:
+    """A page of the front (``limit`` trials from ``offset`` in front order; None: to its end), the
+    default pick and the front's size. The order comes from the summary's stored front (no trial is read
+    for it); only the page's trials are read, by primary key."""
+    numbers = front_numbers(view)
+    page = numbers[offset:] if limit is None else numbers[offset : offset + limit]
+    return trials_by_number(db, view.row.id, page), view.summary.pick(), len(numbers)
+
+
+def front_sample(view: StudyView, cap: int) -> tuple[list[int], int, int]:
+    """At most ``cap`` + 1 front trial numbers spread evenly along the front (both ends kept), the stride
+    (1 when the front has no more than ``cap`` points: then it is the whole front) and the front's size."""
+    numbers = front_numbers(view)
+    if len(numbers) <= cap:
+        return numbers, 1, len(numbers)
+    stride = -(-len(numbers) // cap)
+    sample = numbers[::stride]
+    if sample[-1] != numbers[-1]:
+        sample.append(numbers[-1])
+    return sample, stride, len(numbers)
 
 
 def changes_since(db: StudyDB, study_id: int, seq: int, limit: int = 500) -> list[TrialRow]:
@@ -211,8 +278,9 @@ def last_seq(db: StudyDB, study_id: int) -> int:
     return int(seq or 0)
 
 
-#: The most trials the plots get one point each; a larger study gets every k-th trial and its whole front.
-MAX_POINTS = 10_000
+#: The most trials the plots get one point each (the study page's first draw is bounded by it whatever the
+#: study's size); a larger study gets every k-th trial and the front's points (``front_sample``).
+MAX_POINTS = 800
 
 
 def plot_points(
@@ -232,9 +300,10 @@ def plot_points(
     )
     stride = max(1, -(-summary.n_trials // MAX_POINTS))
     where = [TrialRow.study_id == study_id]
-    if stride > 1:
-        where.append((TrialRow.number % stride == 0) | TrialRow.number.in_(list(keep)))
     with db.Session() as s:
+        if stride > 1:  # the numbers looked up one by one in the (study_id, number) index, not a scan
+            last = s.scalar(select(func.max(TrialRow.number)).where(TrialRow.study_id == study_id)) or 0
+            where.append(TrialRow.number.in_(sorted(set(range(0, last + 1, stride)) | set(keep))))
         rows = s.execute(select(*columns).where(*where).order_by(TrialRow.number))
         points = [
             {
@@ -253,13 +322,13 @@ def plot_points(
 
 def failures(db: StudyDB, study_id: int, limit: int = 500) -> list[TrialRow]:
     """The latest failed trials, statically pruned ones and ones that violate a constraint (copies left
-    out), newest first, at most ``limit``: what the failure panel groups by error."""
-    failed = TrialRow.status.not_in(NOT_FAILURES) | ((TrialRow.status == "ok") & TrialRow.feasible.is_(False))
+    out), newest first, at most ``limit``: what the failure panel groups by error. Walks the partial index
+    of failures (``storage.FAILED_SQL``), whatever the number of good trials."""
     with db.Session() as s:
         return list(
             s.scalars(
                 select(TrialRow)
-                .where(TrialRow.study_id == study_id, TrialRow.duplicate_of.is_(None), failed)
+                .where(TrialRow.study_id == study_id, text(FAILED_SQL))
                 .options(*_LIST_OPTIONS)
                 .order_by(TrialRow.number.desc())
                 .limit(limit)

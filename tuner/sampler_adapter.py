@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import optuna
 from optuna.distributions import BaseDistribution
+from optuna.search_space import IntersectionSearchSpace
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.samplers import EnumeratedGridSampler, make_sampler, resolve_sampler_name
@@ -120,6 +121,7 @@ class SamplerAdapter:
         self._device, self._static_reason = device, static_reason
         self.exhausted_reason: str | None = None  # set when the strategy has nothing new to propose
         self._storage = optuna.storages.InMemoryStorage()
+        self._intersection = IntersectionSearchSpace()  # one for the study, whatever the samplers made
         self._sampler = self._make_sampler(self._seed)
         self._study = optuna.create_study(
             storage=self._storage, study_name=STUDY_NAME, directions=compiled.directions, sampler=self._sampler
@@ -147,6 +149,7 @@ class SamplerAdapter:
             space=compiled.space,
             device=self._device,
             static_check=self._static_reason,
+            intersection=self._intersection,
         )
 
     def _study_for(self, number: int) -> optuna.Study:

@@ -375,6 +375,31 @@ def _bounds(where: str, ptype: str, spec: Mapping[str, Any]) -> tuple[float, flo
     return low, high
 
 
+def _compile_when(where: str, spec: Mapping[str, Any], earlier: set[str]) -> Any:
+    """A param's ``when`` condition, parsed; it may name only params declared before it."""
+    if spec.get("when") is None:
+        return None
+    try:
+        when = expr.parse(str(spec["when"]), allow_calls=False)
+    except expr.ExpressionError as exc:
+        raise SpaceError(f"{where}.when", str(exc)) from None
+    unknown = when.names - earlier
+    if unknown:
+        raise SpaceError(f"{where}.when", f"may only refer to params declared before it, not {sorted(unknown)}")
+    return when
+
+
+def _choices(where: str, spec: Mapping[str, Any]) -> tuple[Any, ...]:
+    choices = spec.get("choices")
+    if not isinstance(choices, (list, tuple)) or not choices:
+        raise SpaceError(f"{where}.choices", "must be a non-empty list")
+    if any(not isinstance(c, (str, int, float, bool)) or c is None for c in choices):
+        raise SpaceError(f"{where}.choices", "choices must be strings, numbers or booleans")
+    if len(set(map(repr, choices))) != len(choices):
+        raise SpaceError(f"{where}.choices", "duplicate choices")
+    return tuple(choices)
+
+
 def _compile_param(name: str, spec: Any, earlier: set[str]) -> Param:
     where = f"space.{name}"
     if not name.isidentifier():
@@ -387,24 +412,9 @@ def _compile_param(name: str, spec: Any, earlier: set[str]) -> Param:
     extra = set(spec) - _FIELDS[ptype]
     if extra:
         raise SpaceError(f"{where}.{sorted(extra)[0]}", f"not a field of a {ptype} param")
-    when = None
-    if spec.get("when") is not None:
-        try:
-            when = expr.parse(str(spec["when"]), allow_calls=False)
-        except expr.ExpressionError as exc:
-            raise SpaceError(f"{where}.when", str(exc)) from None
-        unknown = when.names - earlier
-        if unknown:
-            raise SpaceError(f"{where}.when", f"may only refer to params declared before it, not {sorted(unknown)}")
+    when = _compile_when(where, spec, earlier)
     if ptype == "categorical":
-        choices = spec.get("choices")
-        if not isinstance(choices, (list, tuple)) or not choices:
-            raise SpaceError(f"{where}.choices", "must be a non-empty list")
-        if any(not isinstance(c, (str, int, float, bool)) or c is None for c in choices):
-            raise SpaceError(f"{where}.choices", "choices must be strings, numbers or booleans")
-        if len(set(map(repr, choices))) != len(choices):
-            raise SpaceError(f"{where}.choices", "duplicate choices")
-        return Param(name, ptype, choices=tuple(choices), when=when)
+        return Param(name, ptype, choices=_choices(where, spec), when=when)
     low, high = _bounds(where, ptype, spec)
     log = bool(spec.get("log", False))
     if log and low <= 0:

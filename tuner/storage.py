@@ -5,6 +5,10 @@ readers (CLI, API) never block the orchestrator, which is the only writer.
 The sampler's Optuna study is rebuilt in memory from these rows
 (``tuner/sampler_adapter.py``); databases made by earlier releases also hold
 Optuna's RDB tables, which is why ours are prefixed ``tuner_``.
+
+The tables are in ``tuner/schema.py`` and the connections (URLs, engines, retries) in
+``tuner/db_engine.py``; this module is their public front (the names are imported from here)
+and holds :class:`StudyDB`, the reads and writes of rows.
 """
 
 from __future__ import annotations
@@ -16,288 +20,73 @@ import math
 import os
 import re
 import socket
-import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    Boolean,
-    DateTime,
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
-    Text,
-    UniqueConstraint,
-    create_engine,
-    event,
-    func,
-    select,
-    update,
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import sessionmaker
+
+from tuner.db_engine import (
+    DEFAULT_DB_URL,
+    RUNNER_RETRY_S,
+    T,
+    is_transient,
+    make_engine,
+    resolve_url,
+    retry_transient,
+    tune_sqlite_engine,
 )
-from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
-from sqlalchemy.types import TypeDecorator
-
+from tuner.schema import (
+    DUPLICATE,
+    FAILED_SQL,
+    NOT_MEASURED,
+    RUNNING,
+    STUDY_STATUSES,
+    Base,
+    StudyRow,
+    StudySummaryRow,
+    TrialRow,
+    TrialValueRow,
+    UTCDateTime,
+    _now,
+    empty_summary,
+    measured_count,
+)
 from tuner.workload import json_safe
 
+__all__ = [
+    "DEFAULT_DB_URL",
+    "DUPLICATE",
+    "FAILED_SQL",
+    "NOT_MEASURED",
+    "RUNNER_RETRY_S",
+    "RUNNING",
+    "STUDY_STATUSES",
+    "Base",
+    "StudyDB",
+    "StudyRow",
+    "StudySummaryRow",
+    "TrialRow",
+    "TrialValueRow",
+    "TrialWrite",
+    "UTCDateTime",
+    "clean_metrics",
+    "clean_number",
+    "empty_summary",
+    "is_transient",
+    "lease_owner_name",
+    "make_engine",
+    "measured_count",
+    "owner_is_dead",
+    "resolve_url",
+    "retry_transient",
+    "stored_objectives",
+    "tune_sqlite_engine",
+]
+
 log = logging.getLogger("tuner.storage")
-
-DEFAULT_DB_URL = "sqlite:///tuner.db"
-# What a study can be (tuner/lifecycle.py owns the moves between them); "deleted" rows are never shown.
-STUDY_STATUSES = ("queued", "running", "stopping", "completed", "stopped", "failed")
-RUNNING = "running"  # a trial dispatched and not yet finished
-DUPLICATE = "duplicate"  # in counts: trials that reused an earlier trial's result (duplicate_of set)
-NOT_MEASURED = frozenset({"infeasible_static", DUPLICATE})  # rows that cost no GPU time nor budget
-
-
-def measured_count(counts: Mapping[str, int], *, include_running: bool = False) -> int:
-    """Trials that count against the budget, from counts by status (``status_counts``'s form)."""
-    return sum(n for s, n in counts.items() if s not in NOT_MEASURED and (include_running or s != RUNNING))
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
-
-
-class UTCDateTime(TypeDecorator):
-    """A timezone-aware UTC datetime on every backend (SQLite hands back naive ones)."""
-
-    impl = DateTime(timezone=True)
-    cache_ok = True
-
-    def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
-        if value is not None and value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class StudyRow(Base):
-    __tablename__ = "tuner_studies"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(128), unique=True, index=True)
-    workload: Mapped[str] = mapped_column(String(64))
-    status: Mapped[str] = mapped_column(String(16), default="queued")
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
-    space: Mapped[dict[str, Any]] = mapped_column(JSON)
-    space_hash: Mapped[str] = mapped_column(String(64))
-    optuna_name: Mapped[str] = mapped_column(String(160))
-    device: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    elapsed_s: Mapped[float] = mapped_column(Float, default=0.0)
-    message: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # Who runs it: an orchestrator holds a lease it keeps renewing; a lapsed lease lets another take over.
-    lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    stop_requested: Mapped[bool] = mapped_column(Boolean, default=False)
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), unique=True, nullable=True)
-    # The hash of the spec the key's first request submitted, stored in the transaction that made the study.
-    idempotency_spec_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    # [{"metric": m, "direction": d}] resolved at submit time, so reads never rebuild the workload
-    objectives: Mapped[list[dict[str, str]] | None] = mapped_column(JSON, nullable=True)
-    # Proposals the sampler replaced inside its proposal step (not trial rows): {"repeats_replaced": n,
-    # "static_rejected": m}; NULL when the study's sampler replaces nothing (tuner.strategy does).
-    proposal_counts: Mapped[dict[str, int] | None] = mapped_column(JSON, nullable=True)
-    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now)
-    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now, onupdate=_now)
-
-
-class TrialRow(Base):
-    __tablename__ = "tuner_trials"
-    __table_args__ = (
-        UniqueConstraint("study_id", "number", name="uq_tuner_trial_number"),
-        Index("ix_tuner_trials_study_status", "study_id", "status"),
-        Index("ix_tuner_trials_study_seq", "study_id", "seq"),
-    )
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id", ondelete="CASCADE"), index=True)
-    number: Mapped[int] = mapped_column(Integer)
-    optuna_trial_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    status: Mapped[str] = mapped_column(String(24), default=RUNNING, index=True)
-    params: Mapped[dict[str, Any]] = mapped_column(JSON)
-    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    samples_ms: Mapped[list[float]] = mapped_column(JSON, default=list)
-    # What the workload reported beside its metrics (TrialResult.extra, JSON-safe): the timing summary
-    # ("timing": median, 95% interval, repetitions, convergence), loss curves, memory facts...
-    extra: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    feasible: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
-    timing_comparable: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
-    error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    worker: Mapped[str | None] = mapped_column(String(128), nullable=True)
-    attempt: Mapped[int] = mapped_column(Integer, default=1)
-    duplicate_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    # {"metric": name, "values": [...], "median": x, "rounds": n}: the interleaved re-measurement
-    remeasured: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    # The study's change sequence at this row's last write: event streams send rows with seq > the client's
-    seq: Mapped[int | None] = mapped_column(Integer, nullable=True)
-
-
-class TrialValueRow(Base):
-    """One finite metric of one trial, so that trials sort and page by a metric in SQL.
-
-    A narrow table rather than a column per objective: every metric of every workload becomes sortable
-    without a schema change, and ``(study_id, metric, value)`` is an index the database walks in order,
-    so a page of fifty by ``-score`` reads fifty entries, not the study. Kept by ``StudyDB.apply`` in the
-    transaction that writes the trial's metrics; a metric that is null (NaN, inf, missing) has no row.
-    The trial's status is repeated here so that a page filtered by status and sorted by a metric walks
-    one index too, ``(study_id, metric, status, value, number)``.
-    """
-
-    __tablename__ = "tuner_trial_values"
-    __table_args__ = (
-        Index("ix_tuner_trial_values_order", "study_id", "metric", "value", "number"),
-        Index("ix_tuner_trial_values_status_order", "study_id", "metric", "status", "value", "number"),
-    )
-
-    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id", ondelete="CASCADE"), primary_key=True)
-    number: Mapped[int] = mapped_column(Integer, primary_key=True)
-    metric: Mapped[str] = mapped_column(String(128), primary_key=True)
-    value: Mapped[float] = mapped_column(Float)
-    status: Mapped[str] = mapped_column(String(24))  # the trial's, kept with it
-
-
-class StudySummaryRow(Base):
-    """What a study's list entry and page header show, kept current by ``StudyDB.apply`` in the same
-    transaction as each trial write (``tuner/summary.py``): reads never count or scan trials."""
-
-    __tablename__ = "tuner_study_summaries"
-
-    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id", ondelete="CASCADE"), primary_key=True)
-    seq: Mapped[int] = mapped_column(Integer, default=0)  # the last change's sequence number
-    n_trials: Mapped[int] = mapped_column(Integer, default=0)
-    counts: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)  # status_counts' form
-    # [[number, [objective values, smaller is better]], ...]: the maintained Pareto front
-    front: Mapped[list[Any]] = mapped_column(JSON, default=list)
-    front_size: Mapped[int] = mapped_column(Integer, default=0)
-    remeasured: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)  # number -> median, first objective
-    best: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # {"trial", "params", "metrics"}
-    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now, onupdate=_now)
-
-
-def resolve_url(db: str | None) -> str:
-    """``--db`` or ``TUNER_DB_URL`` or the default; a bare path means an SQLite file."""
-    url = db or os.environ.get("TUNER_DB_URL") or DEFAULT_DB_URL
-    if "://" not in url:
-        url = f"sqlite:///{Path(url).expanduser()}"
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return url
-
-
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    # WAL: readers never block the writer. synchronous=NORMAL: a commit survives a killed
-    # process (not a power cut), without an fsync per commit.
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA busy_timeout=30000")
-    cur.execute("PRAGMA synchronous=NORMAL")
-    cur.execute("PRAGMA foreign_keys=ON")
-    cur.close()
-
-
-#: Seconds a runner keeps retrying a database it cannot reach before it gives the study up (its lease lapses).
-RUNNER_RETRY_S = 30.0
-T = TypeVar("T")
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether a database error is a blip worth retrying (a lost or refused connection, a locked SQLite
-    file), not a bug or a constraint violation. Looks through wrappers such as Optuna's storage errors."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, sa_exc.IntegrityError):
-            return False
-        if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)):
-            return True
-        if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
-            return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-        seen += 1
-    return False
-
-
-def retry_transient(fn: Callable[[], T], retry_s: float, what: str) -> T:
-    """``fn()``, called again with backoff (0.1 s doubling to 2 s) while it fails on a transient database
-    error and fewer than ``retry_s`` seconds have passed; the last error is raised after that."""
-    deadline = time.monotonic() + retry_s
-    delay = 0.1
-    while True:
-        try:
-            return fn()
-        except Exception as exc:
-            if not is_transient(exc) or time.monotonic() + delay > deadline:
-                raise
-            log.warning("database unreachable (%s): retrying %s in %.1f s", type(exc).__name__, what, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-
-def _retry_connect(engine: Engine, retry_s: float) -> None:
-    """Let a new connection wait up to ``retry_s`` seconds for a server that is restarting."""
-
-    @event.listens_for(engine, "do_connect")
-    def connect(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
-        return retry_transient(lambda: _wrapped_connect(dialect, cargs, cparams), retry_s, "a connection")
-
-
-def _wrapped_connect(dialect: Any, cargs: Any, cparams: Any) -> Any:
-    try:
-        return dialect.connect(*cargs, **cparams)
-    except dialect.loaded_dbapi.Error as exc:  # as SQLAlchemy would wrap it, so is_transient can read it
-        raise sa_exc.DBAPIError.instance(None, None, exc, dialect.loaded_dbapi.Error) from exc
-
-
-def _ping_on_checkout(engine: Engine) -> None:
-    """Pre-ping for an engine made elsewhere (Optuna's): a pooled connection the server dropped is
-    replaced on checkout instead of failing the next statement (what ``pool_pre_ping`` does)."""
-
-    @event.listens_for(engine, "checkout")
-    def ping(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
-        try:
-            cur = dbapi_conn.cursor()
-            cur.execute("SELECT 1")
-            cur.close()
-        except Exception as exc:
-            raise sa_exc.DisconnectionError() from exc
-
-
-def tune_sqlite_engine(engine: Engine, retry_s: float = RUNNER_RETRY_S) -> None:
-    """Apply this module's engine settings to an engine made elsewhere (Optuna's), from its next
-    connection on: the SQLite pragmas below, or on a server, pre-ping and connections that wait for a
-    restarting server for up to ``retry_s`` seconds."""
-    if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
-    else:
-        _ping_on_checkout(engine)
-        _retry_connect(engine, retry_s)
-    engine.dispose()
-
-
-def make_engine(url: str, retry_s: float = 0.0) -> Engine:
-    """An engine with pre-ping; on a server, a new connection waits up to ``retry_s`` s for it to come back."""
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30}, pool_pre_ping=True)
-        event.listen(engine, "connect", _sqlite_pragmas)
-        return engine
-    engine = create_engine(url, pool_pre_ping=True)
-    if retry_s > 0:
-        _retry_connect(engine, retry_s)
-    return engine
 
 
 def clean_number(value: Any) -> float | None:
@@ -362,11 +151,6 @@ def stored_objectives(
     return [{"metric": m, "direction": d} for m, d in objectives]
 
 
-def empty_summary(study_id: int) -> StudySummaryRow:
-    """The summary row of a study with no trial yet (``tuner/summary.py`` keeps it from there)."""
-    return StudySummaryRow(study_id=study_id, seq=0, n_trials=0, counts={}, front=[], front_size=0, remeasured={})
-
-
 def _retrying(method: Callable[..., T]) -> Callable[..., T]:
     """A StudyDB method retried on transient database errors for the instance's ``retry_s`` seconds."""
 
@@ -391,6 +175,9 @@ class StudyDB:
         self.retry_s = retry_s
         self.engine = make_engine(self.url, retry_s=retry_s)
         self.Session = sessionmaker(self.engine, expire_on_commit=False)
+        # A study's objectives, read at its first write here: they never change once stored, and reading
+        # them again cost a query per write on the orchestrator's hot path.
+        self._objectives: dict[int, list[tuple[str, str]]] = {}
 
     def create_tables(self) -> None:
         """Create the tables or bring them up to date: the schema migrations (tuner/migrations) to the
@@ -552,6 +339,7 @@ class StudyDB:
             return list(s.scalars(select(StudyRow).order_by(StudyRow.id)))
 
     def delete_study(self, study_id: int) -> None:
+        self._objectives.pop(study_id, None)
         with self.Session.begin() as s:
             s.query(TrialValueRow).filter(TrialValueRow.study_id == study_id).delete()
             s.query(StudySummaryRow).filter(StudySummaryRow.study_id == study_id).delete()
@@ -660,7 +448,8 @@ class StudyDB:
             return
         with self.engine.begin() as conn:
             for study_id, group in by_study.items():
-                apply_writes(conn, study_id, group)
+                objectives = apply_writes(conn, study_id, group, self._objectives.get(study_id))
+                self._objectives[study_id] = objectives
 
     def insert_trial(self, study_id: int, number: int, params: dict[str, Any], **kwargs: Any) -> None:
         self.apply([self.insert_op(study_id, number, params, **kwargs)])

@@ -15,6 +15,7 @@ summary stale, and it is rebuilt from the table in the same transaction.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -35,7 +36,8 @@ DUPLICATE = "duplicate"  # as in tuner.storage (not imported: storage imports th
 @dataclass
 class Summary:
     """A study's summary: see ``StudySummaryRow``. ``front`` holds ``(number, key)`` pairs, the key being the
-    objective values as "smaller is better" numbers."""
+    objective values as "smaller is better" numbers, kept in front order (by key, then number); ``order``
+    is the front's numbers in that order where the summary was read without the front."""
 
     seq: int = 0
     n_trials: int = 0
@@ -45,11 +47,13 @@ class Summary:
     best: dict[str, Any] | None = None
     front_size: int = 0
     stale: bool = False
+    order: list[int] | None = None
 
     @classmethod
-    def from_row(cls, row: Any, *, with_front: bool = True) -> Summary:
+    def from_row(cls, row: Any, *, with_front: bool = True, with_order: bool = False) -> Summary:
         """From a summary row; ``with_front=False`` for a row read without its front and re-measurements
-        (what a study's list entry needs: the front of a large study is the bulk of the row)."""
+        (what a study's list entry needs: the front of a large study is the bulk of the row);
+        ``with_order``: the row was read with ``front_order`` (the front's numbers, in order)."""
         summary = cls(
             seq=int(row.seq or 0),
             n_trials=int(row.n_trials or 0),
@@ -57,8 +61,12 @@ class Summary:
             best=row.best,
             front_size=int(row.front_size or 0),
         )
+        if with_order and row.front_order is not None:
+            summary.order = [int(n) for n in row.front_order]
         if with_front:
             summary.front = [(int(n), [float(v) for v in key]) for n, key in (row.front or [])]
+            if row.front_order is None:  # written before the front was kept in order
+                summary.front.sort(key=_front_order)
             summary.remeasured = {int(n): float(v) for n, v in (row.remeasured or {}).items()}
             summary.front_size = len(summary.front)
         return summary
@@ -69,6 +77,7 @@ class Summary:
             "n_trials": self.n_trials,
             "counts": {k: v for k, v in self.counts.items() if v},
             "front": [[n, key] for n, key in self.front],
+            "front_order": [n for n, _ in self.front],
             "front_size": len(self.front),
             "remeasured": {str(n): v for n, v in self.remeasured.items()},
             "best": self.best,
@@ -76,7 +85,14 @@ class Summary:
 
     def front_numbers(self) -> list[int]:
         """Front trial numbers ordered as ``pareto.pareto_front`` orders them (by key, then number)."""
-        return [n for n, _ in sorted(self.front, key=lambda nk: (nk[1], nk[0]))]
+        if self.order is not None and not self.front:
+            return list(self.order)
+        return [n for n, _ in self.front]
+
+    def pick(self) -> int | None:
+        """The default pick as stored with the summary (what :meth:`best_number` gave at the last write):
+        readable without the front and the re-measurements."""
+        return None if self.best is None else int(self.best["trial"])
 
     def best_number(self, objectives: Sequence[tuple[str, str]]) -> int | None:
         """``pareto.best_trial``'s pick: the best re-measured median if any, else the front's first."""
@@ -100,12 +116,17 @@ def objective_key(metrics: Mapping[str, Any], objectives: Sequence[tuple[str, st
     return out
 
 
+def _front_order(point: tuple[int, list[float]]) -> tuple[list[float], int]:
+    return point[1], point[0]
+
+
 def add_to_front(front: list[tuple[int, list[float]]], number: int, key: list[float]) -> None:
-    """Fold one point into a front in place (equal points are all kept, as ``pareto_front`` keeps them)."""
+    """Fold one point into a front in place, keeping it in front order (by key, then number); equal points
+    are all kept, as ``pareto_front`` keeps them."""
     if any(dominates(other, key) for _, other in front):
         return
     front[:] = [(n, other) for n, other in front if not dominates(key, other)]
-    front.append((number, key))
+    bisect.insort(front, (number, key), key=_front_order)
 
 
 def _finite(value: Any) -> bool:
@@ -341,11 +362,13 @@ def _account(
     return status, dup, feasible
 
 
-def apply_writes(conn: Connection, study_id: int, writes: Sequence[Any]) -> None:
+def apply_writes(
+    conn: Connection, study_id: int, writes: Sequence[Any], objectives: Sequence[tuple[str, str]] | None = None
+) -> list[tuple[str, str]]:
     """Apply one study's trial writes (``storage.TrialWrite``, in order) and its summary, in ``conn``'s
-    transaction."""
+    transaction. ``objectives``: the study's, if the caller knows them (else read); returns them."""
     summaries = _tables()[2]
-    objectives = study_objectives(conn, study_id)
+    objectives = list(objectives) if objectives else study_objectives(conn, study_id)
     summary = _take(conn, study_id, len(writes), objectives)
     inserted = {w.number for w in writes if w.kind == "insert"}
     known = _known_rows(conn, study_id, {w.number for w in writes if w.kind != "insert"} - inserted)
@@ -365,6 +388,7 @@ def apply_writes(conn: Connection, study_id: int, writes: Sequence[Any]) -> None
     elif summary.best_number(objectives) != previous_best or any(w.number == previous_best for w in writes):
         summary.best = _best_entry(conn, study_id, summary, objectives)
     conn.execute(update(summaries).where(summaries.c.study_id == study_id).values(**summary.columns()))
+    return objectives
 
 
 def backfill(conn: Connection, study_id: int) -> None:

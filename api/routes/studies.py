@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+import weakref
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Response
@@ -216,11 +217,37 @@ def get_trial(row: StudyDep, db: DBDep, number: Annotated[int, Path(ge=0, le=MAX
     return trial_out(trial, detail=True)  # type: ignore[return-value]
 
 
+#: Front trials ``/pareto`` returns by default (``all=true``: the whole front).
+PARETO_PAGE = 100
+#: The front's points the study page's first draw gets at most (all of a front this size or smaller).
+FRONT_SAMPLE = 300
+
+
 @router.get("/{study_id}/pareto", response_model=ParetoOut, responses=ERRORS)
-def get_pareto(row: StudyDep, db: DBDep) -> Response:
+def get_pareto(
+    row: StudyDep,
+    db: DBDep,
+    limit: Annotated[int, Query(ge=1, le=10000)] = PARETO_PAGE,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+    whole: Annotated[bool, Query(alias="all")] = False,
+    sample: Annotated[int | None, Query(ge=1, le=10000)] = None,
+) -> Response:
     """The non-dominated feasible trials (for one objective: the best) and the default pick, from the front
-    the study's summary keeps."""
-    return _json(_pareto_dict(db, queries.study_view(db, row, with_front=True)))
+    the study's summary keeps: a page of ``limit`` from ``offset`` in front order (ascending in the first
+    objective's "smaller is better" value, then the next), ``total`` the front's size; ``all=true``: the
+    whole front, however large; ``sample=n``: the whole front up to ``n`` points, else about ``n`` spread
+    evenly along it (every ``stride``-th, both ends kept: what the study page draws)."""
+    view = queries.study_view(db, row, with_order=True)
+    if sample is not None and not whole:
+        return _json(_front_sample(db, view, sample))
+    front, best, total = queries.front_page(db, view, limit=None if whole else limit, offset=offset)
+    return _json(_pareto_dict(view, front, best, total, offset=offset))
+
+
+def _front_sample(db: Any, view: queries.StudyView, cap: int) -> dict[str, Any]:
+    numbers, stride, total = queries.front_sample(view, cap)
+    front = queries.trials_by_number(db, view.row.id, numbers)
+    return _pareto_dict(view, front, view.summary.pick(), total, stride=stride)
 
 
 def _json(document: dict[str, Any]) -> Response:
@@ -228,12 +255,16 @@ def _json(document: dict[str, Any]) -> Response:
     return Response(json.dumps(document, separators=(",", ":")), media_type="application/json")
 
 
-def _pareto_dict(db: Any, view: queries.StudyView) -> dict[str, Any]:
-    front, best = queries.pareto(db, view)
+def _pareto_dict(
+    view: queries.StudyView, front: list[Any], best: int | None, total: int, *, offset: int = 0, stride: int = 1
+) -> dict[str, Any]:
     return {
         "objectives": [{"metric": m, "direction": d} for m, d in view.objectives],
         "trials": [trial_dict(t) for t in front],
         "default_pick": best,
+        "total": total,
+        "offset": offset,
+        "stride": stride,
     }
 
 
@@ -249,14 +280,16 @@ def get_overview(
     sort: SortParam = "number",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:
-    """The study page's first draw in one request: the study, the first page of its trial table (as
-    ``/trials``), the plots' points (params and metrics, no samples: every trial up to
-    ``queries.MAX_POINTS``, beyond that every ``points_stride``-th trial and the whole front), the front,
-    the latest 500 failures, and ``seq``: pass it to ``/events?after=`` to get what changes next."""
+    """The study page's first draw in one request, bounded whatever the study's size: the study, the first
+    page of its trial table (as ``/trials``), the front (all of it up to ``FRONT_SAMPLE`` points, else that
+    many spread evenly along it: every ``pareto.stride``-th, ``pareto.total`` its size), the plots' points
+    (params and metrics, no samples: every trial up to ``queries.MAX_POINTS``, beyond that every
+    ``points_stride``-th trial, and the front's points above), the latest 500 failures, and ``seq``: pass
+    it to ``/events?after=`` to get what changes next."""
     seq = queries.last_seq(db, row.id)  # first: what is written meanwhile comes again as a change
-    view = queries.study_view(db, row, with_front=True)
+    view = queries.study_view(db, row, with_order=True)
     trials, total = queries.trial_page(db, row.id, status=status, sort=sort, limit=limit)
-    pareto = _pareto_dict(db, view)
+    pareto = _front_sample(db, view, FRONT_SAMPLE)
     points, stride = queries.plot_points(db, row.id, view.summary, [t["number"] for t in pareto["trials"]])
     return _json(
         {
@@ -344,10 +377,9 @@ async def _event_stream(db: Any, study_id: int, request: Request, seq: int | Non
     said = time.monotonic()  # when the stream last sent anything
     while not await request.is_disconnected():
         try:
-            # database work off the event loop: open dashboards must not stall the server
             if seq is None:
                 seq = await asyncio.to_thread(queries.last_seq, db, study_id)
-            messages, seq, last, state = await asyncio.to_thread(_poll, db, study_id, seq, last)
+            messages, seq, last, state = await _look(db, study_id, seq, last)
         except (DBAPIError, PoolTimeout) as exc:
             # A database blip: the response has started, so it cannot become a 503; the stream waits
             # the blip out (with comments, which keep proxies from closing it) and goes on from ``seq``.
@@ -377,26 +409,54 @@ async def _event_stream(db: Any, study_id: int, request: Request, seq: int | Non
         await asyncio.sleep(EVENT_POLL_S)
 
 
-def _poll(db: Any, study_id: int, seq: int, last: str | None) -> tuple[list[str], int, str | None, str]:
+async def _look(db: Any, study_id: int, seq: int, last: str | None) -> tuple[list[str], int, str | None, str]:
     """One look at the study for its event stream: (messages to send, the new ``seq``, the new last study
     payload, state): ``done`` (deleted or terminal), ``more`` (a full batch of trials: look again at
-    once), ``changed`` (the study's payload changed) or ``idle``."""
-    current = lifecycle.visible(db.get_study(study_id))
-    if current is None:
+    once), ``changed`` (the study's payload changed) or ``idle``. The study itself comes from the snapshot
+    every stream of it shares; its changed trials are read only when there are some past ``seq``."""
+    snapshot = await _snapshot(db, study_id)
+    if snapshot is None:
         return ["event: deleted\ndata: {}\n\n"], seq, last, "done"
+    current, payload, latest = snapshot
     messages = []
-    changed = queries.changes_since(db, study_id, seq, EVENT_TRIALS)
+    changed = await asyncio.to_thread(queries.changes_since, db, study_id, seq, EVENT_TRIALS) if latest > seq else []
     if changed:
         seq = max(int(t.seq or 0) for t in changed)
         body = json.dumps({"seq": seq, "trials": [trial_out(t).model_dump(mode="json") for t in changed]})
         messages.append(f"id: {seq}\nevent: trials\ndata: {body}\n\n")
         if len(changed) == EVENT_TRIALS:
             return messages, seq, last, "more"
-    payload = study_out(db, current).model_dump_json()
     if payload == last:
         return messages, seq, last, "changed" if changed else "idle"
     messages.append(f"id: {seq}\nevent: study\ndata: {payload}\n\n")
     return messages, seq, payload, "done" if current.status in TERMINAL else "changed"
+
+
+#: database -> study id -> (monotonic time read, (row, ``event: study`` payload, last change seq) or None)
+_SNAPSHOTS: weakref.WeakKeyDictionary[Any, dict[int, tuple[float, Any]]] = weakref.WeakKeyDictionary()
+
+
+async def _snapshot(db: Any, study_id: int) -> tuple[Any, str, int] | None:
+    """The study as every open event stream of it sends it, read at most once per ``EVENT_POLL_S / 2``
+    whatever the number of streams: fifty open pages of a study cost one read of it, not fifty."""
+    now = time.monotonic()
+    snapshots = _SNAPSHOTS.setdefault(db, {})
+    cached = snapshots.get(study_id)
+    if cached is not None and now - cached[0] < EVENT_POLL_S / 2:
+        return cached[1]
+
+    def read() -> tuple[Any, str, int] | None:
+        current = lifecycle.visible(db.get_study(study_id))
+        if current is None:
+            return None
+        view = queries.study_view(db, current)
+        return current, view_out(view).model_dump_json(), int(view.summary.seq)
+
+    snapshot = await asyncio.to_thread(read)
+    if len(snapshots) > 1000:  # streams of studies long gone
+        snapshots.clear()
+    snapshots[study_id] = (time.monotonic(), snapshot)
+    return snapshot
 
 
 #: Trials an ``event: trials`` carries at most; how often a stream looks for changes; the longest a

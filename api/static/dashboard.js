@@ -15,6 +15,8 @@
   const TABLE_PAGE = 100; // trial table rows per page (the server sorts, filters and pages)
   const WEBGL_FROM = 2000; // scatter plots of more points than this draw through WebGL
   const PARCOORDS_MAX = 5000; // parallel coordinates draw the best this many trials
+  const PARCOORDS_SOFTWARE = 200; // where WebGL renders in software, more trials than this wait to be asked for
+  const FRONT_SAMPLE = 300; // the front's points the page holds: all of them up to this, else a sample as many
   const ACCENT = "#d9480f";
   const PLOT_CONFIG = {
     responsive: true,
@@ -231,6 +233,29 @@
 
   const hasPlotly = () => typeof window.Plotly !== "undefined";
 
+  let softwareGL = null;
+  /** Whether WebGL renders in software here (SwiftShader, llvmpipe: a browser without a GPU) or not at all.
+   *  Then the parallel coordinates of a large study (WebGL only) wait to be asked for: software WebGL takes
+   *  ten seconds to draw them, whatever their number of lines. WebGL scatter plots cost little there. */
+  function webglIsSoftware() {
+    if (softwareGL !== null) return softwareGL;
+    try {
+      const gl = document.createElement("canvas").getContext("webgl");
+      if (!gl) return (softwareGL = true);
+      const info = gl.getExtension("WEBGL_debug_renderer_info");
+      const name = String(gl.getParameter(info ? info.UNMASKED_RENDERER_WEBGL : gl.RENDERER));
+      const lose = gl.getExtension("WEBGL_lose_context");
+      if (lose) lose.loseContext();
+      softwareGL = /swiftshader|llvmpipe|softpipe|software|basic render/i.test(name);
+    } catch (_) {
+      softwareGL = true;
+    }
+    return softwareGL;
+  }
+
+  /** The scatter trace type for this many points: WebGL for many. */
+  const scatterType = (n) => (n > WEBGL_FROM ? "scattergl" : "scatter");
+
   /** Draw (or update) a plot; keeps zoom across updates (uirevision) and binds click-to-select once. */
   function draw(div, data, layout, onClick) {
     if (!hasPlotly()) return;
@@ -355,7 +380,9 @@
       stride: 1, // the plots hold every trial (1), or every stride-th trial and the whole front
       seq: 0, // the study's change sequence the data above stands at (events go on from it)
       lightTimer: null,
-      pareto: null,
+      pareto: null, // the front as /pareto answers it: whole, or sampled along it (a large front) until asked for
+      frontAll: false, // the whole front was asked for: refreshes fetch all of it
+      parallelAll: false, // parallel coordinates were asked for (software WebGL draws a large study's on request)
       importances: null,
       importanceError: null,
       importanceAt: 0,
@@ -450,7 +477,7 @@
       S.lightTimer = setTimeout(async () => {
         S.lightTimer = null;
         try {
-          const [pareto] = await Promise.all([getJSON(`${base}/pareto`), loadTable()]);
+          const [pareto] = await Promise.all([getJSON(paretoPath()), loadTable()]);
           S.pareto = pareto;
           renderAll();
         } catch (_) {
@@ -486,7 +513,7 @@
           S.study = overview.study;
           S.trials = overview.points;
           S.stride = overview.points_stride || 1;
-          S.pareto = overview.pareto;
+          S.pareto = S.frontAll ? await getJSON(paretoPath()) : overview.pareto;
           S.failures = overview.failures;
           S.seq = overview.seq;
           if (S.tableOffset) await loadTable();
@@ -708,10 +735,32 @@
       $("timing-note").hidden = !S.trials.some((t) => t.status === "ok" && t.timing_comparable === false);
     }
 
-    /** What the plots leave out of a very large study. */
+    /** The front as the page holds it: the whole front, or a sample spread along it (``total`` its size). */
+    const frontShown = () => ((S.pareto && S.pareto.trials) || []).length;
+    const frontTotal = () => (S.pareto && S.pareto.total !== undefined ? S.pareto.total : frontShown());
+    const paretoPath = () => `${base}/pareto?${S.frontAll ? "all=true" : `sample=${FRONT_SAMPLE}`}`;
+
+    /** What the plots leave out of a very large study (the server bounds the points of the first draw). */
     function sampledNote() {
-      if (S.stride <= 1 || !S.study) return "";
-      return ` Plots show every ${S.stride}th of ${S.study.counts ? Object.values(S.study.counts).reduce((a, b) => a + b, 0) : "the"} trials and the whole front.`;
+      if (!S.study) return "";
+      const parts = [];
+      const trials = S.study.counts ? Object.values(S.study.counts).reduce((a, b) => a + b, 0) : "the";
+      if (S.stride > 1) parts.push(`every ${S.stride}th of ${trials} trials`);
+      if (frontTotal() > frontShown())
+        parts.push(`${frontShown()} of the front's ${frontTotal()} points, spread along it (every ${S.pareto.stride}th)`);
+      else if (S.stride > 1) parts.push("the whole front");
+      return parts.length ? ` Plots show ${parts.join(" and ")}.` : "";
+    }
+
+    /** Fetch the whole front (on request: a large front is sampled on load) and redraw. */
+    async function loadWholeFront() {
+      S.frontAll = true;
+      try {
+        S.pareto = await getJSON(paretoPath());
+        renderAll();
+      } catch (error) {
+        setConnection(`could not load the whole front (${error.message})`);
+      }
     }
 
     function renderPareto() {
@@ -736,6 +785,11 @@
           (objs.length > 3 ? `Showing the first three of ${objs.length} objectives.` : "") +
           sampledNote(),
       );
+      if (frontTotal() > frontShown())
+        $("pareto-note").append(
+          " ",
+          h("button", { type: "button", id: "whole-front", onclick: loadWholeFront }, `Load all ${frontTotal()} front points`),
+        );
       const three = used.length === 3;
       $("pareto-title").textContent = three ? "Pareto front (3 objectives)" : "Pareto front";
       const coords = (list) => {
@@ -746,7 +800,7 @@
       const trace = (name, list, style) =>
         Object.assign(
           {
-            type: three ? "scatter3d" : points.length > WEBGL_FROM ? "scattergl" : "scatter",
+            type: three ? "scatter3d" : scatterType(points.length),
             mode: "markers",
             name,
             customdata: list.map((t) => t.number),
@@ -834,7 +888,7 @@
         }
       }
       const selected = feasible.concat(bad).find((t) => t.number === S.selected);
-      const kind = done.length > WEBGL_FROM ? "scattergl" : "scatter";
+      const kind = scatterType(done.length);
       const data = [
         {
           type: kind,
@@ -946,6 +1000,19 @@
       if (trials.length < 2) {
         showNote("parallel-note", "Needs at least two feasible successful trials.");
         clearPlot(div);
+        return;
+      }
+      if (webglIsSoftware() && !S.parallelAll && trials.length > PARCOORDS_SOFTWARE) {
+        clearPlot(div);
+        showNote(
+          "parallel-note",
+          `WebGL renders in software in this browser: parallel coordinates of ${trials.length} trials would take ` +
+            "about ten seconds, so they are drawn on request. ",
+        );
+        $("parallel-note").append(
+          h("button", { type: "button", id: "draw-parallel", onclick: () => ((S.parallelAll = true), renderParallel()) },
+            "Draw parallel coordinates"),
+        );
         return;
       }
       if (trials.length > PARCOORDS_MAX) {
@@ -1082,7 +1149,7 @@
         [
           ...roofs,
           {
-            type: ai.length > WEBGL_FROM ? "scattergl" : "scatter",
+            type: scatterType(ai.length),
             mode: "markers",
             name: "trials",
             x: ai,
