@@ -22,6 +22,16 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _shown(url: str) -> str:
+    """A database URL as it may be printed: without its password."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy parses: nothing to hide in it
+        return url
+
+
 def _db(args: argparse.Namespace, *, write: bool = False):
     """The study database. A command that writes migrates it to the newest schema first (and retries a
     database that is restarting); a read-only one changes nothing and says so when it cannot read."""
@@ -32,7 +42,10 @@ def _db(args: argparse.Namespace, *, write: bool = False):
         db.create_tables()
         return db
     if db.url.startswith("sqlite:///") and not Path(db.url[len("sqlite:///") :]).exists():
-        err.print(f"[red]no study database at {db.url}[/red]")
+        err.print(
+            f"[red]no study database at {_shown(db.url)}[/red] (the default: $TUNER_DB_URL, else ./tuner.db in the "
+            "current directory; another: --db URL)"
+        )
         raise SystemExit(2)
     if not db.schema_is_current():
         err.print(f"[red]the study database {db.url} has an older schema: run `tuner db upgrade`[/red]")
@@ -41,9 +54,18 @@ def _db(args: argparse.Namespace, *, write: bool = False):
 
 
 def _find(db: Any, ref: str) -> Any:
+    """The study ``ref`` names (name or id); otherwise exit 2 saying which database was searched and what it has."""
     row = db.find_study(ref)
     if row is None:
-        err.print(f"[red]no study named or numbered {ref!r}[/red]")
+        rows = db.list_studies()
+        names = ", ".join(f"{r.name} (id {r.id})" for r in rows[:20]) + (
+            f", ... ({len(rows)} in all)" if len(rows) > 20 else ""
+        )
+        has = f"it has: {names}" if rows else "it has no study yet"
+        err.print(
+            f"[red]no study named or numbered {ref!r} in {_shown(db.url)}[/red]; {has}. "
+            "Another database: --db URL or $TUNER_DB_URL"
+        )
         raise SystemExit(2)
     return row
 
