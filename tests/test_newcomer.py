@@ -61,3 +61,135 @@ def test_setup_reports_each_step_and_installs_nothing_the_second_time(tmp_path: 
     third = _setup(tree, venv)
     assert "nothing to install" not in third.stderr
     assert "install -q -e .[dev,postgres]" in log.read_text()
+
+
+# ------------------------------------------------------------------------------------------ the demo's studies
+
+
+def _demo_spec(name: str, **changes: object) -> dict:
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "examples" / name).read_text())
+    spec.update(changes)
+    return spec
+
+
+@pytest.fixture(scope="module")
+def replayed_study(tmp_path_factory: pytest.TempPathFactory, ray_session: None) -> tuple[str, int]:
+    """The demo's replay study (no per-trial delay) run on the engine: (database URL, study id)."""
+    from tuner.orchestrator import Orchestrator
+    from tuner.spec import load_spec
+    from tuner.storage import StudyDB
+
+    spec = _demo_spec("demo-replay.yaml", resources={"workers": 2})
+    spec["args"] = {**spec["args"], "delay_ms": 0}
+    url = f"sqlite:///{tmp_path_factory.mktemp('demo') / 'tuner.db'}"
+    db = StudyDB(url)
+    summary = Orchestrator(load_spec(spec), db).run()
+    assert summary.status == "completed"
+    return url, summary.study_id
+
+
+def test_demo_specs_compile_with_fronts_to_find() -> None:
+    """The three demo studies are valid; the live one keeps several precisions the interpreter computes."""
+    from tuner.spec import load_spec
+
+    replay = load_spec(ROOT / "examples" / "demo-replay.yaml")
+    assert replay.spec.workload == "replay" and [m for m, _ in replay.objectives] == ["tflops", "max_rel_error"]
+    live = load_spec(ROOT / "examples" / "demo-gemm.yaml")
+    assert len(live.space.params["precision"].choices) >= 2
+    gpu = load_spec(ROOT / "examples" / "demo-gemm-gpu.yaml")
+    assert set(gpu.space.params["precision"].choices) == {"fp32", "tf32", "bf16", "fp16", "fp8"}
+
+
+def test_demo_replay_study_has_a_front_and_is_labelled_replayed(replayed_study: tuple[str, int]) -> None:
+    from tuner.export import export_document, render
+    from tuner.pareto import pareto_front
+    from tuner.storage import StudyDB
+
+    url, study_id = replayed_study
+    db = StudyDB(url)
+    row = db.get_study(study_id)
+    front = pareto_front(db.trials(study_id), [("tflops", "maximize"), ("max_rel_error", "minimize")])
+    assert len(front) > 1
+    document = export_document(db, row)
+    provenance = document["provenance"]
+    assert provenance["kind"] == "replayed" and "NVIDIA H200" in provenance["note"]
+    assert provenance["file"] == "bench/landscapes/gemm-bf16-fp16-4096.jsonl"
+    for fmt in ("yaml", "env", "python"):
+        text = render(document, fmt)
+        assert "# replayed GPU measurements: recorded on NVIDIA H200" in text, fmt
+    assert document["timing_comparable"] is True and "timing_comparable: false" not in render(document, "python")
+
+
+def test_demo_study_page_says_replayed_and_shows_the_token_box_only_when_needed(
+    replayed_study: tuple[str, int],
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+    from api.settings import Settings
+
+    url, study_id = replayed_study
+    with TestClient(create_app(Settings(db_url=url))) as client:
+        page = client.get(f"/studies/{study_id}").text
+    assert 'id="provenance-note"' in page and "Replayed GPU measurements: recorded on NVIDIA H200" in page
+    assert 'data-writes-need-token="0"' in page and 'id="api-token"' not in page
+    with TestClient(create_app(Settings(db_url=url, token="s3cret"))) as client:
+        page = client.get(f"/studies/{study_id}").text
+    assert 'data-writes-need-token="1"' in page and 'id="api-token"' in page
+
+
+# ------------------------------------------------------------------------------------------ the CLI finds the study
+
+
+def test_cli_names_the_database_it_searched_and_the_studies_it_has(
+    replayed_study: tuple[str, int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tuner.cli import main
+
+    url, study_id = replayed_study
+    with pytest.raises(SystemExit) as exit_info:
+        main(["trials", "demo-gemm-256", "--db", url])
+    assert exit_info.value.code == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"no study named or numbered 'demo-gemm-256' in {url}" in said
+    assert f"it has: demo-replay-h200-gemm (id {study_id})" in said
+    assert main(["export", "demo-replay-h200-gemm", "--format", "env", "--db", url]) == 0
+    assert "# replayed GPU measurements" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ live figures
+
+
+def test_elapsed_runs_on_while_the_lease_is_live_and_stops_with_it() -> None:
+    import datetime as dt
+
+    from tuner.progress import live_elapsed_s
+
+    now = dt.datetime(2026, 1, 1, 12, 0, 30, tzinfo=dt.timezone.utc)
+    written = now - dt.timedelta(seconds=30)
+    lease = now + dt.timedelta(seconds=10)
+    assert live_elapsed_s(5.0, "running", written, lease, now) == 35.0
+    assert live_elapsed_s(5.0, "stopping", written, lease, now) == 35.0
+    assert live_elapsed_s(5.0, "completed", written, None, now) == 5.0
+    assert live_elapsed_s(5.0, "running", written, now - dt.timedelta(seconds=1), now) == 5.0  # a dead runner
+
+
+def test_eta_is_the_earlier_of_the_trial_budget_and_the_minutes() -> None:
+    import datetime as dt
+
+    from tuner.progress import eta_s, recent_rate
+
+    now = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+    # 10 trials over the last 20 s: 0.5 trials/s, 10 trials to go: 20 s; the minutes leave more.
+    finishes = [now - dt.timedelta(seconds=2 * i) for i in range(1, 11)]
+    assert recent_rate(finishes, now) == 0.5
+    assert eta_s(measured=10, budget_trials=20, elapsed_s=156, budget_minutes=10, rate_per_s=0.5) == 20.0
+    # The same study at 1 trial a minute: the 10-minute budget ends first (444 s left of 600).
+    assert eta_s(measured=10, budget_trials=20, elapsed_s=156, budget_minutes=10, rate_per_s=1 / 60) == 444.0
+    # No rate yet: the mean over the run, else the minutes alone, else nothing to say.
+    assert eta_s(measured=2, budget_trials=20, elapsed_s=10, budget_minutes=None, rate_per_s=None) == 90.0
+    assert eta_s(measured=0, budget_trials=20, elapsed_s=10, budget_minutes=1, rate_per_s=None) == 50.0
+    assert eta_s(measured=0, budget_trials=20, elapsed_s=10, budget_minutes=None, rate_per_s=None) is None
+    assert recent_rate(finishes[:1], now) is None

@@ -133,7 +133,7 @@ def list_studies(
 ) -> StudyPage:
     """Studies, newest first, paged in SQL; each from its summary (no trial is read)."""
     views, total = queries.study_page(db, status=status, workload=workload, limit=limit, offset=offset)
-    return StudyPage(items=[view_out(v) for v in views], total=total, limit=limit, offset=offset)
+    return StudyPage(items=[view_out(v, db=db) for v in views], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{study_id}", response_model=StudyDetail, responses=ERRORS)
@@ -260,7 +260,7 @@ def get_overview(
     points, stride = queries.plot_points(db, row.id, view.summary, [t["number"] for t in pareto["trials"]])
     return _json(
         {
-            "study": view_out(view, detail=True).model_dump(mode="json"),
+            "study": view_out(view, detail=True, db=db).model_dump(mode="json"),
             "trials": {"items": [trial_dict(t) for t in trials], "total": total, "limit": limit, "offset": 0},
             "points": points,
             "points_stride": stride,

@@ -372,6 +372,7 @@
       live: false,
       stamp: "",
       refreshes: 0,
+      clock: null, // the last answer's elapsed time and ETA, and when it came (performance.now())
     };
     window.tunerDashboard = { state: S, refresh: () => refreshData(true) };
 
@@ -670,8 +671,8 @@
       if (counts.duplicate) extras.push(`${counts.duplicate} repeats`);
       $("study-progress-text").textContent =
         `${study.measured}/${study.budget_trials} measured` + (extras.length ? ` (${extras.join(", ")})` : "");
-      $("study-elapsed").textContent = fmtDuration(study.elapsed_s);
-      $("study-eta").textContent = TERMINAL.has(study.status) ? "–" : fmtDuration(study.eta_s);
+      S.clock = { at: performance.now(), elapsed: study.elapsed_s, eta: study.eta_s, status: study.status };
+      tickClock();
       const best = $("study-best");
       best.replaceChildren();
       if (study.best) {
@@ -699,6 +700,18 @@
       $("resume-button").hidden = !TERMINAL.has(study.status) || study.status === "completed";
       $("timing-note").hidden = !S.trials.some((t) => t.status === "ok" && t.timing_comparable === false);
     }
+
+    // Elapsed time and ETA move on between the server's answers: from the last answer, one tick a second.
+    function tickClock() {
+      const c = S.clock;
+      if (!c) return;
+      const live = c.status === "running" || c.status === "stopping";
+      const since = live ? (performance.now() - c.at) / 1000 : 0;
+      $("study-elapsed").textContent = fmtDuration(isNum(c.elapsed) ? c.elapsed + since : c.elapsed);
+      $("study-eta").textContent =
+        TERMINAL.has(c.status) || !isNum(c.eta) ? "–" : fmtDuration(Math.max(0, c.eta - since));
+    }
+    window.setInterval(tickClock, 1000);
 
     /** What the plots leave out of a very large study. */
     function sampledNote() {
@@ -1448,17 +1461,22 @@
     }
 
     // ------------------------------------------------------------ controls
+    // The server renders the token box only when it has a token (data-writes-need-token): on a server
+    // without one, Stop and Resume send no token; on one with a token, a refusal says so plainly.
     async function control(action) {
       const out = $("control-result");
-      const token = $("api-token").value.trim() || storedToken();
-      if (!token) {
-        out.textContent = "enter the API token first";
+      const needsToken = document.body.dataset.writesNeedToken === "1";
+      const box = $("api-token");
+      const token = (box ? box.value.trim() : "") || storedToken();
+      if (needsToken && !token) {
+        out.textContent = "this server needs its API token (TUNER_API_TOKEN) for stop and resume: enter it first";
         return;
       }
+      out.textContent = `${action}: sending...`;
       try {
         const response = await fetch(`${ROOT}${base}/${action}`, {
           method: "POST",
-          headers: { Authorization: `Bearer ${token}` },
+          headers: needsToken ? { Authorization: `Bearer ${token}` } : {},
         });
         let detail = "";
         try {
@@ -1467,7 +1485,11 @@
         } catch (_) {
           /* no body */
         }
-        out.textContent = response.ok ? `${action} requested` : `${response.status} ${detail}`;
+        if (response.status === 401) {
+          out.textContent = "the server refused this token (401): it is not the server's TUNER_API_TOKEN";
+        } else {
+          out.textContent = response.ok ? `${action} requested` : `${response.status} ${detail}`;
+        }
       } catch (error) {
         out.textContent = error.message;
       }
