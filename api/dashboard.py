@@ -138,7 +138,7 @@ async def study_page(request: Request, study_id: str) -> HTMLResponse:
     status, study = await _lookup_study(request, number)
     if status == 404:
         return not_found_page(request, f"There is no study {number}.")
-    settings = request.app.state.settings
+    settings = getattr(request.app.state, "settings", None)  # None: an app without the API's settings
     return _render(
         request,
         "study.html",
@@ -147,7 +147,7 @@ async def study_page(request: Request, study_id: str) -> HTMLResponse:
         study_status=(study or {}).get("status") or "",
         workload=(study or {}).get("workload") or "",
         provenance_note=_provenance_note(study),
-        writes_need_token=bool(settings.token),
+        writes_need_token=bool(settings is not None and settings.token),
     )
 
 

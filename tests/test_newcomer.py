@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -193,3 +194,153 @@ def test_eta_is_the_earlier_of_the_trial_budget_and_the_minutes() -> None:
     assert eta_s(measured=0, budget_trials=20, elapsed_s=10, budget_minutes=1, rate_per_s=None) == 50.0
     assert eta_s(measured=0, budget_trials=20, elapsed_s=10, budget_minutes=None, rate_per_s=None) is None
     assert recent_rate(finishes[:1], now) is None
+
+
+# ------------------------------------------------------------------------------------------ offline API docs
+
+
+@pytest.fixture
+def api_client(tmp_path: Path):
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+    from api.settings import Settings
+
+    with TestClient(create_app(Settings(db_url=f"sqlite:///{tmp_path / 'api.db'}"))) as client:
+        yield client
+
+
+def test_docs_pages_load_their_assets_from_the_app_and_the_schema_has_a_bearer_scheme(api_client) -> None:
+    import re
+
+    for page, assets in (("/docs", {"swagger-ui-bundle.js", "swagger-ui.css"}), ("/redoc", {"redoc.standalone.js"})):
+        html = api_client.get(page).text
+        urls = re.findall(r'(?:src|href|url)\s*[=:]\s*["\']([^"\']+)["\']', html)
+        assert urls and all(u.startswith("/") for u in urls), (page, urls)  # nothing from another origin
+        assert "//" not in html.replace("://", "").replace("<!--", "") or "https://" not in html
+        for name in assets:
+            assert f"/docs-assets/{name}" in urls
+            response = api_client.get(f"/docs-assets/{name}")
+            assert response.status_code == 200 and len(response.content) > 10_000
+    assert api_client.get("/docs-assets/../main.py").status_code == 404
+    schema = api_client.get("/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": schema["components"]["securitySchemes"]["bearer"]["description"],
+    }
+    assert schema["paths"]["/api/studies"]["post"]["security"] == [{"bearer": []}]
+    assert schema["paths"]["/api/studies/{study_id}/stop"]["post"]["security"] == [{"bearer": []}]
+
+
+# ------------------------------------------------------------------------------------------ validation, all at once
+
+
+BAD_SPEC = {
+    "name": "bad name!",
+    "workload": "triton_gemm",
+    "args": {"m": 64, "n": 64, "kk": 64},
+    "objectives": [{"metric": "tflopz"}],
+    "constraints": ["max_rel_eror <= 0.1"],
+    "space": {"BLOCK_Q": {"high": 3}, "num_warps": {"type": "pow2", "low": 3, "high": 8}},
+    "budget": {"trials": 0},
+}
+
+
+def test_a_spec_gets_every_error_in_one_answer_with_the_workload_args_listed() -> None:
+    from tuner.spec import SpecError, load_spec
+
+    with pytest.raises(SpecError) as info:
+        load_spec(BAD_SPEC)
+    errors = dict(info.value.errors)
+    assert set(errors) >= {
+        "name",
+        "budget.trials",
+        "args.kk",
+        "args.k",
+        "objectives.0.metric",
+        "constraints.0",
+        "space.BLOCK_Q",
+        "space.num_warps.low",
+    }
+    assert errors["args.kk"] == "unknown arg 'kk' (did you mean 'k'?); triton_gemm takes m, n, k, seed"
+    assert "missing required arg 'k'" in errors["args.k"]
+
+
+def test_the_api_answers_every_error_of_a_spec_in_one_422(api_client) -> None:
+    response = api_client.post("/api/studies", json=BAD_SPEC)
+    assert response.status_code == 422
+    locs = {".".join(map(str, e["loc"])) for e in response.json()["detail"]}
+    assert {"body.name", "body.budget.trials", "body.args.kk", "body.objectives.0.metric", "body.space.BLOCK_Q"} <= locs
+
+
+def test_a_space_without_a_statically_feasible_point_is_refused_at_submit(api_client) -> None:
+    from tuner.spec import SpecError, load_spec
+
+    spec = {
+        "name": "warps-3",
+        "workload": "triton_gemm",
+        "args": {"m": 64, "n": 64, "k": 64},
+        "objectives": [{"metric": "tflops"}],
+        "space": {"num_warps": {"choices": [3]}},
+    }
+    with pytest.raises(SpecError) as info:
+        load_spec(spec)
+    [(field, message)] = info.value.errors
+    assert field == "space" and "no statically feasible config" in message and "num_warps=3" in message
+    response = api_client.post("/api/studies", json=spec)
+    assert response.status_code == 422 and "no statically feasible config" in response.text
+    assert api_client.get("/api/studies").json()["total"] == 0  # nothing was queued
+    # A space of 10**12 values per param is sampled, never listed: its refusal is as quick as a small one's.
+    spec["space"] = {"num_warps": {"choices": [3]}, "num_stages": {"low": 1, "high": 10**12}}
+    with pytest.raises(SpecError, match="none of 2000 points sampled"):
+        load_spec(spec)
+    spec["space"] = {"num_warps": {"choices": [4]}}
+    assert load_spec(spec).spec.name == "warps-3"
+
+
+def test_sampled_points_come_from_the_space_and_enumeration_is_exhaustive_when_small() -> None:
+    from tuner.space import compile_space
+
+    space = compile_space(
+        {
+            "params": {
+                "tile": {"type": "pow2", "low": 16, "high": 64},
+                "mode": {"type": "categorical", "choices": ["a", "b"]},
+                "split": {"type": "int", "low": 1, "high": 4, "when": "mode == 'b'"},
+            }
+        }
+    )
+    points, exhaustive = space.sample_points(100)
+    points = list(points)
+    assert exhaustive and len(points) == 3 * 2 * 4  # the combinations; those of an inactive param repeat
+    assert {json.dumps(p, sort_keys=True) for p in points} == {json.dumps(p, sort_keys=True) for p in space.grid()}
+    huge = compile_space(
+        {"params": {"n": {"type": "int", "low": 0, "high": 10**15}, "x": {"type": "float", "low": 0.5, "high": 2.0}}}
+    )
+    drawn, exhaustive = huge.sample_points(50)
+    assert not exhaustive and all(huge.validate_config(p) is None for p in drawn)
+
+
+def test_trial_filters_and_sort_keys_are_checked(replayed_study: tuple[str, int]) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+    from api.settings import Settings
+
+    url, study_id = replayed_study
+    with TestClient(create_app(Settings(db_url=url))) as client:
+        base = f"/api/studies/{study_id}"
+        assert client.get(f"{base}/trials", params={"status": "okk"}).status_code == 422
+        wrong = client.get(f"{base}/trials", params={"sort": "-tflopz"})
+        assert wrong.status_code == 422 and "tflops" in wrong.json()["detail"][0]["msg"]
+        assert client.get(f"{base}/overview", params={"sort": "tflopz"}).status_code == 422
+        best = client.get(f"{base}/trials", params={"sort": "-tflops", "status": "ok", "limit": 1}).json()
+        assert best["items"][0]["status"] == "ok"
+    completed = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "trials", str(study_id), "--status", "timout", "--db", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode == 2 and "invalid choice: 'timout'" in completed.stderr

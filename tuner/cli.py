@@ -486,6 +486,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trial_statuses() -> list[str]:
+    from tuner.workload import TrialStatus
+
+    return [*(s.value for s in TrialStatus), "running"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description="Autotune GPU performance knobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -508,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     trials = sub.add_parser("trials", help="list a study's trials")
     trials.add_argument("study", help="study name or id")
-    trials.add_argument("--status", help="only trials with this status")
+    trials.add_argument("--status", choices=_trial_statuses(), help="only trials with this status")
     add_db(trials)
     trials.set_defaults(func=cmd_trials)
 

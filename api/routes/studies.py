@@ -191,19 +191,39 @@ def delete_study(row: StudyDep, db: DBDep) -> Response:
 
 
 SortParam = Annotated[str, Query(max_length=64, pattern=r"^-?[A-Za-z_][A-Za-z0-9_]*$")]
+#: A trial status filter: one of the statuses a trial row may have (a misspelt one is a 422, not an empty page).
+TrialStatusParam = Annotated[Literal[queries.TRIAL_STATUSES] | None, Query()]  # type: ignore[valid-type]
+
+
+def _checked_sort(db: Any, row: Any, sort: str) -> str:
+    """``sort`` when it names a key the study's trials have (see :func:`tuner.queries.sort_keys`), else 422."""
+    keys = queries.sort_keys(db, row)
+    if sort.lstrip("-") not in keys:
+        raise HTTPException(
+            422,
+            [
+                {
+                    "loc": ["query", "sort"],
+                    "msg": f"unknown sort key {sort!r}; one of {', '.join(keys)} ('-' first for descending)",
+                    "type": "value_error",
+                }
+            ],
+        )
+    return sort
 
 
 @router.get("/{study_id}/trials", response_model=TrialPage, responses=ERRORS)
 def list_trials(
     row: StudyDep,
     db: DBDep,
-    status: Annotated[str | None, Query(max_length=32)] = None,
+    status: TrialStatusParam = None,
     sort: SortParam = "number",
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> TrialPage:
     """Trials, filtered by status, sorted by ``number``, ``status`` or a metric (``-`` first for descending;
-    nulls last; ties by number), paged in SQL."""
+    nulls last; ties by number), paged in SQL. An unknown status or sort key is a 422 naming the known ones."""
+    sort = _checked_sort(db, row, sort)
     trials, total = queries.trial_page(db, row.id, status=status, sort=sort, limit=limit, offset=offset)
     return TrialPage(items=[trial_out(t) for t in trials], total=total, limit=limit, offset=offset)
 
@@ -245,7 +265,7 @@ def _pareto_dict(db: Any, view: queries.StudyView) -> dict[str, Any]:
 def get_overview(
     row: StudyDep,
     db: DBDep,
-    status: Annotated[str | None, Query(max_length=32)] = None,
+    status: TrialStatusParam = None,
     sort: SortParam = "number",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:
@@ -253,6 +273,7 @@ def get_overview(
     ``/trials``), the plots' points (params and metrics, no samples: every trial up to
     ``queries.MAX_POINTS``, beyond that every ``points_stride``-th trial and the whole front), the front,
     the latest 500 failures, and ``seq``: pass it to ``/events?after=`` to get what changes next."""
+    sort = _checked_sort(db, row, sort)
     seq = queries.last_seq(db, row.id)  # first: what is written meanwhile comes again as a change
     view = queries.study_view(db, row, with_front=True)
     trials, total = queries.trial_page(db, row.id, status=status, sort=sort, limit=limit)
