@@ -112,7 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         def on_progress(p: Any) -> None:
             best = f"best {p.primary_metric} {_fmt(p.best_value)} (#{p.best_trial})" if p.best_value is not None else ""
-            info = f"failed {p.failed}  static-pruned {p.infeasible_static}  running {p.running}  {best}"
+            info = f"failed {p.failed}  statically infeasible {p.infeasible_static}  running {p.running}  {best}"
             eta = f"{p.eta_s:.0f}s" if p.eta_s is not None else "-"
             bar.update(task, completed=p.finished, info=info, eta=eta)
 

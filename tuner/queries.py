@@ -253,7 +253,7 @@ def plot_points(
 
 
 def failures(db: StudyDB, study_id: int, limit: int = 500) -> list[TrialRow]:
-    """The latest failed trials, statically pruned ones and ones that violate a constraint (copies left
+    """The latest failed trials, statically infeasible ones and ones that violate a constraint (copies left
     out), newest first, at most ``limit``: what the failure panel groups by error."""
     failed = TrialRow.status.not_in(NOT_FAILURES) | ((TrialRow.status == "ok") & TrialRow.feasible.is_(False))
     with db.Session() as s:

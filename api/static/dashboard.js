@@ -351,7 +351,7 @@
       trials: [], // every trial as the plots draw it (params, metrics, status; no samples, no error text)
       table: { items: [], total: 0 }, // the trial table's current page, as GET /trials answers it
       tableOffset: 0,
-      failures: [], // the latest failed, pruned and constraint-violating trials, with their errors
+      failures: [], // the latest failed, statically infeasible and constraint-violating trials, with their errors
       stride: 1, // the plots hold every trial (1), or every stride-th trial and the whole front
       seq: 0, // the study's change sequence the data above stands at (events go on from it)
       lightTimer: null,
@@ -667,8 +667,8 @@
       const extras = [];
       if (running) extras.push(`${running} running`);
       if (failedCount(counts)) extras.push(`${failedCount(counts)} failed`);
-      if (counts.infeasible_static) extras.push(`${counts.infeasible_static} pruned statically`);
-      if (counts.duplicate) extras.push(`${counts.duplicate} repeats`);
+      if (counts.infeasible_static) extras.push(`${counts.infeasible_static} statically infeasible, not run`);
+      if (counts.duplicate) extras.push(`${counts.duplicate} duplicates, not run`);
       $("study-progress-text").textContent =
         `${study.measured}/${study.budget_trials} measured` + (extras.length ? ` (${extras.join(", ")})` : "");
       S.clock = { at: performance.now(), elapsed: study.elapsed_s, eta: study.eta_s, status: study.status };
@@ -1218,7 +1218,7 @@
                 t.status === "ok" || t.status === "running" || t.status === "infeasible_static" ? t.status : "failure";
               td.appendChild(h("span", { class: `status-text-${kind}` }, t.status));
               if (t.duplicate_of !== null && t.duplicate_of !== undefined)
-                td.appendChild(h("span", { class: "muted" }, ` (repeat of #${t.duplicate_of})`));
+                td.appendChild(h("span", { class: "muted" }, ` (duplicate of #${t.duplicate_of})`));
               else if (front.has(t.number)) td.appendChild(h("span", { title: "on the Pareto front" }, " ★"));
               else if (t.feasible === false && t.status === "ok")
                 td.appendChild(h("span", { class: "muted" }, " (constraint violated)"));
@@ -1386,7 +1386,7 @@
         ["timing comparable", fmtValue(trial.timing_comparable)],
       ];
       if (trial.duplicate_of !== null && trial.duplicate_of !== undefined)
-        info.push(["repeat of", `#${trial.duplicate_of}`]);
+        info.push(["duplicate of", `#${trial.duplicate_of}`]);
       if (Array.isArray(trial.samples_ms) && trial.samples_ms.length) {
         const sorted = [...trial.samples_ms].sort((a, b) => a - b);
         const median = sorted[Math.floor((sorted.length - 1) / 2)];
