@@ -344,3 +344,57 @@ def test_trial_filters_and_sort_keys_are_checked(replayed_study: tuple[str, int]
         timeout=60,
     )
     assert completed.returncode == 2 and "invalid choice: 'timout'" in completed.stderr
+
+
+# ------------------------------------------------------------------------------ one vocabulary, real literals
+
+
+def test_one_vocabulary_on_the_page_the_cli_and_the_readme() -> None:
+    """A statically rejected config is "statically infeasible", never "pruned" (Optuna's PRUNED stops a running
+    trial); a config answered from an earlier trial is a "duplicate"."""
+    sources = [
+        ROOT / "api" / "static" / "dashboard.js",
+        *sorted((ROOT / "api" / "templates").glob("*.html")),
+        ROOT / "tuner" / "cli.py",
+        ROOT / "README.md",
+    ]
+    for path in sources:
+        text = path.read_text().lower()
+        for word in ("pruned statically", "statically pruned", "static-pruned", "repeat of", " repeats"):
+            assert word not in text, (path.name, word)
+
+
+def test_exports_of_an_interpreter_trial_carry_the_caveat_and_real_literals(tmp_path: Path) -> None:
+    import ast
+
+    from tuner.export import export_document, render
+    from tuner.storage import StudyDB
+
+    db = StudyDB(f"sqlite:///{tmp_path / 'export.db'}")
+    db.create_tables()
+    spec = {
+        "name": "interp",
+        "workload": "triton_gemm",
+        "args": {"m": 96, "n": 96, "k": 96},
+        "objectives": [{"metric": "tflops"}, {"metric": "max_rel_error"}],
+    }
+    row = db.create_study(
+        name="interp", workload="triton_gemm", status="completed", space={}, space_hash="0", spec=spec
+    )
+    params = {
+        "BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 4, "num_stages": 3,
+        "precision": "fp16", "pad_k": True, "kernel": "tutorial",
+    }  # fmt: skip
+    db.insert_trial(row.id, 0, params, optuna_trial_id=None)
+    db.finish_trial(
+        row.id, 0, status="ok", metrics={"tflops": 0.01, "max_rel_error": 1e-3}, samples_ms=[1.0], feasible=True,
+        timing_comparable=False, error=None, worker="w0.0", attempt=1, fingerprint={"triton_interpret": True},
+    )  # fmt: skip
+    document = export_document(db, db.get_study(row.id))
+    env = render(document, "env")
+    assert "# timing_comparable: false" in env and "PAD_K=1\n" in env and "False" not in env and "True" not in env
+    python = render(document, "python")
+    assert "# timing_comparable: false" in python
+    ast.parse(python)
+    assert render(document, "yaml").startswith("# timing_comparable: false")
+    assert '"timing_comparable": false' in render(document, "json")
