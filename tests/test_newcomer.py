@@ -82,7 +82,7 @@ def replayed_study(tmp_path_factory: pytest.TempPathFactory, ray_session: None) 
     from tuner.spec import load_spec
     from tuner.storage import StudyDB
 
-    spec = _demo_spec("demo-replay.yaml", resources={"workers": 2})
+    spec = _demo_spec("demo-replay.yaml")  # one worker, as the demo: its trials come in a fixed order
     spec["args"] = {**spec["args"], "delay_ms": 0}
     url = f"sqlite:///{tmp_path_factory.mktemp('demo') / 'tuner.db'}"
     db = StudyDB(url)

@@ -217,11 +217,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         with _client(args) as client:
             study = args.study
             if not study.isdigit():
-                found = [
-                    s for s in client.get("/api/studies", params={"limit": 500}).json()["items"] if s["name"] == study
-                ]
+                items = client.get("/api/studies", params={"limit": 500}).json()["items"]
+                found = [s for s in items if s["name"] == study]
                 if not found:
-                    err.print(f"[red]no study named {study!r} on {args.url}[/red]")
+                    names = ", ".join(f"{s['name']} (id {s['id']})" for s in items[:20]) or "no study yet"
+                    err.print(f"[red]no study named {study!r} on {args.url}[/red]; it has: {names}")
                     return 2
                 study = str(found[0]["id"])
             params: dict[str, Any] = {"format": args.format}
