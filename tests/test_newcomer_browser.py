@@ -79,10 +79,6 @@ def test_the_demo_page_fills_its_front_stops_resumes_and_the_docs_work_offline(d
     spec["budget"] = {"trials": 300, "minutes": 5}
     spec["args"]["delay_ms"] = 250
     client = httpx.Client(base_url=demo_server, timeout=30)
-    submitted = time.monotonic()
-    response = client.post("/api/studies", json=spec)  # no token: the server has none
-    assert response.status_code == 202, response.text
-    study_id = response.json()["id"]
 
     requests: list[str] = []
     page_errors: list[str] = []
@@ -99,6 +95,11 @@ def test_the_demo_page_fills_its_front_stops_resumes_and_the_docs_work_offline(d
             )
             page = context.new_page()
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
+            # The browser is up before the clock starts: the demo's user has one open when the URL appears.
+            submitted = time.monotonic()
+            response = client.post("/api/studies", json=spec)  # no token: the server has none
+            assert response.status_code == 202, response.text
+            study_id = response.json()["id"]
             page.goto(f"{demo_server}/studies/{study_id}")
 
             # The front: more than one point within the demo's promise.
