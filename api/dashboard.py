@@ -140,6 +140,7 @@ async def study_page(request: Request, study_id: str) -> HTMLResponse:
     status, study = await _lookup_study(request, number)
     if status == 404:
         return not_found_page(request, f"There is no study {number}.")
+    settings = getattr(request.app.state, "settings", None)  # None: an app without the API's settings
     return _render(
         request,
         "study.html",
@@ -147,6 +148,8 @@ async def study_page(request: Request, study_id: str) -> HTMLResponse:
         study_name=(study or {}).get("name") or f"study {number}",
         study_status=(study or {}).get("status") or "",
         workload=(study or {}).get("workload") or "",
+        provenance_note=_provenance_note(study),
+        writes_need_token=bool(settings is not None and settings.token),
     )
 
 
@@ -154,6 +157,19 @@ async def study_page(request: Request, study_id: str) -> HTMLResponse:
 async def registry_page(request: Request) -> HTMLResponse:
     """The best-config registry: entries by workload, GPU and shape; regressed and unverified ones stand out."""
     return _render(request, "registry.html")
+
+
+def _provenance_note(study: dict[str, Any] | None) -> str:
+    """Where the study's measurements come from when not from its own workers (a replayed landscape), or ""."""
+    if not study or study.get("workload") != "replay":  # the one workload whose trials are not run here
+        return ""
+    from tuner.registry import workload_class
+
+    try:
+        provenance = workload_class("replay")(**((study.get("spec") or {}).get("args") or {})).provenance()
+    except Exception:  # a landscape gone since: say what the spec says
+        return "Replayed measurements from a recorded landscape: this study ran and timed nothing."
+    return f"{provenance['note'][0].upper()}{provenance['note'][1:]} (landscape {provenance['file']})."
 
 
 @router.get("/static/{name}", name="dashboard_static")

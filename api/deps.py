@@ -6,6 +6,7 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.settings import Settings
 from tuner.storage import StudyDB, StudyRow
@@ -23,6 +24,17 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 DBDep = Annotated[StudyDB, Depends(get_db)]
 
 
+#: The schema's ``bearer`` security scheme, on every route that may need the token: the API docs' Authorize
+#: button sends it. ``auto_error`` off: whether a token is needed is the server's setting, checked below.
+bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="bearer",
+    description="The server's $TUNER_API_TOKEN. Writes need it when the server has a token; reads beyond loopback "
+    "need it too unless TUNER_PUBLIC_READS=1.",
+)
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
 def _token_ok(request: Request, settings: Settings) -> bool:
     if not settings.token:
         return True
@@ -31,7 +43,7 @@ def _token_ok(request: Request, settings: Settings) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), settings.token)
 
 
-def require_write(request: Request, settings: SettingsDep) -> None:
+def require_write(request: Request, settings: SettingsDep, _credentials: BearerDep) -> None:
     if not _token_ok(request, settings):
         raise HTTPException(
             401,
@@ -40,7 +52,7 @@ def require_write(request: Request, settings: SettingsDep) -> None:
         )
 
 
-def require_read(request: Request, settings: SettingsDep) -> None:
+def require_read(request: Request, settings: SettingsDep, _credentials: BearerDep) -> None:
     if settings.reads_need_token and not _token_ok(request, settings):
         raise HTTPException(
             401, "a bearer token is required to read from this server", headers={"WWW-Authenticate": "Bearer"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from typing import Any
@@ -14,9 +15,10 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from api import dashboard
+from api import dashboard, docs
 from api.routes import configs, meta, studies
 from api.settings import Settings
+from tuner.spec import semantic_errors
 from tuner.storage import StudyDB, is_transient
 
 log = logging.getLogger("api")
@@ -93,8 +95,18 @@ def _json_safe(value: Any) -> Any:
 
 
 async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's 422, with every error JSON-serialisable (its default handler answers 500 for a NaN input)."""
-    return JSONResponse({"detail": _json_safe(jsonable_encoder(exc.errors()))}, status_code=422)
+    """FastAPI's 422, with every error JSON-serialisable (its default handler answers 500 for a NaN input).
+    A submitted spec's answer also lists what its valid fields break against the registry (workload args,
+    metrics, constraints, space), so one answer names every error of the spec."""
+    detail = jsonable_encoder(exc.errors())
+    if request.method == "POST" and request.url.path.rstrip("/").endswith("/api/studies"):
+        bad = {str(e["loc"][1]) for e in exc.errors() if len(e.get("loc", ())) > 1 and e["loc"][0] == "body"}
+        if isinstance(exc.body, dict) and bad:
+            more = await asyncio.to_thread(semantic_errors, exc.body, bad)
+            detail += [
+                {"loc": ["body", *[p for p in f.split(".") if p]], "msg": m, "type": "value_error"} for f, m in more
+            ]
+    return JSONResponse({"detail": _json_safe(detail)}, status_code=422)
 
 
 async def database_unavailable(request: Request, exc: Exception) -> JSONResponse:
@@ -116,6 +128,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="gpu-knob-tuner",
         version="0.1.0",
         description="Submit tuning studies, watch their Pareto fronts, export the winners.",
+        # Served by api/docs.py from an installed package: FastAPI's own pages load their assets from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
@@ -128,6 +143,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(meta.router)
     app.include_router(configs.router)
     app.include_router(dashboard.router)
+    app.include_router(docs.router)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from api.schemas import BestOut, ObjectiveOut, StudyDetail, StudyOut, TrialDetail, TrialOut
+from tuner import progress
 from tuner.queries import StudyView, study_view
 from tuner.storage import RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics, measured_count
 
@@ -51,19 +53,26 @@ def trial_out(row: TrialRow, detail: bool = False) -> TrialOut:
 
 def study_out(db: StudyDB, row: StudyRow, detail: bool = False) -> StudyOut:
     """The study as the API shows it, from its summary (no trial is read)."""
-    return view_out(study_view(db, row), detail=detail)
+    return view_out(study_view(db, row), detail=detail, db=db)
 
 
-def view_out(view: StudyView, detail: bool = False) -> StudyOut:
+def view_out(view: StudyView, detail: bool = False, db: StudyDB | None = None) -> StudyOut:
+    """The study as the API shows it. With ``db``, a running study's ETA uses its recent trial rate (one more
+    read); without, its mean rate."""
     row, summary = view.row, view.summary
     counts = {k: v for k, v in summary.counts.items() if v}
     measured = measured_count(counts)
     budget = int((row.spec or {}).get("budget", {}).get("trials", 0) or 0)
     best = summary.best
-    elapsed = float(row.elapsed_s or 0.0)
+    now = dt.datetime.now(dt.timezone.utc)
+    elapsed = progress.live_elapsed_s(row.elapsed_s, row.status, row.updated_at, row.lease_expires_at, now)
     eta = None
-    if row.status == "running" and measured:
-        eta = max(0, budget - measured) * elapsed / measured
+    if row.status == "running":
+        rate = progress.recent_rate(progress.recent_finishes(db, row.id), now) if measured and db else None
+        minutes = (row.spec or {}).get("budget", {}).get("minutes")
+        eta = progress.eta_s(
+            measured=measured, budget_trials=budget, elapsed_s=elapsed, budget_minutes=minutes, rate_per_s=rate
+        )
     fields: dict[str, Any] = {
         "id": row.id,
         "name": row.name,

@@ -110,6 +110,23 @@ GRIDS: dict[str, dict[str, Any]] = {
             "precision": ["bf16", "fp16"],
         },
     },
+    # Every precision of the tutorial GEMM at 4096^3 (fp32 IEEE, tf32, bf16, fp16, fp8 e4m3): the landscape whose
+    # TFLOP/s-vs-error front has a point per precision that pays off, for the demo on machines without a GPU.
+    "gemm_precisions": {
+        "workload": "triton_gemm",
+        "args": {"m": 4096, "n": 4096, "k": 4096},
+        "grid": {
+            "BLOCK_M": [64, 128],
+            "BLOCK_N": [64, 128, 256],
+            "BLOCK_K": [32, 64, 128],
+            "GROUP_M": [8],
+            "num_warps": [4, 8],
+            "num_stages": [3, 4],
+            "precision": ["fp32", "tf32", "bf16", "fp16", "fp8"],
+            "pad_k": [False],
+            "kernel": ["tutorial"],
+        },
+    },
     # The persistent TMA GEMM kernels (kernels/gemm_tma.py) at the 8192^3 target shape, bf16.
     "gemm_tma": {
         "workload": "triton_gemm",

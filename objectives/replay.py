@@ -94,6 +94,15 @@ def grid_param(values: list[Any]) -> dict[str, Any]:
     return {"type": "categorical", "choices": list(values)}
 
 
+def _display_name(path: Path) -> str:
+    """A landscape's path as a user names it: relative to the repository when inside it, else its file name
+    (never a server's directory layout)."""
+    try:
+        return str(path.relative_to(_REPO_ROOT))
+    except ValueError:
+        return path.name
+
+
 class Landscape:
     """A parsed landscape file: header, grid, metrics and the records by params."""
 
@@ -116,6 +125,7 @@ class Landscape:
         if not isinstance(metrics, list) or not metrics:
             raise ValueError(f"file: {path} header needs a non-empty list of metrics")
         self.header = header
+        self.path_name = _display_name(path)
         self.grid: dict[str, list[Any]] = grid
         self.metric_specs = tuple(
             MetricSpec(m["name"], m.get("direction", "maximize"), m.get("unit", ""), m.get("description", ""))
@@ -178,6 +188,27 @@ class Replay(Workload):
     def metric_specs(self) -> tuple[MetricSpec, ...]:
         return self.landscape.metric_specs
 
+    def provenance(self) -> dict[str, Any]:
+        """The landscape the trials are answered from: its file, the machine it was recorded on, and a note
+        that says the metrics were measured there, not by this study."""
+        header = self.landscape.header
+        fingerprint = header.get("fingerprint") or {}
+        where = ", ".join(fingerprint.get("gpu_names") or []) or fingerprint.get("device_kind") or "an unknown device"
+        kind = "GPU" if self.landscape.on_gpu else "recorded"
+        return {
+            "kind": "replayed",
+            "note": (
+                f"replayed {kind} measurements: recorded on {where} ({header.get('date', 'date unknown')}) for "
+                f"{header.get('workload', '?')} {json.dumps(header.get('args', {}), sort_keys=True)}; this study "
+                "ran and timed nothing"
+            ),
+            "file": self.landscape.path_name,
+            "recorded_workload": header.get("workload"),
+            "recorded_args": header.get("args"),
+            "recorded_at": header.get("date"),
+            "recorded_on": fingerprint,
+        }
+
     def space_document(self) -> dict[str, Any]:
         """The grid as a space, in the grid's order, ``seeds`` first: each param keeps the order its values
         have in a workload's own space (see :func:`grid_param`), so samplers see what they would see there."""
@@ -211,7 +242,7 @@ class Replay(Workload):
             samples_ms=[float(s) for s in record.get("samples") or []],
             error=record.get("error"),
             timing_comparable=comparable,
-            extra={"replayed_from": self.landscape.header.get("workload")},
+            extra={"replayed_from": self.landscape.header.get("workload"), "landscape": self.landscape.path_name},
         )
 
     def _param(self, name: str, values: list[Any]) -> dict[str, Any]:

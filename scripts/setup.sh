@@ -1,13 +1,49 @@
 #!/usr/bin/env bash
-# Create .venv and install the project with its test and PostgreSQL extras.
+# Create the virtual environment (.venv, or $TUNER_VENV) and install the project with its test and
+# PostgreSQL extras, saying what each step installs. A second run with an unchanged pyproject.toml
+# installs nothing: the hash of pyproject.toml (and of this script) is kept in the venv as a marker.
 # torch is installed first, pinned, so that pip keeps a CPU build where one is provided;
 # an existing torch in the venv (a user's CUDA build) is left alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-. .venv/bin/activate
-python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-python -c "import torch" 2>/dev/null || python -m pip install -q "torch==${TORCH_VERSION:-2.13.0}" 2>&1 | grep -v "^WARNING: Location" || true
-python -m pip install -q -e ".[dev,postgres]" 2>&1 | grep -v "^WARNING: Location" || true
+VENV=${TUNER_VENV:-.venv}
+MARKER="$VENV/.gpu-knob-tuner-setup"
+started=$SECONDS
+step() { echo "setup [$((SECONDS - started))s] $*" >&2; }
+# pip's notices that ask nothing of the user (a newer pip exists, running as root, this machine's index
+# locations) and setuptools' deprecation boxes during the editable build are left out.
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore PYTHONWARNINGS=ignore
+pip_log=$(mktemp)
+trap 'rm -f "$pip_log"' EXIT
+pip_quiet() {
+  local rc=0
+  python -m pip install -q "$@" >"$pip_log" 2>&1 || rc=$?
+  grep -v -e "^WARNING: Location" -e "^\[notice\]" "$pip_log" >&2 || true
+  return "$rc"
+}
+
+wanted=$(cat pyproject.toml scripts/setup.sh | "$PYTHON" -c "import hashlib, sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())")
+if [ -x "$VENV/bin/python" ] && [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$wanted" ]; then
+  step "$VENV is up to date with pyproject.toml: nothing to install (delete $MARKER to force a reinstall)"
+  exit 0
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+  step "creating the virtual environment $VENV ($("$PYTHON" --version 2>&1))"
+  "$PYTHON" -m venv "$VENV"
+fi
+. "$VENV/bin/activate"
+step "upgrading pip"
+pip_quiet --upgrade pip
+if python -c "import torch" 2>/dev/null; then
+  step "torch $(python -c 'import torch; print(torch.__version__)') is installed already: kept"
+else
+  step "installing torch ${TORCH_VERSION:-2.13.0} (the largest download, several hundred MB: a few minutes on a first run)"
+  pip_quiet "torch==${TORCH_VERSION:-2.13.0}"
+fi
+step "installing the project and its dependencies (triton, ray, optuna, fastapi...; dev and postgres extras)"
+pip_quiet -e ".[dev,postgres]"
+step "checking the imports"
 python -c "import torch, triton, optuna, ray, sqlalchemy; print('set up: torch', torch.__version__, 'triton', triton.__version__, 'optuna', optuna.__version__, 'ray', ray.__version__)"
+echo "$wanted" >"$MARKER"
+step "done"

@@ -77,7 +77,7 @@ def test_issue_example_is_accepted() -> None:
         ("sampler", "bayes", "sampler", "Input should be"),
         ("name", "bad name/with slash", "name", "pattern"),
         ("args.m", -5, "args", "m"),
-        ("args.q", 5, "args", "q"),
+        ("args.q", 5, "args.q", "unknown arg 'q'"),  # named per arg, with the args the workload takes
         ("extra_field", 1, "extra_field", "Extra inputs"),
     ],
 )

@@ -22,6 +22,16 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _shown(url: str) -> str:
+    """A database URL as it may be printed: without its password."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy parses: nothing to hide in it
+        return url
+
+
 def _db(args: argparse.Namespace, *, write: bool = False):
     """The study database. A command that writes migrates it to the newest schema first (and retries a
     database that is restarting); a read-only one changes nothing and says so when it cannot read."""
@@ -32,7 +42,10 @@ def _db(args: argparse.Namespace, *, write: bool = False):
         db.create_tables()
         return db
     if db.url.startswith("sqlite:///") and not Path(db.url[len("sqlite:///") :]).exists():
-        err.print(f"[red]no study database at {db.url}[/red]")
+        err.print(
+            f"[red]no study database at {_shown(db.url)}[/red] (the default: $TUNER_DB_URL, else ./tuner.db in the "
+            "current directory; another: --db URL)"
+        )
         raise SystemExit(2)
     if not db.schema_is_current():
         err.print(f"[red]the study database {db.url} has an older schema: run `tuner db upgrade`[/red]")
@@ -41,9 +54,18 @@ def _db(args: argparse.Namespace, *, write: bool = False):
 
 
 def _find(db: Any, ref: str) -> Any:
+    """The study ``ref`` names (name or id); otherwise exit 2 saying which database was searched and what it has."""
     row = db.find_study(ref)
     if row is None:
-        err.print(f"[red]no study named or numbered {ref!r}[/red]")
+        rows = db.list_studies()
+        names = ", ".join(f"{r.name} (id {r.id})" for r in rows[:20]) + (
+            f", ... ({len(rows)} in all)" if len(rows) > 20 else ""
+        )
+        has = f"it has: {names}" if rows else "it has no study yet"
+        err.print(
+            f"[red]no study named or numbered {ref!r} in {_shown(db.url)}[/red]; {has}. "
+            "Another database: --db URL or $TUNER_DB_URL"
+        )
         raise SystemExit(2)
     return row
 
@@ -82,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         def on_progress(p: Any) -> None:
             best = f"best {p.primary_metric} {_fmt(p.best_value)} (#{p.best_trial})" if p.best_value is not None else ""
-            info = f"failed {p.failed}  static-pruned {p.infeasible_static}  running {p.running}  {best}"
+            info = f"failed {p.failed}  statically infeasible {p.infeasible_static}  running {p.running}  {best}"
             eta = f"{p.eta_s:.0f}s" if p.eta_s is not None else "-"
             bar.update(task, completed=p.finished, info=info, eta=eta)
 
@@ -215,11 +237,11 @@ def cmd_export(args: argparse.Namespace) -> int:
         with _client(args) as client:
             study = args.study
             if not study.isdigit():
-                found = [
-                    s for s in client.get("/api/studies", params={"limit": 500}).json()["items"] if s["name"] == study
-                ]
+                items = client.get("/api/studies", params={"limit": 500}).json()["items"]
+                found = [s for s in items if s["name"] == study]
                 if not found:
-                    err.print(f"[red]no study named {study!r} on {args.url}[/red]")
+                    names = ", ".join(f"{s['name']} (id {s['id']})" for s in items[:20]) or "no study yet"
+                    err.print(f"[red]no study named {study!r} on {args.url}[/red]; it has: {names}")
                     return 2
                 study = str(found[0]["id"])
             params: dict[str, Any] = {"format": args.format}
@@ -484,6 +506,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trial_statuses() -> list[str]:
+    from tuner.workload import TrialStatus
+
+    return [*(s.value for s in TrialStatus), "running"]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description="Autotune GPU performance knobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -517,7 +545,7 @@ def _add_study_commands(sub: Any) -> None:
 
     trials = sub.add_parser("trials", help="list a study's trials")
     trials.add_argument("study", help="study name or id")
-    trials.add_argument("--status", help="only trials with this status")
+    trials.add_argument("--status", choices=_trial_statuses(), help="only trials with this status")
     add_db(trials)
     trials.set_defaults(func=cmd_trials)
 

@@ -65,7 +65,7 @@ def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None)
         if chosen.status != "ok":
             raise ExportError(f"trial {trial_number} did not succeed (status {chosen.status})")
     workload = workload_class(row.workload)(**row.spec.get("args", {}))
-    return {
+    document = {
         "study": row.name,
         "study_id": row.id,
         "workload": row.workload,
@@ -82,6 +82,29 @@ def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None)
         "space_hash": row.space_hash,
         "spec": row.spec,
     }
+    provenance = workload.provenance()
+    if provenance is not None:
+        document["provenance"] = provenance
+    return document
+
+
+#: What a ``timing_comparable: false`` export says about its speeds.
+NOT_COMPARABLE = (
+    "timing_comparable: false: timed on a CPU or under the Triton interpreter; numerics are real, "
+    "speeds are not comparable with GPU timings"
+)
+
+
+def caveats(document: dict[str, Any]) -> list[str]:
+    """The lines an export must carry beside the config: where the measurements come from and whether
+    its timings compare with GPU timings."""
+    lines = []
+    provenance = document.get("provenance")
+    if provenance:
+        lines.append(str(provenance.get("note", provenance.get("kind", ""))))
+    if document.get("timing_comparable") is False:
+        lines.append(NOT_COMPARABLE)
+    return lines
 
 
 def env_lines(env: dict[str, str]) -> str:
@@ -99,11 +122,13 @@ def render(document: dict[str, Any], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(document, indent=2, default=str) + "\n"
     if fmt == "yaml":
-        return dump_yaml(json.loads(json.dumps(document, default=str)))
+        notes = "".join(f"# {comment_text(line)}\n" for line in caveats(document))
+        return notes + dump_yaml(json.loads(json.dumps(document, default=str)))
     header = f"study {document['study']}, trial {document['trial']}, workload {document['workload']}"
+    comments = "".join(f"# {comment_text(line)}\n" for line in [header, *caveats(document)])
     workload = workload_class(document["workload"])(**document["spec"].get("args", {}))
     if fmt == "env":
-        return f"# {comment_text(header)}\n" + env_lines(workload.export_env(document["params"]))
+        return comments + env_lines(workload.export_env(document["params"]))
     if fmt == "python":
-        return f"# {comment_text(header)}\n" + workload.export_python(document["params"])
+        return comments + workload.export_python(document["params"])
     raise ExportError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")

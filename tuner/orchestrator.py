@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tuner import progress
 from tuner.pareto import best_trial, pareto_front
 from tuner.sampler_adapter import Proposal, SamplerAdapter, finite
 from tuner.spec import CompiledStudy
@@ -211,7 +212,9 @@ class Orchestrator:
         info = self.pool.start()
         self.device = DeviceInfo.from_dict(info["device"])
         self.session.record(
-            device={**info["device"], "roofline": info.get("roofline")}, fingerprint=info["fingerprint"]
+            device={**info["device"], "roofline": info.get("roofline")},
+            fingerprint=info["fingerprint"],
+            elapsed_s=self._elapsed(),
         )
         rows = self.db.trials(self.study_id)
         warm = self._registry_configs() if self.spec.warm_start == "registry" and not rows else []
@@ -240,7 +243,7 @@ class Orchestrator:
 
     def _beat(self) -> None:
         """One turn of the loop: renew our lease when one is due, then the caller's heartbeat."""
-        if not self.session.beat():
+        if not self.session.beat(self._elapsed()):
             self.stop()
         if self.heartbeat is not None:
             self.heartbeat()
@@ -474,10 +477,14 @@ class Orchestrator:
             return
         counts = self._counts
         finished = measured_count(counts)
-        remaining = max(0, self.spec.budget.trials - finished)
-        eta = None
-        if self._finished_here:
-            eta = remaining * (time.monotonic() - self._run_started) / self._finished_here
+        run_s = time.monotonic() - self._run_started
+        eta = progress.eta_s(
+            measured=finished,
+            budget_trials=self.spec.budget.trials,
+            elapsed_s=self._elapsed(),
+            budget_minutes=self.spec.budget.minutes,
+            rate_per_s=self._finished_here / run_s if self._finished_here and run_s > 0 else None,
+        )
         self.progress(
             Progress(
                 study=self.spec.name,

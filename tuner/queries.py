@@ -29,6 +29,7 @@ from tuner.storage import (
     clean_metrics,
 )
 from tuner.summary import Summary, rebuild
+from tuner.workload import TrialStatus
 
 #: What the trial table shows; raw samples and fingerprints are only in a single trial's detail.
 _LIST_OPTIONS = (defer(TrialRow.samples_ms), defer(TrialRow.fingerprint))
@@ -321,7 +322,7 @@ def plot_points(
 
 
 def failures(db: StudyDB, study_id: int, limit: int = 500) -> list[TrialRow]:
-    """The latest failed trials, statically pruned ones and ones that violate a constraint (copies left
+    """The latest failed trials, statically infeasible ones and ones that violate a constraint (copies left
     out), newest first, at most ``limit``: what the failure panel groups by error. Walks the partial index
     of failures (``storage.FAILED_SQL``), whatever the number of good trials."""
     with db.Session() as s:
@@ -334,3 +335,22 @@ def failures(db: StudyDB, study_id: int, limit: int = 500) -> list[TrialRow]:
                 .limit(limit)
             )
         )
+
+
+#: Every status a trial row may have: the outcomes, and ``running`` while it is in flight.
+TRIAL_STATUSES = (*(s.value for s in TrialStatus), "running")
+
+
+def sort_keys(db: StudyDB, row: StudyRow) -> list[str]:
+    """What a study's trials may be sorted by: ``number``, ``status``, its objectives, the metrics its
+    workload declares, and any metric its trials hold (one indexed read)."""
+    from tuner.registry import UnknownWorkload, workload_class
+
+    names = [m for m, _ in objectives_or_error(row)[0]]
+    try:
+        names += [m.name for m in workload_class(row.workload).metrics]
+    except UnknownWorkload:
+        pass
+    with db.Session() as s:
+        names += list(s.scalars(select(TrialValueRow.metric).where(TrialValueRow.study_id == row.id).distinct()))
+    return ["number", "status", *dict.fromkeys(names)]

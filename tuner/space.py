@@ -271,6 +271,53 @@ class SearchSpace:
     def iter_names(self) -> Iterator[str]:
         return iter(self.params)
 
+    def point_at(self, index: int, fractions: Mapping[str, float] | None = None) -> dict[str, Any]:
+        """The ``index``-th combination of the params' values (mixed radix, the last param fastest), by
+        arithmetic: no param's values are listed. Inactive conditional params are left out; a continuous
+        float (no count) takes ``fractions[name]`` of its range (log-scaled when ``log``), 0.5 by default."""
+        config: dict[str, Any] = {}
+        counts = [p.count() for p in self.params.values()]
+        digits: list[int] = []
+        for count in reversed(counts):
+            if count is None:
+                digits.append(0)
+                continue
+            index, digit = divmod(index, max(1, count))
+            digits.append(digit)
+        digits.reverse()
+        for (name, param), digit in zip(self.params.items(), digits, strict=True):
+            if not self.active(name, config):
+                continue
+            if param.count() is None:
+                f = (fractions or {}).get(name, 0.5)
+                low, high = float(param.low), float(param.high)  # type: ignore[arg-type]
+                config[name] = low * (high / low) ** f if param.log else low + f * (high - low)
+            else:
+                config[name] = param.value_at(digit)
+        return config
+
+    def sample_points(self, limit: int, seed: int = 0) -> tuple[Iterator[dict[str, Any]], bool]:
+        """Up to ``limit`` points, made as they are read: every point when the space has at most ``limit``
+        combinations (then the flag is True: they are exhaustive), else ``limit`` drawn uniformly at random.
+        Never materialises a param's values, so a param of 10**12 values costs what one of 10 does."""
+        import random
+
+        rng = random.Random(seed)
+        bound = self.grid_upper_bound()
+        floats = [name for name, p in self.params.items() if p.count() is None]
+        if bound is not None and bound <= limit:
+            return (self.point_at(i) for i in range(bound)), True
+        total = 1
+        for p in self.params.values():
+            total *= p.count() or 1
+
+        def drawn() -> Iterator[dict[str, Any]]:
+            for _ in range(limit):
+                fractions = {name: rng.random() for name in floats}
+                yield self.point_at(rng.randrange(total), fractions)
+
+        return drawn(), False
+
 
 def load_space_file(filename: str) -> dict[str, Any]:
     """Read a space file shipped in the ``search_spaces`` package."""

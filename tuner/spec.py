@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tuner import expr
 from tuner.registry import UnknownWorkload, workload_class
 from tuner.space import SearchSpace, SpaceError, compile_space, load_space_file
-from tuner.workload import MetricSpec, Workload
+from tuner.workload import DeviceInfo, MetricSpec, Workload
 from tuner.yamlio import load_json_text, load_yaml_text
 
 SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
@@ -169,10 +169,43 @@ def load_spec(source: str | Path | dict[str, Any]) -> CompiledStudy:
     try:
         spec = StudySpec.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(
-            [(".".join(str(p) for p in err["loc"]), err["msg"]) for err in exc.errors(include_url=False)]
-        ) from None
+        bad = {str(err["loc"][0]) for err in exc.errors() if err["loc"]}
+        raise SpecError(_pydantic_errors(exc) + semantic_errors(data, bad)) from None
     return compile_study(spec)
+
+
+def _pydantic_errors(exc: ValidationError) -> list[tuple[str, str]]:
+    return [(".".join(str(p) for p in err["loc"]), err["msg"]) for err in exc.errors(include_url=False)]
+
+
+#: Top-level fields a spec cannot be checked further without; a placeholder stands in for a bad one.
+_PLACEHOLDERS: dict[str, Any] = {"name": "spec", "workload": "", "objectives": [{"metric": "-"}]}
+
+
+def semantic_errors(data: Any, bad: set[str]) -> list[tuple[str, str]]:
+    """The errors a structurally invalid spec also has against the registry (workload, args, metrics,
+    constraints, space), from its fields that are valid, so that one answer lists every error: the top-level
+    fields pydantic refused (``bad``) are left out (their defaults stand in), and so are errors that follow
+    from them."""
+    if not isinstance(data, dict):
+        return []
+    if "workload" in bad or not isinstance(data.get("workload"), str):
+        return []
+    partial = {k: v for k, v in data.items() if k not in bad and k in StudySpec.model_fields}
+    for key, placeholder in _PLACEHOLDERS.items():
+        if key in bad or key not in partial:
+            partial[key] = placeholder
+    try:
+        spec = StudySpec.model_validate(partial)
+    except ValidationError:
+        return []  # nothing more can be said until the structure is fixed
+    if "objectives" in bad or "objectives" not in data:
+        spec.objectives = []
+    try:
+        compile_study(spec)
+    except SpecError as more:
+        return [(f, m) for f, m in more.errors if not any(f == b or f.startswith(f"{b}.") for b in bad)]
+    return []
 
 
 def _check_gpus_per_trial(spec: StudySpec, cls: type[Workload], workload: Workload | None) -> list[tuple[str, str]]:
@@ -193,6 +226,87 @@ def _check_gpus_per_trial(spec: StudySpec, cls: type[Workload], workload: Worklo
     return []
 
 
+def declared_arg_errors(cls: type[Workload], args: dict[str, Any]) -> list[tuple[str, str]]:
+    """``args`` against the keyword arguments the workload's constructor declares: each unknown one (with a
+    "did you mean" for a near miss) and each missing required one, naming every arg the workload takes."""
+    import difflib
+    import inspect
+
+    try:
+        signature = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+        return []
+    params = [p for name, p in signature.parameters.items() if name != "self"]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return []  # it takes any keyword: its constructor checks them
+    named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    names = [p.name for p in named]
+    takes = f"{cls.name} takes {', '.join(names)}" if names else f"{cls.name} takes no args"
+    errors = []
+    for arg in args:
+        if arg not in names:
+            close = difflib.get_close_matches(arg, names, n=1, cutoff=0.5)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            errors.append((f"args.{arg}", f"unknown arg {arg!r}{hint}; {takes}"))
+    for p in named:
+        if p.default is inspect.Parameter.empty and p.name not in args:
+            errors.append((f"args.{p.name}", f"missing required arg {p.name!r}; {takes}"))
+    return errors
+
+
+def _compile_overrides(document: dict[str, Any], spec: StudySpec) -> tuple[SearchSpace | None, list[tuple[str, str]]]:
+    """The space with the spec's overrides, or every override's error: each override is tried alone when the
+    whole does not compile, so one answer names every bad one."""
+
+    def attempt(overrides: dict[str, Any]) -> tuple[SearchSpace | None, tuple[str, str] | None]:
+        try:
+            space = compile_space(document, overrides)
+            if spec.sampler == "grid":
+                space.grid()
+            return space, None
+        except SpaceError as exc:
+            return None, (exc.field, exc.message)
+        except ValueError as exc:
+            return None, ("space", str(exc))
+
+    space, error = attempt(spec.space)
+    if error is None:
+        return space, []
+    errors = [e for name, value in spec.space.items() if (e := attempt({name: value})[1]) is not None]
+    return None, list(dict.fromkeys(errors)) or [error]
+
+
+#: Points a space is enumerated up to, or sampled at, when a study is checked for a feasible config.
+FEASIBILITY_SAMPLES = 2000
+#: The device a study is checked on before it runs: a GPU of unknown limits (rules on its fields are skipped).
+UNKNOWN_GPU = DeviceInfo(kind="cuda", name="a GPU not known before the study runs")
+
+
+def infeasible_space_errors(space: SearchSpace, workload: Workload) -> list[tuple[str, str]]:
+    """An error when no point of the space passes the static checks (the space's rules whose device fields
+    are unknown are skipped, and the workload's ``static_check`` on a GPU of unknown limits): such a study
+    could only record infeasible configs. Spaces up to :data:`FEASIBILITY_SAMPLES` points are enumerated,
+    larger ones sampled."""
+    points, exhaustive = space.sample_points(FEASIBILITY_SAMPLES)
+    reasons: dict[str, int] = {}
+    seen = 0
+    for config in points:
+        seen += 1
+        reason = space.static_violation(config, None)
+        if reason is None:
+            try:
+                reason = workload.static_check(config, UNKNOWN_GPU)
+            except Exception as exc:  # a check that breaks on a config cannot pass it
+                reason = f"static_check raised {type(exc).__name__}: {exc}"
+        if reason is None:
+            return []
+        reasons[reason] = reasons.get(reason, 0) + 1
+    common = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
+    why = "; ".join(f"{reason} ({n}x)" for reason, n in common)
+    scope = f"none of its {seen} points" if exhaustive else f"none of {seen} points sampled"
+    return [("space", f"no statically feasible config: {scope} passes the static checks: {why}")]
+
+
 def compile_study(spec: StudySpec) -> CompiledStudy:
     """Check a structurally valid spec against the registry and compile its space."""
     errors: list[tuple[str, str]] = []
@@ -201,8 +315,10 @@ def compile_study(spec: StudySpec) -> CompiledStudy:
     except UnknownWorkload as exc:
         raise SpecError([("workload", str(exc))]) from None
     workload: Workload | None = None
+    arg_errors = declared_arg_errors(cls, spec.args)
+    errors.extend(arg_errors)
     try:
-        workload = cls(**spec.args)
+        workload = None if arg_errors else cls(**spec.args)
     except (TypeError, ValueError) as exc:
         errors.append(("args", str(exc)))
     except Exception as exc:  # args come from a request: whatever they break is their error
@@ -229,18 +345,15 @@ def compile_study(spec: StudySpec) -> CompiledStudy:
     if len({c.text for c in constraints}) != len(constraints):
         errors.append(("constraints", "duplicate constraints"))
     space: SearchSpace | None = None
-    try:
-        # Without a valid workload, fall back to its space file; a workload whose space comes
-        # from its args (replay) has none, and its args error is reported already.
-        if workload is not None or cls.space_file:
-            document = workload.space_document() if workload is not None else load_space_file(cls.space_file)
-            space = compile_space(document, spec.space)
-            if spec.sampler == "grid":
-                space.grid()
-    except SpaceError as exc:
-        errors.append((exc.field, exc.message))
-    except ValueError as exc:
-        errors.append(("space", str(exc)))
+    # Without a valid workload, fall back to its space file; a workload whose space comes
+    # from its args (replay) has none, and its args error is reported already.
+    document = None
+    if workload is not None or cls.space_file:
+        document = workload.space_document() if workload is not None else load_space_file(cls.space_file)
+        space, space_errors = _compile_overrides(document, spec)
+        errors.extend(space_errors)
+    if space is not None and workload is not None and not errors:
+        errors.extend(infeasible_space_errors(space, workload))
     errors.extend(_check_gpus_per_trial(spec, cls, workload))
     if errors:
         raise SpecError(errors)

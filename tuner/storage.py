@@ -303,13 +303,15 @@ class StudyDB:
         return result.rowcount == 1
 
     @_retrying
-    def renew_lease(self, study_id: int, owner: str, lease_s: float) -> bool:
-        """Extend our lease; False when another orchestrator holds the study now."""
+    def renew_lease(self, study_id: int, owner: str, lease_s: float, elapsed_s: float | None = None) -> bool:
+        """Extend our lease (and record the run's ``elapsed_s`` with it); False when another orchestrator holds
+        the study now."""
+        fields: dict[str, Any] = {} if elapsed_s is None else {"elapsed_s": elapsed_s}
         with self.Session.begin() as s:
             result = s.execute(
                 update(StudyRow)
                 .where(StudyRow.id == study_id, StudyRow.lease_owner == owner)
-                .values(lease_expires_at=_now() + dt.timedelta(seconds=lease_s))
+                .values(lease_expires_at=_now() + dt.timedelta(seconds=lease_s), **fields)
             )
         return result.rowcount == 1
 

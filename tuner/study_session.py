@@ -101,12 +101,14 @@ class StudySession:
             f"{until:%Y-%m-%d %H:%M:%S} UTC); stop that run or wait for it to end"
         )
 
-    def beat(self) -> bool:
-        """Renew the lease when a renewal is due. False when another runner holds the study now."""
+    def beat(self, elapsed_s: float | None = None) -> bool:
+        """Renew the lease when a renewal is due, writing ``elapsed_s`` (the run's seconds so far) with it:
+        every write of a running study's row carries its elapsed time, so a reader adds the seconds since
+        ``updated_at``. False when another runner holds the study now."""
         if self.lease_owner is None or time.monotonic() - self._lease_renewed < self.lease_s / 3:
             return True
         self._lease_renewed = time.monotonic()
-        if self.db.renew_lease(self.study_id, self.lease_owner, self.lease_s):
+        if self.db.renew_lease(self.study_id, self.lease_owner, self.lease_s, elapsed_s=elapsed_s):
             return True
         log.warning("lost the lease of study %s to another runner; stopping", self.study_id)
         return False

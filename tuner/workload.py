@@ -328,6 +328,12 @@ class Workload(ABC):
         distance = math.sqrt(total)
         return distance if distance <= cls.max_shape_distance else None
 
+    def provenance(self) -> dict[str, Any] | None:
+        """Where the trials' measurements come from when not from running the config on the study's own
+        workers (``replay``: a recorded landscape), as ``{"kind", "note", ...}``; None (the default) when
+        they are measured here. Exports and the dashboard show it beside the metrics."""
+        return None
+
     def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config in the form user code consumes (default: the params as they are)."""
         return dict(config)

@@ -134,7 +134,7 @@ def list_studies(
 ) -> StudyPage:
     """Studies, newest first, paged in SQL; each from its summary (no trial is read)."""
     views, total = queries.study_page(db, status=status, workload=workload, limit=limit, offset=offset)
-    return StudyPage(items=[view_out(v) for v in views], total=total, limit=limit, offset=offset)
+    return StudyPage(items=[view_out(v, db=db) for v in views], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{study_id}", response_model=StudyDetail, responses=ERRORS)
@@ -192,19 +192,39 @@ def delete_study(row: StudyDep, db: DBDep) -> Response:
 
 
 SortParam = Annotated[str, Query(max_length=64, pattern=r"^-?[A-Za-z_][A-Za-z0-9_]*$")]
+#: A trial status filter: one of the statuses a trial row may have (a misspelt one is a 422, not an empty page).
+TrialStatusParam = Annotated[Literal[queries.TRIAL_STATUSES] | None, Query()]  # type: ignore[valid-type]
+
+
+def _checked_sort(db: Any, row: Any, sort: str) -> str:
+    """``sort`` when it names a key the study's trials have (see :func:`tuner.queries.sort_keys`), else 422."""
+    keys = queries.sort_keys(db, row)
+    if sort.lstrip("-") not in keys:
+        raise HTTPException(
+            422,
+            [
+                {
+                    "loc": ["query", "sort"],
+                    "msg": f"unknown sort key {sort!r}; one of {', '.join(keys)} ('-' first for descending)",
+                    "type": "value_error",
+                }
+            ],
+        )
+    return sort
 
 
 @router.get("/{study_id}/trials", response_model=TrialPage, responses=ERRORS)
 def list_trials(
     row: StudyDep,
     db: DBDep,
-    status: Annotated[str | None, Query(max_length=32)] = None,
+    status: TrialStatusParam = None,
     sort: SortParam = "number",
     limit: Annotated[int, Query(ge=1, le=10000)] = 1000,
     offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> TrialPage:
     """Trials, filtered by status, sorted by ``number``, ``status`` or a metric (``-`` first for descending;
-    nulls last; ties by number), paged in SQL."""
+    nulls last; ties by number), paged in SQL. An unknown status or sort key is a 422 naming the known ones."""
+    sort = _checked_sort(db, row, sort)
     trials, total = queries.trial_page(db, row.id, status=status, sort=sort, limit=limit, offset=offset)
     return TrialPage(items=[trial_out(t) for t in trials], total=total, limit=limit, offset=offset)
 
@@ -276,7 +296,7 @@ def _pareto_dict(
 def get_overview(
     row: StudyDep,
     db: DBDep,
-    status: Annotated[str | None, Query(max_length=32)] = None,
+    status: TrialStatusParam = None,
     sort: SortParam = "number",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> Response:
@@ -286,6 +306,7 @@ def get_overview(
     (params and metrics, no samples: every trial up to ``queries.MAX_POINTS``, beyond that every
     ``points_stride``-th trial, and the front's points above), the latest 500 failures, and ``seq``: pass
     it to ``/events?after=`` to get what changes next."""
+    sort = _checked_sort(db, row, sort)
     seq = queries.last_seq(db, row.id)  # first: what is written meanwhile comes again as a change
     view = queries.study_view(db, row, with_order=True)
     trials, total = queries.trial_page(db, row.id, status=status, sort=sort, limit=limit)
@@ -293,7 +314,7 @@ def get_overview(
     points, stride = queries.plot_points(db, row.id, view.summary, [t["number"] for t in pareto["trials"]])
     return _json(
         {
-            "study": view_out(view, detail=True).model_dump(mode="json"),
+            "study": view_out(view, detail=True, db=db).model_dump(mode="json"),
             "trials": {"items": [trial_dict(t) for t in trials], "total": total, "limit": limit, "offset": 0},
             "points": points,
             "points_stride": stride,

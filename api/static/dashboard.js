@@ -376,7 +376,7 @@
       trials: [], // every trial as the plots draw it (params, metrics, status; no samples, no error text)
       table: { items: [], total: 0 }, // the trial table's current page, as GET /trials answers it
       tableOffset: 0,
-      failures: [], // the latest failed, pruned and constraint-violating trials, with their errors
+      failures: [], // the latest failed, statically infeasible and constraint-violating trials, with their errors
       stride: 1, // the plots hold every trial (1), or every stride-th trial and the whole front
       seq: 0, // the study's change sequence the data above stands at (events go on from it)
       lightTimer: null,
@@ -399,6 +399,7 @@
       live: false,
       stamp: "",
       refreshes: 0,
+      clock: null, // the last answer's elapsed time and ETA, and when it came (performance.now())
     };
     window.tunerDashboard = { state: S, refresh: () => refreshData(true) };
 
@@ -693,12 +694,12 @@
       const extras = [];
       if (running) extras.push(`${running} running`);
       if (failedCount(counts)) extras.push(`${failedCount(counts)} failed`);
-      if (counts.infeasible_static) extras.push(`${counts.infeasible_static} pruned statically`);
-      if (counts.duplicate) extras.push(`${counts.duplicate} repeats`);
+      if (counts.infeasible_static) extras.push(`${counts.infeasible_static} statically infeasible, not run`);
+      if (counts.duplicate) extras.push(`${counts.duplicate} duplicates, not run`);
       $("study-progress-text").textContent =
         `${study.measured}/${study.budget_trials} measured` + (extras.length ? ` (${extras.join(", ")})` : "");
-      $("study-elapsed").textContent = fmtDuration(study.elapsed_s);
-      $("study-eta").textContent = TERMINAL.has(study.status) ? "–" : fmtDuration(study.eta_s);
+      S.clock = { at: performance.now(), elapsed: study.elapsed_s, eta: study.eta_s, status: study.status };
+      tickClock();
       const best = $("study-best");
       best.replaceChildren();
       if (study.best) {
@@ -739,6 +740,18 @@
     const frontShown = () => ((S.pareto && S.pareto.trials) || []).length;
     const frontTotal = () => (S.pareto && S.pareto.total !== undefined ? S.pareto.total : frontShown());
     const paretoPath = () => `${base}/pareto?${S.frontAll ? "all=true" : `sample=${FRONT_SAMPLE}`}`;
+
+    // Elapsed time and ETA move on between the server's answers: from the last answer, one tick a second.
+    function tickClock() {
+      const c = S.clock;
+      if (!c) return;
+      const live = c.status === "running" || c.status === "stopping";
+      const since = live ? (performance.now() - c.at) / 1000 : 0;
+      $("study-elapsed").textContent = fmtDuration(isNum(c.elapsed) ? c.elapsed + since : c.elapsed);
+      $("study-eta").textContent =
+        TERMINAL.has(c.status) || !isNum(c.eta) ? "–" : fmtDuration(Math.max(0, c.eta - since));
+    }
+    window.setInterval(tickClock, 1000);
 
     /** What the plots leave out of a very large study (the server bounds the points of the first draw). */
     function sampledNote() {
@@ -1280,7 +1293,7 @@
                 t.status === "ok" || t.status === "running" || t.status === "infeasible_static" ? t.status : "failure";
               td.appendChild(h("span", { class: `status-text-${kind}` }, t.status));
               if (t.duplicate_of !== null && t.duplicate_of !== undefined)
-                td.appendChild(h("span", { class: "muted" }, ` (repeat of #${t.duplicate_of})`));
+                td.appendChild(h("span", { class: "muted" }, ` (duplicate of #${t.duplicate_of})`));
               else if (front.has(t.number)) td.appendChild(h("span", { title: "on the Pareto front" }, " ★"));
               else if (t.feasible === false && t.status === "ok")
                 td.appendChild(h("span", { class: "muted" }, " (constraint violated)"));
@@ -1448,7 +1461,7 @@
         ["timing comparable", fmtValue(trial.timing_comparable)],
       ];
       if (trial.duplicate_of !== null && trial.duplicate_of !== undefined)
-        info.push(["repeat of", `#${trial.duplicate_of}`]);
+        info.push(["duplicate of", `#${trial.duplicate_of}`]);
       if (Array.isArray(trial.samples_ms) && trial.samples_ms.length) {
         const sorted = [...trial.samples_ms].sort((a, b) => a - b);
         const median = sorted[Math.floor((sorted.length - 1) / 2)];
@@ -1523,17 +1536,22 @@
     }
 
     // ------------------------------------------------------------ controls
+    // The server renders the token box only when it has a token (data-writes-need-token): on a server
+    // without one, Stop and Resume send no token; on one with a token, a refusal says so plainly.
     async function control(action) {
       const out = $("control-result");
-      const token = $("api-token").value.trim() || storedToken();
-      if (!token) {
-        out.textContent = "enter the API token first";
+      const needsToken = document.body.dataset.writesNeedToken === "1";
+      const box = $("api-token");
+      const token = (box ? box.value.trim() : "") || storedToken();
+      if (needsToken && !token) {
+        out.textContent = "this server needs its API token (TUNER_API_TOKEN) for stop and resume: enter it first";
         return;
       }
+      out.textContent = `${action}: sending...`;
       try {
         const response = await fetch(`${ROOT}${base}/${action}`, {
           method: "POST",
-          headers: { Authorization: `Bearer ${token}` },
+          headers: needsToken ? { Authorization: `Bearer ${token}` } : {},
         });
         let detail = "";
         try {
@@ -1542,7 +1560,11 @@
         } catch (_) {
           /* no body */
         }
-        out.textContent = response.ok ? `${action} requested` : `${response.status} ${detail}`;
+        if (response.status === 401) {
+          out.textContent = "the server refused this token (401): it is not the server's TUNER_API_TOKEN";
+        } else {
+          out.textContent = response.ok ? `${action} requested` : `${response.status} ${detail}`;
+        }
       } catch (error) {
         out.textContent = error.message;
       }
