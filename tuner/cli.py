@@ -188,7 +188,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         if row.proposal_counts:  # proposals the sampler replaced inside its proposal step (not trial rows)
             p = row.proposal_counts
             replaced.append(
-                f"study {row.id} ({row.name}): {p.get('repeats_replaced', 0)} repeated and "
+                f"study {row.id} ({row.name}): {p.get('repeats_replaced', 0)} duplicate and "
                 f"{p.get('static_rejected', 0)} statically infeasible proposals replaced before dispatch"
             )
         counts = db.status_counts(row.id)

@@ -721,7 +721,7 @@
       const replaced = study.proposals || null;
       proposals.hidden = !replaced;
       proposals.textContent = replaced
-        ? `replaced proposals: ${replaced.repeats_replaced || 0} repeats, ` +
+        ? `replaced proposals: ${replaced.repeats_replaced || 0} duplicates, ` +
           `${replaced.static_rejected || 0} statically infeasible (not trials)`
         : "";
       const stem = fileStem(study.name);
