@@ -8,6 +8,8 @@ Every refusal is a :class:`SpecError` whose lines name the offending field.
 from __future__ import annotations
 
 import math
+import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -17,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tuner import expr
 from tuner.registry import UnknownWorkload, workload_class
 from tuner.space import SearchSpace, SpaceError, compile_space, load_space_file
-from tuner.workload import DeviceInfo, MetricSpec, Workload
+from tuner.workload import DeviceInfo, MetricSpec, Workload, interpreter_active
 from tuner.yamlio import load_json_text, load_yaml_text
 
 SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
@@ -272,7 +274,14 @@ def _compile_overrides(document: dict[str, Any], spec: StudySpec) -> tuple[Searc
     space, error = attempt(spec.space)
     if error is None:
         return space, []
-    errors = [e for name, value in spec.space.items() if (e := attempt({name: value})[1]) is not None]
+    # An override tried alone is blamed only for an error in its own field: without the others, a param they
+    # fix (a float given a step for a grid) would be reported against an override that is fine.
+    errors = [
+        e
+        for name, value in spec.space.items()
+        if (e := attempt({name: value})[1]) is not None
+        and (e[0] == f"space.{name}" or e[0].startswith(f"space.{name}."))
+    ]
     return None, list(dict.fromkeys(errors)) or [error]
 
 
@@ -282,11 +291,33 @@ FEASIBILITY_SAMPLES = 2000
 UNKNOWN_GPU = DeviceInfo(kind="cuda", name="a GPU not known before the study runs")
 
 
+def _low_range_points(space: SearchSpace, limit: int, seed: int = 1) -> Iterator[dict[str, Any]]:
+    """``limit`` random points whose every value is among its param's first 8 (a float: in the lowest 5% of
+    its range), by index arithmetic as :meth:`SearchSpace.point_at` counts them."""
+    rng = random.Random(seed)
+    counts = [p.count() or 1 for p in space.params.values()]
+    floats = [name for name, p in space.params.items() if p.count() is None]
+    for _ in range(limit):
+        index = 0
+        for count in counts:
+            index = index * count + rng.randrange(min(count, 8))
+        yield space.point_at(index, {name: 0.05 * rng.random() for name in floats})
+
+
+def _passes(space: SearchSpace, workload: Workload, config: dict[str, Any]) -> bool:
+    if space.static_violation(config, None) is not None:
+        return False
+    try:
+        return workload.static_check(config, UNKNOWN_GPU) is None
+    except Exception:  # a check that raises on a config is that config's refusal
+        return False
+
+
 def infeasible_space_errors(space: SearchSpace, workload: Workload) -> list[tuple[str, str]]:
     """An error when no point of the space passes the static checks (the space's rules whose device fields
     are unknown are skipped, and the workload's ``static_check`` on a GPU of unknown limits): such a study
-    could only record infeasible configs. Spaces up to :data:`FEASIBILITY_SAMPLES` points are enumerated,
-    larger ones sampled."""
+    could only record infeasible configs. Spaces up to :data:`FEASIBILITY_SAMPLES` points are enumerated
+    and refused when no point passes; larger ones are sampled, uniformly and near every range's low end."""
     points, exhaustive = space.sample_points(FEASIBILITY_SAMPLES)
     reasons: dict[str, int] = {}
     seen = 0
@@ -301,6 +332,14 @@ def infeasible_space_errors(space: SearchSpace, workload: Workload) -> list[tupl
         if reason is None:
             return []
         reasons[reason] = reasons.get(reason, 0) + 1
+    if interpreter_active() and any("interpreter" in reason for reason in reasons):
+        # Refusals that describe this process (kernels interpreted here, e.g. no bf16), not the GPU the
+        # trials will run on: no proof that the space is infeasible there.
+        return []
+    if not exhaustive and any(_passes(space, workload, c) for c in _low_range_points(space, FEASIBILITY_SAMPLES)):
+        # A uniform sample misses a huge range whose feasible part is small (stages up to 1e12 under a rule
+        # tile * stages <= 1024): points near every range's low end find it.
+        return []
     common = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
     why = "; ".join(f"{reason} ({n}x)" for reason, n in common)
     scope = f"none of its {seen} points" if exhaustive else f"none of {seen} points sampled"
