@@ -123,7 +123,7 @@ def test_a_database_at_the_previous_revision_gains_the_extra_column(sqlite_url: 
     with db.engine.connect() as conn:
         assert "extra" not in {row[1] for row in conn.execute(text("PRAGMA table_info(tuner_trials)"))}
     db.create_tables()
-    assert head() == "0004"
+    assert head() >= "0004"  # the revision that added the column, or a later one
     study = db.create_study(name="s", workload="noop", spec={}, space={}, space_hash="h")
     db.insert_trial(study.id, 0, {"x": 1}, optuna_trial_id=None)
     db.finish_trial(
