@@ -576,14 +576,18 @@ class QuantizedWeights:
 
     def dequantize(self) -> torch.Tensor:
         """``q * scale`` in fp32, (K, N)."""
-        q = self.values().to(torch.float32)
-        k, n = q.shape
-        scales = self.scales.to(torch.float32)
-        return (q.reshape(k // self.group_size, self.group_size, n) * scales[:, None, :]).reshape(k, n)
+        return dequantize_groups(self.values(), self.scales, self.group_size)
 
     def clone(self) -> QuantizedWeights:
         """A copy in new memory (same values): launches may rotate over copies to defeat L2 reuse."""
         return QuantizedWeights(self.qweight.clone(), self.scales.clone(), self.bits, self.group_size)
+
+
+def dequantize_groups(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Integer weights q (K, N) times their per-group scales (K // group_size, N), in fp32."""
+    k, n = q.shape
+    grouped = q.to(torch.float32).reshape(k // group_size, group_size, n)
+    return (grouped * scales.to(torch.float32)[:, None, :]).reshape(k, n)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:

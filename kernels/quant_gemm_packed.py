@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.quant_gemm import ACT_DTYPES, QMAX, _is_pow2, quantize_groups
+from kernels.quant_gemm import ACT_DTYPES, QMAX, _is_pow2, dequantize_groups, quantize_groups
 from tuner.workload import interpreter_active
 
 #: Supported weight bit widths.
@@ -132,10 +132,7 @@ class PackedWeights:
 
     def dequantize(self) -> torch.Tensor:
         """``q * scale`` in fp32, (K, N)."""
-        q = self.values().to(torch.float32)
-        k, n = q.shape
-        scales = self.scales.to(torch.float32)
-        return (q.reshape(k // self.group_size, self.group_size, n) * scales[:, None, :]).reshape(k, n)
+        return dequantize_groups(self.values(), self.scales, self.group_size)
 
     def clone(self) -> PackedWeights:
         """A copy in new memory (launches rotate over copies so that L2 does not hold the weights)."""
