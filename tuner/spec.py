@@ -304,13 +304,15 @@ def _low_range_points(space: SearchSpace, limit: int, seed: int = 1) -> Iterator
         yield space.point_at(index, {name: 0.05 * rng.random() for name in floats})
 
 
-def _passes(space: SearchSpace, workload: Workload, config: dict[str, Any]) -> bool:
-    if space.static_violation(config, None) is not None:
-        return False
-    try:
-        return workload.static_check(config, UNKNOWN_GPU) is None
-    except Exception:  # a check that raises on a config is that config's refusal
-        return False
+def _refusal(space: SearchSpace, workload: Workload, config: dict[str, Any]) -> str | None:
+    """Why ``config`` fails the static checks (the space's rules, then the workload's on an unknown GPU), or None."""
+    reason = space.static_violation(config, None)
+    if reason is None:
+        try:
+            reason = workload.static_check(config, UNKNOWN_GPU)
+        except Exception as exc:  # a check that breaks on a config cannot pass it
+            reason = f"static_check raised {type(exc).__name__}: {exc}"
+    return reason
 
 
 def infeasible_space_errors(space: SearchSpace, workload: Workload) -> list[tuple[str, str]]:
@@ -323,12 +325,7 @@ def infeasible_space_errors(space: SearchSpace, workload: Workload) -> list[tupl
     seen = 0
     for config in points:
         seen += 1
-        reason = space.static_violation(config, None)
-        if reason is None:
-            try:
-                reason = workload.static_check(config, UNKNOWN_GPU)
-            except Exception as exc:  # a check that breaks on a config cannot pass it
-                reason = f"static_check raised {type(exc).__name__}: {exc}"
+        reason = _refusal(space, workload, config)
         if reason is None:
             return []
         reasons[reason] = reasons.get(reason, 0) + 1
@@ -336,7 +333,9 @@ def infeasible_space_errors(space: SearchSpace, workload: Workload) -> list[tupl
         # Refusals that describe this process (kernels interpreted here, e.g. no bf16), not the GPU the
         # trials will run on: no proof that the space is infeasible there.
         return []
-    if not exhaustive and any(_passes(space, workload, c) for c in _low_range_points(space, FEASIBILITY_SAMPLES)):
+    if not exhaustive and any(
+        _refusal(space, workload, c) is None for c in _low_range_points(space, FEASIBILITY_SAMPLES)
+    ):
         # A uniform sample misses a huge range whose feasible part is small (stages up to 1e12 under a rule
         # tile * stages <= 1024): points near every range's low end find it.
         return []
