@@ -185,6 +185,24 @@ GRIDS: dict[str, dict[str, Any]] = {
             "num_stages": [3, 4],
         },
     },
+    # Every bits x group size x activation precision of the quantized GEMM at M = 16: the landscape whose
+    # TFLOP/s-vs-error front has many points (each finer group or wider weight buys accuracy with speed), for
+    # the demo on machines without a GPU; 576 configs before the rules.
+    "quant_groups": {
+        "workload": "quant_gemm",
+        "args": {"m": 16, "n": 8192, "k": 8192},
+        "grid": {
+            "bits": [4, 8],
+            "group_size": [32, 64, 128, 256],
+            "precision": ["bf16", "fp16"],
+            "BLOCK_M": [16],
+            "BLOCK_N": [64, 128, 256],
+            "BLOCK_K": [64, 128],
+            "SPLIT_K": [1, 2, 4],
+            "num_warps": [4],
+            "num_stages": [3, 4],
+        },
+    },
     # Decode batch 64, where the quantized GEMM misses its target: row tiles 32 and 64, split-K up to 16,
     # plain and swapped products.
     "quant_gemm_m64": {
@@ -253,13 +271,14 @@ def record_landscape(
     when: dict[str, str] | None = None,
     order_seed: int | None = None,
     time_limit_s: float | None = None,
+    compile_procs: int = 0,
 ) -> dict[str, int]:
     """Run every config of ``grid`` on this process's device and write the landscape to ``out``.
 
     Returns the count of each status. Each record is flushed as it is written, so an
     interrupted run leaves a readable prefix. ``order_seed``: visit the configs in that seeded random
     order; ``time_limit_s``: start no config after that many seconds (the header then says how many were
-    recorded).
+    recorded); ``compile_procs``: compile in that many processes ahead of the timing thread.
     """
     import random
 
@@ -302,8 +321,14 @@ def record_landscape(
     space = compile_space(workload.space_document())
     reasons = [space.static_violation(c, device.to_dict()) or workload.static_check(c, device) for c in configs]
     # Compile ahead: every feasible config is submitted at once; the pool works through them while
-    # the main thread times, in order, those already compiled.
-    prepared = {i: pool.submit(workload.prepare, c, device) for i, c in enumerate(configs) if reasons[i] is None}
+    # the main thread times, in order, those already compiled. With ``compile_procs``, processes compile
+    # first (Triton's front end holds the GIL, so threads alone compile about one kernel at a time) and
+    # the thread's prepare then loads the kernel from Triton's on-disk cache.
+    feasible = [i for i in range(len(configs)) if reasons[i] is None]
+    procs, ahead = _ahead_compiles(workload_name, args, [configs[i] for i in feasible], compile_procs)
+    prepared = {
+        i: pool.submit(_prepare_after, ahead.get(n), workload, configs[i], device) for n, i in enumerate(feasible)
+    }
     start = time.time()
     recorded = 0
     with out.open("w") as fh:
@@ -334,12 +359,51 @@ def record_landscape(
             counts[record["status"]] = counts.get(record["status"], 0) + 1
             if (i + 1) % 25 == 0 or i + 1 == len(configs):
                 print(f"  {i + 1}/{len(configs)} configs, {time.time() - start:.0f} s, {counts}", flush=True)
+    if procs is not None:
+        procs.shutdown(wait=False, cancel_futures=True)
     pool.shutdown(wait=True, cancel_futures=True)
     if recorded < len(configs):  # say in the header what the file holds
         lines = out.read_text().splitlines()
         lines[0] = json.dumps({**header, "configs_recorded": recorded, "truncated": f"time limit {time_limit_s} s"})
         out.write_text("\n".join(lines) + "\n")
     return counts
+
+
+def _compile_in_process(workload_name: str, args: dict[str, Any], config: dict[str, Any]) -> None:
+    """Compile one config in a worker process (its kernels land in Triton's on-disk cache)."""
+    from tuner.fingerprint import device_info
+    from tuner.registry import workload_class
+
+    global _WORKER_WORKLOAD
+    if _WORKER_WORKLOAD is None:
+        _WORKER_WORKLOAD = workload_class(workload_name)(**args)
+    _WORKER_WORKLOAD.prepare(config, device_info())
+
+
+_WORKER_WORKLOAD: Any = None
+
+
+def _ahead_compiles(
+    workload_name: str, args: dict[str, Any], configs: list[dict[str, Any]], procs: int
+) -> tuple[concurrent.futures.Executor | None, dict[int, concurrent.futures.Future]]:
+    """Submit every config to ``procs`` spawned compile processes (none when ``procs`` is 0)."""
+    if procs <= 0:
+        return None, {}
+    import multiprocessing
+
+    executor = concurrent.futures.ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("spawn"))
+    futures = {n: executor.submit(_compile_in_process, workload_name, args, c) for n, c in enumerate(configs)}
+    return executor, futures
+
+
+def _prepare_after(ahead: concurrent.futures.Future | None, workload: Any, config: dict, device: Any) -> None:
+    """The workload's own prepare, once the process compile of the same config (if any) has ended."""
+    if ahead is not None:
+        try:
+            ahead.result()
+        except (Exception, concurrent.futures.CancelledError):  # the prepare below meets it again, keeps it
+            pass
+    workload.prepare(config, device)
 
 
 def _command() -> str:
@@ -355,6 +419,9 @@ def main() -> None:
     parser.add_argument("--args", help="JSON object overriding the family's workload args")
     parser.add_argument("--limit", type=int, help="record only the first N configs (a smoke run)")
     parser.add_argument("--compile-threads", type=int, default=8)
+    parser.add_argument(
+        "--compile-procs", type=int, default=0, help="processes that compile ahead (Triton's disk cache)"
+    )
     parser.add_argument("--rep-ms", type=float, help="timed milliseconds per config (default: the workload's)")
     parser.add_argument("--warmup-ms", type=float, help="warm-up milliseconds per config (default: the workload's)")
     parser.add_argument("--max-time-ms", type=float, help="cap on timed milliseconds per config (default: 2000)")
@@ -379,6 +446,7 @@ def main() -> None:
         when=family.get("when"),
         order_seed=ns.seed if ns.order == "random" else None,
         time_limit_s=ns.time_limit_s,
+        compile_procs=ns.compile_procs,
     )
     print(json.dumps({"family": ns.family, "out": ns.out, "counts": counts}))
 
