@@ -516,7 +516,10 @@ def compile_jit_for_target(kernel: Any, args: tuple[Any, ...], kwargs: dict[str,
         options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
     except (AttributeError, KeyError, TypeError, ValueError, RuntimeError) as exc:  # other internals
         raise NotImplementedError(f"cannot bind the kernel's arguments in this Triton: {exc!r}") from None
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
+    source = ASTSource
+    if getattr(kernel, "is_gluon", lambda: False)():  # a @gluon.jit kernel: its own front end
+        from triton.experimental.gluon._runtime import GluonASTSource as source
+    return triton.compile(source(kernel, signature, constexprs, attrs), target=target, options=options.__dict__)
 
 
 # --------------------------------------------------------------------------- inputs and reference

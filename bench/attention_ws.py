@@ -1,0 +1,181 @@
+"""The warp-specialized Gluon attention kernel (kernels/attention_ws.py) on this GPU: numerics, a sweep, the targets.
+
+Phases (each a separate process, so that a kernel that hangs costs one phase's timeout):
+
+- ``check``: outputs and log-sum-exp against an fp32 reference at ragged and even shapes, causal and
+  full, D = 64 and 128, for every variant (``OVERLAP``, ``BLOCK_N``, ``NUM_BUFFERS``);
+- ``sweep``: every config at the S = 4096 shapes, then the fastest two per (D, causal) at every
+  target shape (B*S = 16384, H*D = 2048, S in 1024..8192), re-measured interleaved with SDPA's cuDNN
+  and flash backends (``--rounds`` rounds, medians; the baseline is the faster backend).
+
+    PYTHONPATH=. python bench/attention_ws.py check --out bench/results/attention-ws-check-h200.json
+    PYTHONPATH=. python bench/attention_ws.py sweep --out bench/results/kernel-variants-attention-ws-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import time
+from typing import Any
+
+from bench.common import interleaved, median, verdict, write_result
+
+CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": bn, "NUM_BUFFERS": nb, "OVERLAP": ov}
+    for bn, nb, ov in itertools.product((64, 128), (2, 3), (False, True))
+]
+SHAPES: list[dict[str, Any]] = [
+    {"batch": 16384 // s, "heads": 2048 // d, "seq_len": s, "head_dim": d, "causal": c}
+    for d in (128, 64)
+    for s in (1024, 2048, 4096, 8192)
+    for c in (True, False)
+]
+
+
+def _inputs(batch: int, heads: int, seq_len: int, head_dim: int, seed: int = 0) -> tuple[Any, Any, Any]:
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return tuple(  # type: ignore[return-value]
+        torch.randn(batch, heads, seq_len, head_dim, device="cuda", generator=gen, dtype=torch.bfloat16)
+        for _ in range(3)
+    )
+
+
+def check(configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """max|O - O_ref| / max|O_ref| and max|lse - lse_ref| against fp32 math, per shape and config."""
+    import torch
+
+    from kernels.attention_ws import attention_ws, check_config
+
+    rows, worst = [], 0.0
+    for (b, h, s, d), causal in itertools.product(((2, 3, 1000, 128), (1, 4, 384, 64), (2, 2, 2048, 128),
+                                                   (1, 2, 200, 64)), (True, False)):  # fmt: skip
+        q, k, v = _inputs(b, h, s, d, seed=s)
+        scale = 1.0 / math.sqrt(d)
+        scores = (q.float() @ k.float().transpose(-1, -2)) * scale
+        if causal:
+            scores = scores.masked_fill(torch.ones(s, s, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
+        ref = torch.softmax(scores, -1) @ v.float()
+        ref_lse = torch.logsumexp(scores, -1) / math.log(2.0)
+        for config in configs:
+            if check_config(d, config["BLOCK_N"], config["NUM_BUFFERS"], "bf16"):
+                continue
+            lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+            out = attention_ws(q, k, v, causal=causal, lse=lse, **config)
+            torch.cuda.synchronize()
+            err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
+            lse_err = (lse - ref_lse).abs().max().item()
+            ok = err <= 1e-2 and lse_err <= 1e-2
+            worst = max(worst, err)
+            rows.append({"shape": [b, h, s, d], "causal": causal, "config": config, "max_rel_error": err,
+                         "lse_max_abs_error": lse_err, "ok": ok})  # fmt: skip
+            verdict_text = "ok" if ok else "WRONG"
+            print(f"  {b}x{h}x{s}x{d} causal={causal} {config}: err {err:.2e} lse {lse_err:.2e} {verdict_text}")
+    return {"check": rows, "summary": {"cases": len(rows), "wrong": sum(not r["ok"] for r in rows), "worst": worst}}
+
+
+def _measurers(shape: dict[str, Any], configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """TFLOP/s measurers: each config of the kernel, SDPA cuDNN and SDPA flash, on one shape's inputs."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from kernels.attention import attention_flops
+    from kernels.attention_ws import attention_ws
+    from tuner.fingerprint import device_info
+    from tuner.measure import GPU_TIMING, time_fn
+
+    device = device_info()
+    b, h, s, d, causal = (shape[k] for k in ("batch", "heads", "seq_len", "head_dim", "causal"))
+    q, k, v = _inputs(b, h, s, d)
+    out = torch.empty_like(q)
+    lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
+    flops = attention_flops(b, h, s, d, causal)
+
+    def tflops(call: Any) -> float:
+        return flops / (time_fn(call, device, **GPU_TIMING).median_ms * 1e-3) / 1e12
+
+    measurers: dict[str, Any] = {}
+    for i, config in enumerate(configs):
+        measurers[f"ws{i}"] = lambda c=config: tflops(lambda: attention_ws(q, k, v, causal=causal, out=out, lse=lse,
+                                                                           **c))  # fmt: skip
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+
+        def call(backend: Any = backend) -> Any:
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+        try:
+            call()
+            torch.cuda.synchronize()
+        except Exception as exc:
+            print(f"    SDPA {name} unavailable: {exc}"[:200], flush=True)
+            continue
+        measurers[name] = lambda call=call: tflops(call)
+    return measurers
+
+
+def sweep(configs: list[dict[str, Any]], rounds: int, keep: int) -> dict[str, Any]:
+    from kernels.attention_ws import check_config
+
+    wrong = {json.dumps(r["config"], sort_keys=True) for r in check(configs)["check"] if not r["ok"]}
+    configs = [c for c in configs if json.dumps(c, sort_keys=True) not in wrong]  # a wrong kernel is not timed
+    picks: dict[tuple[int, bool], list[dict[str, Any]]] = {}
+    swept = []
+    for shape in (s for s in SHAPES if s["seq_len"] == 4096):
+        d, causal = shape["head_dim"], shape["causal"]
+        usable = [c for c in configs if not check_config(d, c["BLOCK_N"], c["NUM_BUFFERS"], "bf16")]
+        measurers = _measurers(shape, usable)
+        values = [(measurers[f"ws{i}"](), c) for i, c in enumerate(usable)]
+        values.sort(key=lambda t: -t[0])
+        picks[(d, causal)] = [c for _, c in values[:keep]]
+        swept.append({"shape": shape, "sweep": [{"tflops": round(t, 1), "config": c} for t, c in values]})
+        print(f"  sweep D={d} causal={causal}: " + ", ".join(f"{t:.0f} {c}" for t, c in values[:3]), flush=True)
+    targets, measured = [], []
+    for shape in SHAPES:
+        d, causal, s = shape["head_dim"], shape["causal"], shape["seq_len"]
+        started = time.time()
+        measurers = _measurers(shape, picks[(d, causal)])
+        values = interleaved(measurers, rounds)
+        medians = {name: median(v) for name, v in values.items()}
+        best_name = max((n for n in medians if n.startswith("ws")), key=lambda n: medians[n] or 0.0)
+        lib = max((n for n in ("cudnn", "flash") if medians.get(n)), key=lambda n: medians[n])
+        tuned, base = medians[best_name], medians[lib]
+        ratio = tuned / base if tuned and base else None
+        goal = 0.95 if d == 128 else 1.0
+        name = f"attention fwd bf16 S={s} D={d} {'causal' if causal else 'full'} vs SDPA {lib}"
+        targets.append({"target": name, "tuned": round(tuned, 1), "baseline": round(base, 1),
+                        "ratio": None if ratio is None else round(ratio, 4), "goal": goal,
+                        "verdict": verdict(ratio, goal)})  # fmt: skip
+        measured.append({"shape": shape, "config": picks[(d, causal)][int(best_name[2:])],
+                         "medians": {n: round(m, 1) for n, m in medians.items() if m},
+                         "samples": values, "seconds": round(time.time() - started, 1)})  # fmt: skip
+        print(f"  {name}: {tuned:.1f} vs {base:.1f} = {ratio:.3f} ({targets[-1]['verdict']})", flush=True)
+    return {
+        "kernel": "kernels/attention_ws.py attention_fwd_ws_kernel (Gluon, warp-specialized)",
+        "sweep_at_s4096": swept,
+        "attention": measured,
+        "targets": targets,
+        "summary": {t["target"]: [t["ratio"], t["verdict"]] for t in targets},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("phase", choices=["check", "sweep"])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
+    parser.add_argument("--block-n", type=int, nargs="+", default=[64, 128], help="the sweep's BLOCK_N values")
+    ns = parser.parse_args()
+    checked = [c for c in CONFIGS if c["NUM_BUFFERS"] == 2]  # the stage count changes no arithmetic
+    swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
+    result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
+    write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)
+
+
+if __name__ == "__main__":
+    main()

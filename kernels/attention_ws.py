@@ -1,0 +1,383 @@
+"""Attention forward in Gluon for Hopper: a TMA producer warp and two consumer warpgroups (FlashAttention-3's
+schedule, as far as this kernel goes).
+
+Triton's ``tl.dot`` kernels (:mod:`kernels.attention`, :mod:`kernels.attention_persistent`) leave the
+schedule to the compiler; this one writes it out with Gluon's explicit layouts, shared memory,
+barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_90):
+
+- **Partitions**: each program owns ``2 * 64`` query rows of one (batch, head). A one-warp *loader*
+  issues TMA loads of the program's two Q tiles, then of K and V tiles into a ring of ``NUM_BUFFERS``
+  stages (K and V with their own ready barriers, so the scores of a stage start before its V has
+  landed). Two *consumer* warpgroups (4 warps each) take 64 query rows apiece and share every K/V
+  stage; a stage is released (its ``empty`` barrier, two arrivals) when both have finished with it.
+  The consumers never wait for each other, so one's softmax runs while the other's wgmma does: the
+  ping-pong of FA3, left to the warp schedulers rather than forced by named barriers.
+- **Registers**: the loader gets 24 registers a thread, the consumers the rest (up to 240), which
+  holds a 64 x D fp32 accumulator, a 64 x BLOCK_N score tile and the bf16 probabilities.
+- **Softmax**: base-2 online softmax (scores scaled by ``sm_scale * log2(e)``), masked with a large
+  finite negative; P is converted in registers to the wgmma A-operand layout (no shared memory).
+- ``OVERLAP``: FA3's intra-warpgroup overlap: the scores of block j+1 are issued before P_j V_j has
+  finished, so the tensor cores run while the same warpgroup computes a softmax.
+- Causal programs run the longest query blocks first (the grid is (batch*head, query block) and the
+  query block is reversed), so the last wave is made of short programs.
+
+Rows past ``SEQ_LEN`` (a ragged last block) read the next head's rows through the 2-D descriptors and
+are never stored; keys past it are masked. ``Lse`` (base-2 log-sum-exp, ``[B*H*S]`` fp32) is stored
+when asked, for :mod:`kernels.attention_grad`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import triton
+
+from kernels.attention import DTYPES, PRECISIONS, check_operands, mock_tensor_class
+from tuner.workload import interpreter_active
+
+try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton
+    gluon = None
+
+#: Query rows per consumer warpgroup (one wgmma M=64 atom) and consumers per program.
+SUB_M = 64
+CONSUMERS = 2
+BLOCK_M = SUB_M * CONSUMERS
+HEAD_DIMS = (64, 128)
+BLOCK_NS = (64, 128)
+MAXNREG = 168
+MASKED_SCORE = triton.language.constexpr(-1.0e30)  # finite: a fully masked block cannot make NaN
+
+
+def available() -> bool:
+    """Whether this Triton has Gluon's Hopper API (the kernel compiles only then, and only for sm_90)."""
+    return gluon is not None and not interpreter_active()
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _loader(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, q_row,
+                kv_row, n_blocks, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr):  # fmt: skip
+        """One warp: the two Q tiles, then K_j and V_j into stage j % NUM_BUFFERS once both consumers freed it."""
+        for c in gl.static_range(2):
+            mbarrier.expect(q_bar.index(c), desc_q.block_type.nbytes)
+            tma.async_copy_global_to_shared(desc_q, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
+        for j in range(n_blocks):
+            stage = j % NUM_BUFFERS
+            # A fresh barrier's "previous phase" (parity 1) counts as complete: the first pass does not wait.
+            mbarrier.wait(kv_empty.index(stage), ((j // NUM_BUFFERS) & 1) ^ 1)
+            row = kv_row + j * BLOCK_N
+            mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
+            tma.async_copy_global_to_shared(desc_k, [row, 0], k_ready.index(stage), k_smem.index(stage))
+            mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
+            tma.async_copy_global_to_shared(desc_v, [row, 0], v_ready.index(stage), v_smem.index(stage))
+
+    @gluon.jit
+    def _scores(qk, keys, rows, qk_scale, SEQ_LEN, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+        """Scaled (base-2) scores, masked where ``MASK``: keys past SEQ_LEN, and with CAUSAL keys past the row."""
+        qk = qk * qk_scale
+        if MASK:
+            valid = gl.expand_dims(keys, 0) < SEQ_LEN
+            if CAUSAL:
+                valid = valid & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1))
+            qk = gl.where(valid, qk, MASKED_SCORE)
+        return qk
+
+    @gluon.jit
+    def _consume(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, qk_scale,
+                 SEQ_LEN, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr,
+                 CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):  # fmt: skip
+        """Fold key blocks ``lo .. hi-1`` into (acc, m_i, l_i): S = Q K^T, online softmax, acc += P V."""
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
+        for j in range(lo, hi):
+            stage = j % NUM_BUFFERS
+            phase = (j // NUM_BUFFERS) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            k_t = k_smem.index(stage).permute((1, 0))
+            s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
+            s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
+            qk = _scores(s, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK, CAUSAL)
+            m_new = gl.maximum(m_i, gl.max(qk, 1))
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(qk - gl.expand_dims(m_new, 1))
+            l_i = l_i * alpha + gl.sum(p, 1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+            p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+            mbarrier.wait(v_ready.index(stage), phase)
+            v = v_smem.index(stage)
+            acc = warpgroup_mma(p_op, v, acc, is_async=True)
+            # Wait before the next block: the in-flight wgmma reads P from registers.
+            acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+            mbarrier.arrive(kv_empty.index(stage), count=1)
+            m_i = m_new
+        return acc, m_i, l_i
+
+    @gluon.jit
+    def _consume_overlap(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, qk_scale,
+                         SEQ_LEN, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
+                         MASK: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
+                         p_layout: gl.constexpr):  # fmt: skip
+        """As :func:`_consume`, with the scores of block j+1 in flight while P_j V_j and the softmax of j+1 run.
+
+        Per step: issue S_{j+1} = Q K_{j+1}^T and acc += P_j V_j (both async), wait for S_{j+1} only
+        (one wgmma left in flight), compute P_{j+1} while P_j V_j runs, then wait for it, release
+        stage j and rescale. Needs ``hi > lo``.
+        """
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
+        stage = lo % NUM_BUFFERS
+        phase = (lo // NUM_BUFFERS) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        k_t = k_smem.index(stage).permute((1, 0))
+        s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
+        s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
+        qk = _scores(s, lo * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK, CAUSAL)
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(qk - gl.expand_dims(m_new, 1))
+        l_i = l_i * alpha + gl.sum(p, 1)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+        p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+        m_i = m_new
+        for j in range(lo + 1, hi):
+            nstage = j % NUM_BUFFERS
+            nphase = (j // NUM_BUFFERS) & 1
+            mbarrier.wait(k_ready.index(nstage), nphase)
+            k_t = k_smem.index(nstage).permute((1, 0))
+            s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(stage), phase)
+            v = v_smem.index(stage)
+            acc = warpgroup_mma(p_op, v, acc, is_async=True)
+            s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
+            qk = _scores(s, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK, CAUSAL)
+            m_new = gl.maximum(m_i, gl.max(qk, 1))
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(qk - gl.expand_dims(m_new, 1))
+            l_i = l_i * alpha + gl.sum(p, 1)
+            acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+            mbarrier.arrive(kv_empty.index(stage), count=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+            p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+            m_i = m_new
+            stage = nstage
+            phase = nphase
+        mbarrier.wait(v_ready.index(stage), phase)
+        v = v_smem.index(stage)
+        acc = warpgroup_mma(p_op, v, acc, is_async=True)
+        acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+        mbarrier.arrive(kv_empty.index(stage), count=1)
+        return acc, m_i, l_i
+
+    @gluon.jit
+    def _consumer(Out, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, start_m, row0, n_full,
+                  n_blocks, qk_scale, c: gl.constexpr, SEQ_LEN, HEAD_DIM: gl.constexpr,
+                  BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
+                  STORE_LSE: gl.constexpr):  # fmt: skip
+        """Consumer ``c`` (one warpgroup): query rows ``start_m * 128 + c * 64 + [0, 64)``, all key blocks."""
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        rows = start_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
+        m_i = gl.full([64], MASKED_SCORE, gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.full([64], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+        mbarrier.wait(q_bar.index(c), 0)
+        q = q_smem.index(c)
+        if OVERLAP:
+            if n_full > 0:
+                acc, m_i, l_i = _consume_overlap(
+                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, qk_scale,
+                    SEQ_LEN, BLOCK_N, NUM_BUFFERS, False, CAUSAL, s_layout, p_layout,
+                )  # fmt: skip
+            if n_blocks > n_full:
+                acc, m_i, l_i = _consume_overlap(
+                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks,
+                    qk_scale, SEQ_LEN, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout,
+                )  # fmt: skip
+        else:
+            acc, m_i, l_i = _consume(
+                q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, qk_scale,
+                SEQ_LEN, BLOCK_N, NUM_BUFFERS, False, CAUSAL, s_layout, p_layout,
+            )  # fmt: skip
+            acc, m_i, l_i = _consume(
+                q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, qk_scale,
+                SEQ_LEN, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout,
+            )  # fmt: skip
+        in_seq = rows < SEQ_LEN
+        if STORE_LSE:
+            gl.store(Lse + row0 + rows, m_i + gl.log2(l_i), mask=in_seq)
+        acc = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
+        o_rows = gl.convert_layout(rows, gl.SliceLayout(1, o_layout))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        ptrs = Out + (row0 + gl.expand_dims(o_rows, 1)) * HEAD_DIM + gl.expand_dims(offs_d, 0)
+        gl.store(ptrs, acc.to(Out.dtype.element_ty), mask=gl.expand_dims(o_rows < SEQ_LEN, 1))
+
+    @gluon.jit
+    def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, sm_scale, SEQ_LEN,
+                                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
+                                CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
+                                CONSUMER_REGS: gl.constexpr):  # fmt: skip
+        """Grid (batch*head, query block of 128 rows); the query blocks of a causal grid run longest first."""
+        off_hz = gl.program_id(0)
+        num_m = gl.cdiv(SEQ_LEN, 128)
+        if CAUSAL:
+            start_m = num_m - 1 - gl.program_id(1)
+            hi = gl.minimum((start_m + 1) * 128, SEQ_LEN)
+            n_full = (start_m * 128) // BLOCK_N  # key blocks wholly left of the program's first row
+        else:
+            start_m = gl.program_id(1)
+            hi = SEQ_LEN
+            n_full = SEQ_LEN // BLOCK_N
+        n_blocks = gl.cdiv(hi, BLOCK_N)
+        row0 = off_hz * SEQ_LEN
+        qk_scale = sm_scale * 1.4426950408889634  # log2(e)
+
+        dtype: gl.constexpr = desc_q.dtype
+        q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], desc_q.layout)
+        k_smem = gl.allocate_shared_memory(dtype, [NUM_BUFFERS, BLOCK_N, HEAD_DIM], desc_k.layout)
+        v_smem = gl.allocate_shared_memory(dtype, [NUM_BUFFERS, BLOCK_N, HEAD_DIM], desc_v.layout)
+        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+        kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(2):
+            mbarrier.init(q_bar.index(c), count=1)
+        for i in gl.static_range(NUM_BUFFERS):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(v_ready.index(i), count=1)
+            mbarrier.init(kv_empty.index(i), count=2)  # one arrival per consumer
+
+        gl.warp_specialize(
+            [
+                (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, start_m, row0,
+                             n_full, n_blocks, qk_scale, 0, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
+                             OVERLAP, STORE_LSE)),
+                (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty, start_m, row0,
+                             n_full, n_blocks, qk_scale, 1, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
+                             OVERLAP, STORE_LSE)),
+                (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, kv_empty,
+                           row0 + start_m * 128, row0, n_blocks, BLOCK_N, NUM_BUFFERS)),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, 24],
+        )
+
+
+def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str) -> str | None:
+    """Why the kernel cannot run this config (None when it can): head dims, key blocks, shared memory."""
+    if precision not in PRECISIONS:
+        return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+    if head_dim not in HEAD_DIMS:
+        return f"the warp-specialized kernel supports head_dim in {HEAD_DIMS}, got {head_dim}"
+    if block_n not in BLOCK_NS:
+        return f"BLOCK_N must be one of {BLOCK_NS} for the warp-specialized kernel, got {block_n}"
+    if num_buffers not in (2, 3, 4):
+        return f"NUM_BUFFERS must be 2, 3 or 4, got {num_buffers}"
+    shared = 2 * (BLOCK_M * head_dim + 2 * num_buffers * block_n * head_dim) + 1024
+    if shared > 227 * 1024:
+        return (
+            f"shared memory {shared} B (Q {BLOCK_M}x{head_dim}, {num_buffers} K/V stages of {block_n}x{head_dim}) "
+            "exceeds the 227 KiB of an H100/H200 multiprocessor"
+        )
+    return None
+
+
+def _descriptors(q: Any, k: Any, v: Any, rows: int, head_dim: int, block_n: int) -> tuple[Any, Any, Any]:
+    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    q_layout = gl.NVMMASharedLayout.get_default_for([SUB_M, head_dim], dtype)
+    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
+    shape, strides = [rows, head_dim], [head_dim, 1]
+    return (
+        TensorDescriptor(q, shape, strides, [SUB_M, head_dim], q_layout),
+        TensorDescriptor(k, shape, strides, [block_n, head_dim], kv_layout),
+        TensorDescriptor(v, shape, strides, [block_n, head_dim], kv_layout),
+    )
+
+
+def _meta(seq_len: int, head_dim: int, causal: bool, block_n: int, num_buffers: int, overlap: bool,
+          store_lse: bool, consumer_regs: int) -> dict[str, Any]:  # fmt: skip
+    return {
+        "HEAD_DIM": head_dim,
+        "BLOCK_N": block_n,
+        "NUM_BUFFERS": num_buffers,
+        "CAUSAL": bool(causal),
+        "OVERLAP": bool(overlap),
+        "STORE_LSE": bool(store_lse),
+        "CONSUMER_REGS": consumer_regs,
+        "num_warps": 4,
+        # Registers per thread over all 12 warps (65,536 / 384 = 170): the partitions' budgets are carved
+        # from it (``setmaxnreg``): the loader keeps 24, the consumers take what that frees.
+        "maxnreg": MAXNREG,
+    }
+
+
+def attention_ws(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    BLOCK_N: int = 128,
+    NUM_BUFFERS: int = 2,
+    OVERLAP: bool = False,
+    CONSUMER_REGS: int = 240,
+    sm_scale: float | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``softmax(Q K^T * sm_scale [+ causal mask]) V`` with the warp-specialized Gluon kernel (sm_90).
+
+    Inputs and outputs as :func:`kernels.attention.attention` (``[B, H, S, D]`` contiguous bf16 or fp16,
+    ``lse`` ``[B, H, S]`` fp32 when given). Launches asynchronously on the current stream.
+    """
+    out = check_operands(q, k, v, out, lse)
+    if not available():
+        raise ValueError("the warp-specialized attention kernel needs Gluon (Triton >= 3.6) on an sm_90 GPU")
+    batch, heads, seq_len, head_dim = q.shape
+    precision = next(name for name, dtype in DTYPES.items() if dtype == q.dtype)
+    reason = check_config(head_dim, BLOCK_N, NUM_BUFFERS, precision)
+    if reason:
+        raise ValueError(reason)
+    rows = batch * heads * seq_len
+    descs = _descriptors(q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim), rows, head_dim,
+                         BLOCK_N)  # fmt: skip
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    meta = _meta(seq_len, head_dim, causal, BLOCK_N, NUM_BUFFERS, OVERLAP, lse is not None, CONSUMER_REGS)
+    grid = (batch * heads, triton.cdiv(seq_len, BLOCK_M))
+    attention_fwd_ws_kernel[grid](out, lse, *descs, scale, seq_len, **meta)
+    return out
+
+
+def compile_for_target(
+    batch: int, heads: int, seq_len: int, head_dim: int, *, causal: bool, precision: str, BLOCK_N: int = 128,
+    NUM_BUFFERS: int = 2, OVERLAP: bool = False, CONSUMER_REGS: int = 240, capability: int = 90,
+) -> Any:  # fmt: skip
+    """``triton.compile`` for ``GPUTarget("cuda", capability, 32)`` with no GPU (shared memory, registers)."""
+    from kernels.attention import compile_jit_for_target
+
+    reason = check_config(head_dim, BLOCK_N, NUM_BUFFERS, precision)
+    if reason:
+        raise ValueError(reason)
+    MockTensor = mock_tensor_class()
+    dtype = DTYPES[precision]
+    rows = batch * heads * seq_len
+    flat = [MockTensor(dtype, [rows, head_dim]) for _ in range(3)]
+    out = MockTensor(dtype, [batch, heads, seq_len, head_dim])
+    args = (out, None, *_descriptors(*flat, rows, head_dim, BLOCK_N), 1.0 / math.sqrt(head_dim), seq_len)
+    kwargs = _meta(seq_len, head_dim, causal, BLOCK_N, NUM_BUFFERS, OVERLAP, False, CONSUMER_REGS)
+    return compile_jit_for_target(attention_fwd_ws_kernel, args, kwargs, capability)
