@@ -155,6 +155,8 @@ def test_the_default_reads_only_entries_comparable_with_the_device_and_a_resume_
     )
     on_gpu = warm_start.plan(db, compiled, H200, study.id, fresh=True)
     assert on_gpu.mode == "registry" and on_gpu.configs[0][0] == gpu_tile and on_gpu.priors[0]["distance"] == 1.0
+    without = warm_start.plan(db, load_spec({**spec, "warm_start_priors": False}), H200, study.id, fresh=True)
+    assert without.configs == on_gpu.configs and without.priors == [] and "warm_start_priors" in without.priors_note
     far = load_spec({**spec, "args": {"n": 2**20}})  # beyond the bound: no entry is near
     assert warm_start.plan(db, far, H200, study.id, fresh=True).mode == "seeds"
 
