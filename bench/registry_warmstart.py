@@ -1,7 +1,10 @@
 """Warm start from the best-config registry on a real GPU: GEMM studies at three shapes publish their picks,
 a lookup for a fourth shape answers the nearest entries, and studies at the fourth shape warm-started from
-the registry (``warm_start: registry``) are compared with cold ones (``warm_start: true``: the space's seed
-configs only) under the same budget and seeds.
+the registry (``warm_start: registry``: the entries' configs first, and what the entries' studies measured
+as the strategy's priors) are compared with cold ones (``warm_start: true``: the space's seed configs only)
+and, with ``--modes cold warm warm-no-priors``, with registry warm starts without the priors
+(``warm_start_priors: false``), under the same budget and seeds. The source studies are cold
+(``warm_start: true``), as the default would otherwise warm-start each from the ones before it.
 
 The figure compared is the number of trials a study needs to come within 2% of its own final best TFLOP/s
 (fewer is better), per seed and on average. Everything runs in one process against one SQLite database,
@@ -83,10 +86,11 @@ def compare_study(
     configs, or none with ``cold_seeds=False``); not published, so that every seed's warm study starts from
     the same three entries."""
     from tuner import configs
+    from tuner.warm_start import decision_of
 
-    warm_start: bool | str = "registry" if mode == "warm" else cold_seeds
+    warm_start: bool | str = "registry" if mode.startswith("warm") else cold_seeds
     spec = gemm_spec(f"target-{mode}-seed{seed}", target, trials, seed, warm_start=warm_start, warm_start_k=k)
-    spec.update(publish=False, remeasure={"top_k": 0})
+    spec.update(publish=False, remeasure={"top_k": 0}, warm_start_priors=mode != "warm-no-priors")
     summary, rows, wall_s = run(spec, db)
     curve = best_curve(rows)
     origins = configs.trial_origins(db, summary.study_id)
@@ -99,6 +103,7 @@ def compare_study(
         "trials_to_within_2pct": trials_to_within(curve),
         "best_so_far_tflops": [round(v, 2) for v in curve],
         "origins": {str(n): o for n, o in sorted(origins.items())},
+        "warm_start": decision_of(db, summary.study_id),
         "wall_s": round(wall_s, 1),
     }
 
@@ -111,6 +116,13 @@ def main() -> None:
     parser.add_argument("--dry-run", action="store_true", help="CPU, Triton interpreter, tiny shapes")
     parser.add_argument(
         "--cold", choices=["seeds", "none"], default="seeds", help="cold studies: the space's seeds, or none"
+    )
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["cold", "warm", "warm-no-priors"],
+        default=["cold", "warm"],
+        help="target studies per seed: cold, registry warm start, registry warm start without priors",
     )
     parser.add_argument("--db", default=None, help="SQLite file (default: a fresh temporary one)")
     parser.add_argument("--out")
@@ -130,7 +142,8 @@ def main() -> None:
 
     published = []
     for shape in shapes:  # each study publishes its pick when it completes (publish: true is the default)
-        summary, _, wall_s = run(gemm_spec("gemm-{}x{}x{}".format(*shape), shape, trials, seed=0), db)
+        source = gemm_spec("gemm-{}x{}x{}".format(*shape), shape, trials, seed=0, warm_start=True)
+        summary, _, wall_s = run(source, db)
         total, entries = configs.list_entries(db, workload="triton_gemm", shape=dict(zip("mnk", shape, strict=True)))
         published.append(
             {
@@ -159,20 +172,15 @@ def main() -> None:
     }
 
     cold_seeds = ns.cold == "seeds"
-    runs = [
-        compare_study(db, mode, target, trials, seed, ns.k, cold_seeds)
-        for seed in ns.seeds
-        for mode in ("cold", "warm")
-    ]
-    by_mode = {mode: [r["trials_to_within_2pct"] for r in runs if r["mode"] == mode] for mode in ("cold", "warm")}
+    runs = [compare_study(db, mode, target, trials, seed, ns.k, cold_seeds) for seed in ns.seeds for mode in ns.modes]
+    by_mode = {mode: [r["trials_to_within_2pct"] for r in runs if r["mode"] == mode] for mode in ns.modes}
     means = {mode: statistics.mean(v) if v and None not in v else None for mode, v in by_mode.items()}
-    met = means["warm"] is not None and means["cold"] is not None and means["warm"] < means["cold"]
+    met = means.get("warm") is not None and means.get("cold") is not None and means["warm"] < means["cold"]
     per_seed = [
         {
             "seed": s,
             **{
-                m: next(r["trials_to_within_2pct"] for r in runs if r["seed"] == s and r["mode"] == m)
-                for m in ("cold", "warm")
+                m: next(r["trials_to_within_2pct"] for r in runs if r["seed"] == s and r["mode"] == m) for m in ns.modes
             },
         }
         for s in ns.seeds
@@ -190,8 +198,8 @@ def main() -> None:
                 {
                     "target": f"trials to within 2% of the study's own final best at {target}, warm-started from "
                     f"the registry vs cold, same budget ({trials}) and seeds {ns.seeds} (mean; fewer is better)",
-                    "tuned": means["warm"],
-                    "baseline": means["cold"],
+                    "tuned": means.get("warm"),
+                    "baseline": means.get("cold"),
                     "verdict": "met" if met else "missed",
                 }
             ],
@@ -199,8 +207,9 @@ def main() -> None:
                 "lookup_exact": found.exact,
                 "nearest": [(m["shape"], m["distance"]) for m in lookup["nearest"]],
                 "trials_to_within_2pct": per_seed,
-                "mean_cold": means["cold"],
-                "mean_warm": means["warm"],
+                "mean_cold": means.get("cold"),
+                "mean_warm": means.get("warm"),
+                "mean_warm_no_priors": means.get("warm-no-priors"),
                 "final_best_tflops": {f"{r['mode']}-{r['seed']}": r["final_best_tflops"] for r in runs},
                 "wall_s": round(time.time() - started, 1),
             },

@@ -364,7 +364,7 @@ def test_registry_page_in_a_real_browser(server: str, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
     from test_configs import gemm_config, measured_study
 
-    from tuner import configs
+    from tuner import configs, jobs
     from tuner.storage import StudyDB
 
     db_url = f"sqlite:///{tmp_path / 'e2e.db'}"
@@ -389,8 +389,12 @@ def test_registry_page_in_a_real_browser(server: str, tmp_path: Path) -> None:
     gemm = measured_study(db, "gemm-h200", {"m": 4096, "n": 4096, "k": 4096}, [(gemm_config(), 700.0)])
     gemm_entry = configs.publish(db, gemm).entry.id
     assert configs.mark_unverified(db, "NVIDIA H200", {"driver": "999.0"}) == [gemm_entry]
-    db.dispose()
     noop_entry = client.get("/api/configs/entries", params={"workload": "noop"}).json()["items"][0]
+    # What a runner's scheduled recheck (tuner/jobs.py) records, as the page reads it.
+    assert jobs.claim(db, jobs.RECHECK, "runner e2e", 86400)
+    flagged = {"entry": noop_entry["id"], "was": noop_entry["recheck"]["previous"], "now": noop_entry["interval"]}
+    jobs.record(db, jobs.RECHECK, "runner e2e", {"entries": 2, "checked": 2, "regressed": [flagged]}, finished=True)
+    db.dispose()
 
     page_errors: list[str] = []
     failed_requests: list[str] = []
@@ -404,6 +408,9 @@ def test_registry_page_in_a_real_browser(server: str, tmp_path: Path) -> None:
             page.goto(f"{server}/")
             page.click("nav >> text=Registry")
             page.wait_for_selector(f'#registry-table tr[data-entry-id="{gemm_entry}"]', timeout=30_000)
+            page.wait_for_selector("#recheck-job[data-regressed='1']", timeout=15_000)
+            job_line = page.locator("#recheck-job").inner_text()
+            assert "every 24 h" in job_line and f"regressed: #{noop_entry['id']}" in job_line, job_line
             regressed = page.locator(f'#registry-table tr[data-entry-id="{noop_entry["id"]}"]')
             assert regressed.get_attribute("class") == "entry-regressed"
             assert regressed.locator(".badge").inner_text() == "regressed" and "was [" in regressed.inner_text()
@@ -447,6 +454,11 @@ def test_registry_page_in_a_real_browser(server: str, tmp_path: Path) -> None:
             page.wait_for_selector("#warm-start-table tr[data-source='registry']", timeout=30_000)
             origin = page.locator("#warm-start-table tr[data-source='registry']").first
             assert origin.get_attribute("data-trial") == "0" and "registry" in origin.inner_text()
+            decision = page.locator("#warm-start-decision")
+            assert decision.get_attribute("data-mode") == "registry" and "priors" in decision.inner_text()
+            page.goto(f"{server}/studies/{first['id']}")  # the first found no entry: the default took the seeds
+            page.wait_for_selector("#warm-start-decision[data-mode='seeds']", timeout=30_000)
+            assert "default (auto)" in page.locator("#warm-start-decision").inner_text()
         finally:
             browser.close()
     client.close()

@@ -321,7 +321,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    runner = StudyRunner(_db(args, write=True), ray_address=args.ray_address, workers=args.workers)
+    runner = StudyRunner(
+        _db(args, write=True), ray_address=args.ray_address, workers=args.workers, recheck_every_s=args.recheck_every
+    )
     ensure_ray(args.ray_address, min_cpus=args.workers or 2)
     finishing = threading.Event()
     watcher = threading.Thread(target=_watch_ray, args=(runner, finishing), name="ray-watch", daemon=True)
@@ -433,6 +435,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             cmd += ["--ray-address", args.ray_address]
         if args.workers:
             cmd += ["--workers", str(args.workers)]
+        if args.recheck_every:
+            cmd += ["--recheck-every", f"{args.recheck_every:g}"]
         supervisor = RunnerSupervisor(cmd, stop_timeout_s=RUNNER_STOP_S)
         app.state.runner = supervisor  # /healthz reports its state
         supervisor.start()
@@ -591,6 +595,9 @@ def _add_service_commands(sub: Any) -> None:
         default=KEEP_ALIVE_S,
         help=f"how long an idle HTTP connection is kept open (default {KEEP_ALIVE_S} s)",
     )
+    from tuner.config_cli import add_recheck_option
+
+    add_recheck_option(serve)
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser("worker", help="claim queued studies from the database and run them")
@@ -598,6 +605,7 @@ def _add_service_commands(sub: Any) -> None:
     worker.add_argument("--ray-address")
     worker.add_argument("--workers", type=int)
     worker.add_argument("--watch-parent", type=int, metavar="PID", help="stop when process PID (its parent) is gone")
+    add_recheck_option(worker)
     worker.set_defaults(func=cmd_worker)
 
     database = sub.add_parser("db", help="the study database's schema")

@@ -155,3 +155,23 @@ def add_parsers(sub: Any, add_db: Callable[[argparse.ArgumentParser], None]) -> 
     )
     add_db(check)
     check.set_defaults(registry_func=cmd_recheck)
+
+
+def add_recheck_option(parser: argparse.ArgumentParser) -> None:
+    """``--recheck-every`` of ``tuner serve`` and ``tuner worker``: the runner's scheduled recheck."""
+    from tuner.jobs import parse_duration
+
+    def duration(text: str) -> float:
+        try:
+            return parse_duration(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parser.add_argument(
+        "--recheck-every",
+        type=duration,
+        default=None,
+        metavar="DURATION",
+        help="the runner measures the registry's winners again this often (e.g. 24h, 30m), between studies; "
+        "default: never (run `tuner recheck` yourself)",
+    )

@@ -529,35 +529,6 @@ def trial_origins(db: StudyDB, study_id: int) -> dict[int, dict[str, Any]]:
         return {row.number: row.origin for row in rows}
 
 
-def warm_start_configs(
-    db: StudyDB, compiled: Any, device: Mapping[str, Any], k: int
-) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """``warm_start: registry``: (config, origin) of the entries at the ``k`` nearest shapes to the study's,
-    of its workload, GPU (``device``) and fixed args, nearest first; none when the registry has none."""
-    cls = compiled.workload_cls
-    shape, fixed = cls.registry_key(dict(compiled.spec.args), {})
-    try:
-        found = lookup(db, cls.name, shape, gpu=device_name(device), fixed=fixed, k=k)
-    except RegistryError as exc:
-        log.info("warm start from the registry: %s", exc)
-        return []
-    return [
-        (
-            dict(m.entry.config),
-            {
-                "source": "registry",
-                "entry": m.entry.id,
-                "shape": m.entry.shape,
-                "distance": m.distance,
-                "objective": m.entry.objective,
-                "value": m.entry.value,
-                "study": m.entry.study_name,
-            },
-        )
-        for m in found.matches
-    ]
-
-
 def retune_spec(db: StudyDB, entry: ConfigEntryRow) -> dict[str, Any]:
     """The spec of a study that tunes an entry's shape again: its study's spec when the study is still
     there (else one built from the entry), renamed, warm-started from the registry and published."""

@@ -217,14 +217,7 @@ class Orchestrator:
             elapsed_s=self._elapsed(),
         )
         rows = self.db.trials(self.study_id)
-        warm = self._registry_configs() if self.spec.warm_start == "registry" and not rows else []
-        self.sampler = SamplerAdapter(
-            self.compiled, rows, self._static_reason, device=self.device.to_dict(), warm_configs=warm
-        )
-        if self.sampler.origins:
-            from tuner.configs import record_origins
-
-            record_origins(self.db, self.study_id, self.sampler.origins)
+        self.sampler = self._warm_started_sampler(rows)
         for row in rows:
             self._count(DUPLICATE if row.duplicate_of is not None else row.status, +1)
             if row.status in REUSABLE and row.duplicate_of is None:
@@ -234,12 +227,28 @@ class Orchestrator:
             else:
                 self._note_best(row.status, row.metrics, row.number, row.feasible)
 
-    def _registry_configs(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        """``warm_start: registry``: the configs of the registry's entries at the nearest shapes."""
-        from tuner.configs import warm_start_configs
+    def _warm_started_sampler(self, rows: list[Any]) -> SamplerAdapter:
+        """The sampler, after the warm start (tuner/warm_start.py: decided at the first start, then read back)
+        has given it the registry's configs to enqueue and the priors; where they came from is stored."""
+        from tuner import warm_start
+        from tuner.configs import record_origins
 
-        assert self.device is not None
-        return warm_start_configs(self.db, self.compiled, self.device.to_dict(), self.spec.warm_start_k)
+        assert self.device is not None and self.study_id is not None
+        start = warm_start.plan(self.db, self.compiled, self.device.to_dict(), self.study_id, fresh=not rows)
+        sampler = SamplerAdapter(
+            self.compiled,
+            rows,
+            self._static_reason,
+            device=self.device.to_dict(),
+            warm_configs=start.configs,
+            priors=start.priors,
+        )
+        start.priors_note = sampler.priors_note or start.priors_note
+        warm_start.save(self.db, self.study_id, start)
+        log.info("study %s warm start: %s (%s)", self.spec.name, start.mode, start.reason)
+        if sampler.origins:
+            record_origins(self.db, self.study_id, sampler.origins)
+        return sampler
 
     def _beat(self) -> None:
         """One turn of the loop: renew our lease when one is due, then the caller's heartbeat."""

@@ -5,7 +5,8 @@
 workload and args, the same trial template a study runs) and compares the new interval with the stored
 one: wholly below it (above, for a figure to minimise) flags the entry ``regressed``, with both figures in
 ``recheck``; otherwise it is ``ok`` again, verified on the software it ran on now. ``tuner recheck`` runs
-it; an operator schedules that command (cron, a CI job) as often as drivers and libraries change.
+it (an operator may schedule that command with cron or CI); ``tuner serve --recheck-every 24h`` has the
+runner run it itself, between studies (:mod:`tuner.jobs`).
 """
 
 from __future__ import annotations
@@ -45,24 +46,55 @@ def recheck(
 
     ``args_override``: run-setting args (the workload's ``unkeyed_args``, e.g. ``noop``'s ``drift``) to
     measure with instead of the entry's; an arg that keys entries is refused (ValueError)."""
-    from tuner.fingerprint import device_info, fingerprint
+    run = RecheckRun(db, workload=workload, entry_ids=entry_ids, rounds=rounds, args_override=args_override)
+    while run.step() is not None:
+        pass
+    return run.results
 
-    current = fingerprint()
-    gpu = configs.device_name(device_info().to_dict())
-    configs.mark_unverified(db, gpu, current)
-    query = select(ConfigEntryRow).where(ConfigEntryRow.gpu == gpu).order_by(ConfigEntryRow.id)
-    if workload is not None:
-        query = query.where(ConfigEntryRow.workload == workload)
-    if entry_ids is not None:
-        query = query.where(ConfigEntryRow.id.in_(list(entry_ids)))
-    with db.Session() as s:
-        entries = list(s.scalars(query))
-    workers: dict[str, Any] = {}
-    out = []
-    for entry in entries:
-        result = _recheck_one(db, entry, entries, current, workers, rounds, dict(args_override or {}))
-        out.append(result)
-    return out
+
+class RecheckRun:
+    """One recheck, an entry at a time (:meth:`step`), so that a runner can measure between studies.
+
+    Made, it marks this GPU's entries of other software ``unverified`` and lists the entries to measure."""
+
+    def __init__(
+        self,
+        db: StudyDB,
+        *,
+        workload: str | None = None,
+        entry_ids: Iterable[int] | None = None,
+        rounds: int = 3,
+        args_override: Mapping[str, Any] | None = None,
+    ) -> None:
+        from tuner.fingerprint import device_info, fingerprint
+
+        self.db, self.rounds, self.override = db, rounds, dict(args_override or {})
+        self.current = fingerprint()
+        gpu = configs.device_name(device_info().to_dict())
+        self.unverified = configs.mark_unverified(db, gpu, self.current)
+        query = select(ConfigEntryRow).where(ConfigEntryRow.gpu == gpu).order_by(ConfigEntryRow.id)
+        if workload is not None:
+            query = query.where(ConfigEntryRow.workload == workload)
+        if entry_ids is not None:
+            query = query.where(ConfigEntryRow.id.in_(list(entry_ids)))
+        with db.Session() as s:
+            self.entries = list(s.scalars(query))
+        self.results: list[Recheck] = []
+        self._workers: dict[str, Any] = {}
+
+    @property
+    def done(self) -> bool:
+        return len(self.results) >= len(self.entries)
+
+    def step(self) -> Recheck | None:
+        """Measure the next entry and store its verdict; None when every entry has been measured."""
+        if self.done:
+            self._workers.clear()
+            return None
+        entry = self.entries[len(self.results)]
+        result = _recheck_one(self.db, entry, self.entries, self.current, self._workers, self.rounds, self.override)
+        self.results.append(result)
+        return result
 
 
 def _recheck_one(

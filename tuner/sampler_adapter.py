@@ -45,7 +45,7 @@ from tuner.samplers import EnumeratedGridSampler, make_sampler, resolve_sampler_
 from tuner.space import SearchSpace
 from tuner.spec import CompiledStudy
 from tuner.storage import RUNNING
-from tuner.strategy import SpaceExhausted, TunerSampler
+from tuner.strategy import Prior, SpaceExhausted, TunerSampler
 from tuner.workload import TrialStatus
 
 log = logging.getLogger("tuner.orchestrator")
@@ -103,13 +103,19 @@ class SamplerAdapter:
         static_reason: Callable[[dict[str, Any]], str | None],
         device: Mapping[str, Any] | None = None,
         warm_configs: Sequence[tuple[dict[str, Any], dict[str, Any]]] = (),
+        priors: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         """``warm_configs``: (config, origin) pairs enqueued before the space's seeds (``warm_start:
-        registry``); :attr:`origins` maps the trial numbers they were given to their origin."""
+        registry``); :attr:`origins` maps the trial numbers they were given to their origin. ``priors``: what
+        configs measured at other shapes (``{"config", "status", "metrics", "source", "distance"}``, as
+        :func:`tuner.warm_start.registry_priors` reads them), for the project's strategy only; never trials."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.compiled = compiled
         spec = compiled.spec
         self.sampler_name = resolve_sampler_name(spec.sampler, len(compiled.objectives))
+        self._priors = self._as_priors(priors) if self.sampler_name == "auto" else []
+        #: what became of the priors: how many the strategy reads, or why none
+        self.priors_note = self._priors_note(priors)
         self._seed = spec.seed
         self._grid: list[dict[str, Any]] | None = None
         if self.sampler_name == "grid":
@@ -150,7 +156,35 @@ class SamplerAdapter:
             device=self._device,
             static_check=self._static_reason,
             intersection=self._intersection,
+            priors=self._priors,
         )
+
+    def _as_priors(self, records: Sequence[Mapping[str, Any]]) -> list[Prior]:
+        """The records as the strategy's priors: an ``ok`` record that has every objective's figure and meets
+        every constraint has values (in the study's objective order); any other is a failure there."""
+        out = []
+        for record in records:
+            metrics = dict(record.get("metrics") or {})
+            values: tuple[float, ...] | None = None
+            if record.get("status") == TrialStatus.OK.value:
+                figures = [metrics.get(m) for m, _ in self.compiled.objectives]
+                met = all(c.violation(metrics) <= 0 for c in self.compiled.constraints)
+                if met and all(finite(v) for v in figures):
+                    values = tuple(float(v) for v in figures)  # type: ignore[arg-type]
+            source, distance = str(record.get("source", "")), float(record.get("distance") or 0.0)
+            out.append(Prior(dict(record.get("config") or {}), values, source, distance))
+        return out
+
+    def _priors_note(self, records: Sequence[Mapping[str, Any]]) -> str | None:
+        if not records:
+            return None
+        if self.sampler_name != "auto":
+            return (
+                f"{len(records)} priors not used: the {self.sampler_name} sampler (Optuna's) learns from its "
+                "study's trials only; the registry's configs are enqueued first all the same"
+            )
+        sources = len({p.source for p in self._priors})
+        return f"{len(self._priors)} priors from {sources} source(s) read by the strategy (never trials)"
 
     def _study_for(self, number: int) -> optuna.Study:
         """The study as trial ``number``'s sampler sees it (same storage, that trial's seed)."""

@@ -49,19 +49,24 @@ def make_sampler(
     device: Mapping[str, Any] | None = None,
     static_check: Callable[[dict[str, Any]], str | None] | None = None,
     intersection: IntersectionSearchSpace | None = None,
+    priors: Sequence[Any] = (),
 ) -> BaseSampler:
     """The sampler called ``name`` (see :func:`resolve_sampler_name` for ``auto``).
 
     ``auto`` needs the compiled ``space``; ``device`` (the fields of ``device.<field>`` rules) and
     ``static_check`` (the workload's static check: a reason when infeasible) let it apply every
     static rule before it proposes. Without ``space``, ``auto`` falls back to TPE. ``intersection``: the
-    study's search-space intersection, shared by the samplers made for one study (NSGA-II).
+    study's search-space intersection, shared by the samplers made for one study (NSGA-II). ``priors``
+    (:class:`tuner.strategy.Prior`: configs measured at other shapes) reach ``auto`` only: Optuna's samplers
+    take no observations but their study's trials, and priors must never be trials.
     """
     name = resolve_sampler_name(name, n_objectives)
     if name == "auto" and space is not None:
         from tuner.strategy import TunerSampler
 
-        return TunerSampler(space, seed=seed, device=device, static_check=static_check, budget_trials=budget_trials)
+        return TunerSampler(
+            space, seed=seed, device=device, static_check=static_check, budget_trials=budget_trials, priors=priors
+        )
     if name in ("tpe", "auto"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # `group`

@@ -4,7 +4,8 @@ The API only writes a queued study; a runner (``tuner worker``, started beside
 the API by ``tuner serve``, or on other machines against the same database
 and Ray cluster) claims it with a lease that it renews while the study runs.
 A runner that dies lets its lease lapse, and another runner takes the study
-over and resumes it. Stop requests arrive through the database too.
+over and resumes it. Stop requests arrive through the database too. Between
+studies a runner may do scheduled jobs (the registry's recheck, tuner/jobs.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from tuner import lifecycle
+from tuner.jobs import RecheckSchedule
 from tuner.storage import StudyDB, StudyRow, is_transient, lease_owner_name
 
 log = logging.getLogger("tuner.service")
@@ -34,7 +38,11 @@ class StudyRunner:
         ray_address: str | None = None,
         workers: int | None = None,
         owner: str | None = None,
+        recheck_every_s: float | None = None,
+        recheck_args: Mapping[str, Any] | None = None,
     ) -> None:
+        """``recheck_every_s``: run the registry's recheck when the last run began that long ago, between
+        studies (:mod:`tuner.jobs`); None: never. ``recheck_args``: run-setting args it measures with."""
         self.db = db
         self.lease_s = lease_s
         self.poll_s = poll_s
@@ -43,6 +51,9 @@ class StudyRunner:
         self.owner = owner or lease_owner_name("runner")
         self._stop = threading.Event()
         self._current: int | None = None  # the study in hand
+        self.recheck: RecheckSchedule | None = None
+        if recheck_every_s:
+            self.recheck = RecheckSchedule(db, self.owner, recheck_every_s, args_override=recheck_args)
 
     def stop(self) -> None:
         self._stop.set()
@@ -70,7 +81,9 @@ class StudyRunner:
                 log.warning("database unreachable (%s); polling again in %.0f s", exc, self.poll_s)
                 row = None
             if row is None:
-                self._stop.wait(self.poll_s)
+                # idle: the scheduled recheck measures one entry, then we look for studies again
+                if self.recheck is None or not self.recheck.step():
+                    self._stop.wait(self.poll_s)
                 continue
             self.run_study(row)
 

@@ -88,9 +88,13 @@ class StudySpec(_Model):
     sampler: Literal["auto", "tpe", "nsga2", "gp", "random", "grid"] = "auto"
     seed: int | None = Field(default=0, ge=0, le=MAX_SEED)
     #: true: the space's seed configs first; ``registry``: the configs of the registry's entries at the
-    #: ``warm_start_k`` nearest shapes (same workload, GPU and fixed args) before them; false: neither.
-    warm_start: bool | Literal["registry"] = True
+    #: ``warm_start_k`` nearest shapes (same workload, GPU and fixed args) before them, and what they measured
+    #: there as the strategy's priors; ``auto`` (the default): ``registry`` when the registry has a comparable
+    #: entry near the study's shape, else true (tuner/warm_start.py); false: nothing first.
+    warm_start: bool | Literal["registry", "auto"] = "auto"
     warm_start_k: int = Field(default=3, ge=1, le=32)
+    #: With the registry: the strategy reads what the entries' configs measured at their shapes (priors).
+    warm_start_priors: bool = True
     #: A completed study publishes its pick to the best-config registry (tuner/configs.py).
     publish: bool = True
     remeasure: Remeasure = Field(default_factory=Remeasure)

@@ -171,16 +171,54 @@ def nccl_tuner_conf(
 class OriginsOut(BaseModel):
     study_id: int
     origins: list[dict[str, Any]] = Field(description="warm-started trials: number, source (registry or seed), ...")
+    warm_start: dict[str, Any] | None = Field(
+        default=None,
+        description="the warm start the study took at its first start: requested (the spec's value), mode "
+        "(registry, seeds or off), reason, entries (the registry entries enqueued), priors (how many configs "
+        "measured at other shapes the strategy read) and priors_note; null before the study started",
+    )
 
 
 @router.get("/origins/{study_id}", response_model=OriginsOut, responses=ERRORS)
 def study_origins(study_id: Annotated[int, Path(ge=1, le=MAX_ID)], db: DBDep) -> dict[str, Any]:
     """Where a study's warm-started trials came from: a registry entry at another shape (its id, shape,
-    distance and figure there) or a seed of the space; trials not listed came from the search."""
+    distance and figure there) or a seed of the space; trials not listed came from the search. With the
+    warm start the study took and why."""
+    from tuner.warm_start import decision_of
+
     if db.get_study(study_id) is None:
         raise HTTPException(404, f"no study {study_id}")
     origins = configs.trial_origins(db, study_id)
-    return {"study_id": study_id, "origins": [{"number": n, **origins[n]} for n in sorted(origins)]}
+    return {
+        "study_id": study_id,
+        "origins": [{"number": n, **origins[n]} for n in sorted(origins)],
+        "warm_start": decision_of(db, study_id),
+    }
+
+
+class RecheckJobOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    scheduled: bool = Field(description="whether a runner has ever run the scheduled recheck on this database")
+    every_s: float | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    running: bool = False
+    owner: str | None = None
+    next_due_at: str | None = None
+    result: dict[str, Any] | None = Field(
+        default=None, description="entries, checked, verdicts, regressed (entry, was, now), failed, unverified"
+    )
+
+
+@router.get("/recheck", response_model=RecheckJobOut, responses=ERRORS)
+def recheck_job(db: DBDep) -> dict[str, Any]:
+    """The runner's scheduled recheck (``tuner serve --recheck-every``): when its last run began and ended,
+    which runner ran it, what it flagged, and when the next is due."""
+    from tuner.jobs import job_state
+
+    state = job_state(db)
+    return {"scheduled": False} if state is None else {"scheduled": True, **state}
 
 
 @router.get("/{entry_id}", response_model=ConfigEntryOut, responses=ERRORS)

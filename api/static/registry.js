@@ -153,10 +153,42 @@
     result.appendChild(link);
   }
 
+  function stamp(text) {
+    return text ? text.replace("T", " ").slice(0, 19) + " UTC" : "-";
+  }
+
+  function hours(seconds) {
+    return seconds >= 3600 ? `${fmt(seconds / 3600)} h` : seconds >= 60 ? `${fmt(seconds / 60)} min` : `${fmt(seconds)} s`;
+  }
+
+  // the runner's scheduled recheck (tuner/jobs.py): when it last ran and what it flagged
+  async function recheckJob() {
+    let job;
+    try {
+      job = await getJSON("/api/configs/recheck");
+    } catch (_) {
+      return; // the entries' read reports errors
+    }
+    if (!job.scheduled) return;
+    const line = $("recheck-job");
+    const result = job.result || {};
+    const regressed = (result.regressed || []).map((r) => `#${r.entry}`);
+    const state = job.running ? `running since ${stamp(job.started_at)}` : `last run ${stamp(job.started_at)} to ${stamp(job.finished_at)}`;
+    line.textContent =
+      `Scheduled recheck (every ${hours(job.every_s)}, by ${job.owner || "?"}): ${state}; ` +
+      `${result.checked || 0} of ${result.entries || 0} entries checked, ` +
+      (regressed.length ? `regressed: ${regressed.join(", ")}` : "none regressed") +
+      (result.error ? `; error: ${result.error}` : "") +
+      `; next due ${stamp(job.next_due_at)}.`;
+    line.dataset.regressed = String(regressed.length);
+    line.classList.toggle("error", regressed.length > 0);
+  }
+
   function registryPage() {
     let timer = null;
     async function refresh() {
       clearTimeout(timer);
+      recheckJob();
       try {
         const page = await getJSON(`/api/configs/entries?${registryQuery()}`);
         const body = $("registry-table").querySelector("tbody");
@@ -185,6 +217,15 @@
       answer = await getJSON(`/api/configs/origins/${studyId}`);
     } catch (_) {
       return; // the study page reports read errors itself
+    }
+    const decision = answer.warm_start;
+    if (decision) {
+      const line = $("warm-start-decision");
+      line.dataset.mode = decision.mode;
+      line.textContent =
+        `Warm start: ${decision.mode} (asked: ${JSON.stringify(decision.requested)}). ${decision.reason}` +
+        (decision.priors_note ? `. ${decision.priors_note}.` : ".");
+      $("warm-start-card").hidden = false;
     }
     if (!answer.origins.length) return;
     const rows = answer.origins.map((origin) => {

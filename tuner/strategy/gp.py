@@ -67,7 +67,9 @@ def _matern_scaled(a: np.ndarray, b: np.ndarray, signal_var: float) -> np.ndarra
     return s2
 
 
-def _neg_log_likelihood(theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray]:
+def _neg_log_likelihood(
+    theta: np.ndarray, X: np.ndarray, y: np.ndarray, extra_noise: np.ndarray | None = None
+) -> tuple[float, np.ndarray]:
     d = X.shape[1]
     ls, sf2, noise = np.exp(theta[:d]), math.exp(theta[d]), math.exp(theta[d + 1])
     Xs = X / ls
@@ -76,6 +78,8 @@ def _neg_log_likelihood(theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> tupl
     K = sf2 * (1.0 + SQRT5 * r + (5.0 / 3.0) * r * r) * e
     n = len(y)
     Kn = K + (noise + JITTER) * np.eye(n)
+    if extra_noise is not None:  # rows known to be noisier (priors measured elsewhere): a constant of theta
+        Kn[np.diag_indices_from(Kn)] += extra_noise
     try:
         factor = cho_factor(Kn, lower=True, check_finite=False)
     except np.linalg.LinAlgError:
@@ -96,8 +100,9 @@ def _neg_log_likelihood(theta: np.ndarray, X: np.ndarray, y: np.ndarray) -> tupl
     return float(nll), grad
 
 
-def fit(X: np.ndarray, y: np.ndarray, max_iter: int = 60) -> Hyper:
-    """Hyperparameters that maximise the (penalised) marginal likelihood of standardised ``y`` at ``X``."""
+def fit(X: np.ndarray, y: np.ndarray, max_iter: int = 60, extra_noise: np.ndarray | None = None) -> Hyper:
+    """Hyperparameters that maximise the (penalised) marginal likelihood of standardised ``y`` at ``X``;
+    ``extra_noise``: a noise variance per row added to the fitted one (rows measured elsewhere)."""
     d = X.shape[1]
     start = Hyper.default(d)
     theta0 = np.concatenate([np.log(start.lengthscales), [math.log(start.signal_var), math.log(start.noise_var)]])
@@ -105,7 +110,7 @@ def fit(X: np.ndarray, y: np.ndarray, max_iter: int = 60) -> Hyper:
     result = minimize(
         _neg_log_likelihood,
         theta0,
-        args=(X, y),
+        args=(X, y, extra_noise),
         jac=True,
         method="L-BFGS-B",
         bounds=bounds,
@@ -116,13 +121,16 @@ def fit(X: np.ndarray, y: np.ndarray, max_iter: int = 60) -> Hyper:
 
 
 class Posterior:
-    """The GP conditioned on ``(X, y)``: mean and standard deviation at new points."""
+    """The GP conditioned on ``(X, y)``: mean and standard deviation at new points. ``extra_noise``: a
+    noise variance per row on top of the kernel's (rows measured elsewhere count for less)."""
 
-    def __init__(self, X: np.ndarray, y: np.ndarray, hyper: Hyper) -> None:
+    def __init__(self, X: np.ndarray, y: np.ndarray, hyper: Hyper, extra_noise: np.ndarray | None = None) -> None:
         self.X, self.hyper = X, hyper
         self._Xs = X / hyper.lengthscales
         K = _matern_scaled(self._Xs, self._Xs, hyper.signal_var)
         K[np.diag_indices_from(K)] += hyper.noise_var + JITTER
+        if extra_noise is not None:
+            K[np.diag_indices_from(K)] += extra_noise
         self.L = np.linalg.cholesky(K)
         self.alpha = cho_solve((self.L, True), y, check_finite=False)
 

@@ -14,9 +14,13 @@
    uncertain feasible candidate instead: a restart somewhere the model knows little about.
 5. The posterior conditions on a bounded active set (:data:`PREDICT_CAP` observations: the best
    half and the latest), so a proposal costs about the same at 1,000 trials as at 150.
+6. With priors (configs measured at other shapes, :mod:`tuner.strategy.priors`), the surrogate conditions
+   on them too, down-weighted, from the first proposal: every other proposal of the space-filling start,
+   and every proposal after it, is the model's (their best configs and local moves among the candidates).
+   Without priors nothing of this runs: the proposals are the same as before priors existed.
 
-Every choice is a function of the seed, the trial number and the observations, so a study
-rebuilt from the same trials proposes the same configs.
+Every choice is a function of the seed, the trial number, the observations and the priors (stored with
+the study), so a study rebuilt from the same trials proposes the same configs.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from tuner.strategy import gp
 from tuner.strategy.candidates import FeasibleSet
 from tuner.strategy.encoding import row_key, unique_rows
 from tuner.strategy.history import Observation
+from tuner.strategy.priors import INCUMBENT_PRIORS, Prior, PriorSet
 
 FIT_CAP = 150  # observations the hyperparameters are fitted on
 PREDICT_CAP = 150  # observations the posterior conditions on (a bounded active set: the best half, the latest)
@@ -84,7 +89,9 @@ class Strategy:
         seed: int,
         n_startup: int,
         n_candidates: int = 1000,
+        priors: Sequence[Prior] = (),
     ) -> None:
+        """``priors``: what configs measured elsewhere (:class:`~tuner.strategy.priors.Prior`); never trials."""
         self.feasible = feasible
         self.signs = np.array([1.0 if d == "maximize" else -1.0 for d in directions])
         self.seed = seed
@@ -92,6 +99,8 @@ class Strategy:
         self.n_candidates = n_candidates
         self.patience = max(8, 2 * len(feasible.space.params))
         self._hyper: dict[tuple[Any, ...], gp.Hyper] = {}
+        prior_set = PriorSet(priors, feasible) if priors else None
+        self.priors: PriorSet | None = prior_set if prior_set else None  # None: none with a figure in the space
 
     def remaining(self, exclude: set[bytes]) -> int | None:
         """Feasible configs whose row keys are not in ``exclude``; None when the space is sampled, not decoded."""
@@ -110,6 +119,8 @@ class Strategy:
             raise SpaceExhausted("every statically feasible config of the space has been measured")
         done = [o for o in observations if o.feasible]
         startup = len(observations) + len(planned) < self.n_startup
+        if self.priors is not None and not (startup and number % 2):
+            return self._propose_with_priors(observations, planned, number, rng, exclude, startup)
         modelled = not startup and len(done) >= 2
         y_all = self._targets(done, rng) if modelled else np.zeros(0)
         top = np.argsort(-y_all, kind="stable")[:INCUMBENTS]
@@ -140,6 +151,70 @@ class Strategy:
             score = gp.log_expected_improvement(mean, std, float(y.max())) + log_feasible
         return self._first_accepted(R, np.argsort(-score, kind="stable"), exclude)
 
+    def _propose_with_priors(
+        self,
+        observations: list[Observation],
+        planned: list[dict[str, Any]],
+        number: int,
+        rng: np.random.Generator,
+        exclude: set[bytes],
+        startup: bool,
+    ) -> dict[str, Any]:
+        """A proposal of the surrogate over the study's feasible results and the priors (at their extra noise):
+        expected improvement on the best result here (the priors' best while there is none) times the
+        probability of feasibility, which reads the priors' failures too."""
+        assert self.priors is not None
+        done = [o for o in observations if o.feasible]
+        k = len(self.signs)
+        weights = rng.dirichlet(np.ones(k)) if k > 1 else None  # one scalarisation for the study and the priors
+        kept, y_prior = self.priors.targets(lambda obs: self._targets(obs, None, weights))
+        y_own = self._targets(done, None, weights) if done else np.zeros(0)
+        best_priors = [kept[int(i)] for i in np.argsort(-y_prior, kind="stable")[:INCUMBENT_PRIORS]]
+        incumbents = [done[int(i)] for i in np.argsort(-y_own, kind="stable")[:INCUMBENTS]] + best_priors
+        R, Xc = self._candidates(rng, exclude, incumbents, extra=[o.levels for o in best_priors])
+        if not len(R):
+            raise SpaceExhausted("no statically feasible unmeasured config could be drawn")
+        transform = warp if number % 2 else standardise
+        keep = self._subset(done, y_own, PREDICT_CAP) if done else np.zeros(0, dtype=int)
+        own_y = transform(y_own[keep]) if len(keep) else np.zeros(0)
+        X = np.stack([done[i].x for i in keep] + [o.x for o in kept])
+        y = np.concatenate([own_y, y_prior])
+        noise = np.concatenate([np.zeros(len(keep)), self.priors.noise(kept)])
+        hyper = self._fitted_with_priors(done, kept, y_prior, transform)
+        posterior = gp.Posterior(X, y, hyper, noise)
+        pending = [o.x for o in observations if o.running] + list(self.feasible.encoder.encode_many(planned))
+        if pending:  # kriging believer, as without priors
+            Xp = np.stack(pending)
+            y_all = np.concatenate([y, posterior.predict(Xp)[0]])
+            posterior = gp.Posterior(np.vstack([X, Xp]), y_all, hyper, np.concatenate([noise, np.zeros(len(Xp))]))
+        mean, std = posterior.predict(Xc)
+        log_feasible = self._log_feasibility(Xc, observations + self.priors.measured())
+        if not startup and self._stalled(done, y_own) and number % 3 == 0:
+            score = np.log(std) + log_feasible
+        else:
+            incumbent = float(own_y.max()) if len(own_y) else float(y_prior.max())
+            score = gp.log_expected_improvement(mean, std, incumbent) + log_feasible
+        return self._first_accepted(R, np.argsort(-score, kind="stable"), exclude)
+
+    def _fitted_with_priors(
+        self,
+        done: list[Observation],
+        kept: list[Observation],
+        y_prior: np.ndarray,
+        transform: Callable[[np.ndarray], np.ndarray],
+    ) -> gp.Hyper:
+        """Hyperparameters fitted on the first results (as :meth:`_fitted`) and the kept priors together."""
+        first = sorted(done, key=lambda o: o.number)[: _schedule_point(len(done))] if len(done) >= 2 else []
+        key = ("priors-" + transform.__name__, *(o.number for o in first), *(o.number for o in kept))
+        hyper = self._hyper.get(key)
+        if hyper is None:
+            y = transform(self._targets(first, None)) if first else np.zeros(0)
+            X = np.stack([o.x for o in first] + [o.x for o in kept])
+            noise = np.concatenate([np.zeros(len(first)), self.priors.noise(kept)])  # type: ignore[union-attr]
+            hyper = gp.fit(X, np.concatenate([y, y_prior]), extra_noise=noise)
+            self._hyper = {k: v for k, v in self._hyper.items() if k[0] != key[0]} | {key: hyper}
+        return hyper
+
     def _first_accepted(self, R: np.ndarray, order: np.ndarray, exclude: set[bytes]) -> dict[str, Any]:
         """The config of the first row in ``order`` that the workload's static check passes. When it refuses
         them all, the rest of a decoded space is tried; a sampled one is taken as exhausted."""
@@ -157,14 +232,24 @@ class Strategy:
         raise SpaceExhausted("the workload's static check refuses every unmeasured config left")
 
     def _candidates(
-        self, rng: np.random.Generator, exclude: set[str | bytes], incumbents: list[Observation]
+        self,
+        rng: np.random.Generator,
+        exclude: set[str | bytes],
+        incumbents: list[Observation],
+        extra: list[np.ndarray] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Level rows and encodings of the candidates: a random sample of the free rule-feasible configs plus
-        local moves around the incumbents (the workload's static check is applied when one is picked)."""
+        local moves around the incumbents (the workload's static check is applied when one is picked), and the
+        ``extra`` rows (priors' configs) that are free and pass the rules."""
         fs = self.feasible
         parts = [fs.sample(rng, self.n_candidates, exclude)]  # type: ignore[arg-type]
         n_random = 30 if fs.enumerated else 10
         parts.append(fs.neighbours([o.levels for o in incumbents], rng, n_random, exclude))  # type: ignore[arg-type]
+        if extra:
+            rows = np.stack(extra)
+            free = [row_key(r) not in exclude and (not fs.enumerated or row_key(r) in fs.index) for r in rows]
+            rows = rows[np.array(free, dtype=bool)]
+            parts.append(rows[fs.rule_mask(rows)])
         R = np.vstack(parts)
         if len(R) > len(parts[0]):  # a local move may also be in the random sample
             R = unique_rows(R)
@@ -182,8 +267,11 @@ class Strategy:
         far = few[np.argsort(-gp.sqdist(Xc[few], np.stack(taken)).min(1), kind="stable")]
         return np.concatenate([far, order[SPREAD_CHOICES:]])
 
-    def _targets(self, done: list[Observation], rng: np.random.Generator | None) -> np.ndarray:
-        """One number per feasible observation, larger is better (random Chebyshev weights with ``rng``)."""
+    def _targets(
+        self, done: list[Observation], rng: np.random.Generator | None, weights: np.ndarray | None = None
+    ) -> np.ndarray:
+        """One number per feasible observation, larger is better (Chebyshev ``weights``, else random ones
+        with ``rng``, else equal ones)."""
         values = np.array([o.values for o in done], dtype=float)
         for j in range(values.shape[1]):
             if (values[:, j] > 0).all():
@@ -194,7 +282,8 @@ class Strategy:
         low, high = values.min(0), values.max(0)
         regret = (high - values) / np.where(high > low, high - low, 1.0)  # 0 at the best of each objective
         k = values.shape[1]
-        weights = rng.dirichlet(np.ones(k)) if rng is not None else np.full(k, 1.0 / k)
+        if weights is None:
+            weights = rng.dirichlet(np.ones(k)) if rng is not None else np.full(k, 1.0 / k)
         weighted = regret * weights
         return -(weighted.max(1) + CHEBYSHEV_RHO * weighted.sum(1))
 

@@ -27,6 +27,7 @@ from tuner.space import LOG2_SUFFIX, Param, SearchSpace
 from tuner.strategy.candidates import FeasibleSet, StaticCheck
 from tuner.strategy.history import History
 from tuner.strategy.model import SpaceExhausted, Strategy
+from tuner.strategy.priors import Prior
 
 
 def optuna_distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
@@ -64,6 +65,8 @@ class TunerSampler(BaseSampler):
     ``device``: the device's fields for ``device.<field>`` rules (unknown fields skip their rule);
     ``static_check``: the workload's own static check (a reason string when infeasible), applied
     with the space's rules before a config is proposed. ``directions`` default to the study's.
+    ``priors``: what configs measured elsewhere (the registry's nearest shapes, in the study's objective
+    order: :class:`~tuner.strategy.priors.Prior`); they shape the proposals and are never trials.
     """
 
     def __init__(
@@ -76,8 +79,10 @@ class TunerSampler(BaseSampler):
         budget_trials: int | None = None,
         n_startup: int | None = None,
         n_candidates: int = 1000,
+        priors: Sequence[Prior] = (),
     ) -> None:
         self._space = space
+        self._priors = tuple(priors)
         self._device = device
         self._static_check = static_check
         self._seed = int(seed) if seed is not None else int(np.random.SeedSequence().entropy % 2**31)
@@ -98,7 +103,12 @@ class TunerSampler(BaseSampler):
                 "maximize" if d == optuna.study.StudyDirection.MAXIMIZE else "minimize" for d in study.directions
             ]
             self._strategy = Strategy(
-                feasible, directions, seed=self._seed, n_startup=self._n_startup, n_candidates=self._n_candidates
+                feasible,
+                directions,
+                seed=self._seed,
+                n_startup=self._n_startup,
+                n_candidates=self._n_candidates,
+                priors=self._priors,
             )
             self._history = History(self._space, feasible.encoder)
         return self._strategy
@@ -161,4 +171,4 @@ class TunerSampler(BaseSampler):
         self._planned.pop(trial.number, None)
 
 
-__all__ = ["SpaceExhausted", "TunerSampler", "default_startup", "optuna_distributions"]
+__all__ = ["Prior", "SpaceExhausted", "TunerSampler", "default_startup", "optuna_distributions"]
