@@ -47,6 +47,8 @@ try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    # Triton 3.6 names the TMA load async_copy_global_to_shared; later releases async_load (and remove the old name).
+    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 except ImportError:  # pragma: no cover - older Triton
     gluon = None
 
@@ -73,16 +75,16 @@ if gluon is not None:
         """One warp: the two Q tiles, then K_j and V_j into stage j % NUM_BUFFERS once both consumers freed it."""
         for c in gl.static_range(2):
             mbarrier.expect(q_bar.index(c), desc_q.block_type.nbytes)
-            tma.async_copy_global_to_shared(desc_q, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
+            _tma_load(desc_q, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
         for j in range(n_blocks):
             stage = j % NUM_BUFFERS
             # A fresh barrier's "previous phase" (parity 1) counts as complete: the first pass does not wait.
             mbarrier.wait(kv_empty.index(stage), ((j // NUM_BUFFERS) & 1) ^ 1)
             row = kv_row + j * BLOCK_N
             mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
-            tma.async_copy_global_to_shared(desc_k, [row, 0], k_ready.index(stage), k_smem.index(stage))
+            _tma_load(desc_k, [row, 0], k_ready.index(stage), k_smem.index(stage))
             mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
-            tma.async_copy_global_to_shared(desc_v, [row, 0], v_ready.index(stage), v_smem.index(stage))
+            _tma_load(desc_v, [row, 0], v_ready.index(stage), v_smem.index(stage))
 
     @gluon.jit
     def _scores(qk, keys, rows, qk_scale, SEQ_LEN, MASK: gl.constexpr, CAUSAL: gl.constexpr):
@@ -363,6 +365,31 @@ def attention_ws(
     return out
 
 
+def _mock_args(batch: int, heads: int, seq_len: int, head_dim: int, precision: str, block_n: int) -> tuple:
+    MockTensor = mock_tensor_class()
+    dtype = DTYPES[precision]
+    rows = batch * heads * seq_len
+    flat = [MockTensor(dtype, [rows, head_dim]) for _ in range(3)]
+    out = MockTensor(dtype, [batch, heads, seq_len, head_dim])
+    return (out, None, *_descriptors(*flat, rows, head_dim, block_n), 1.0 / math.sqrt(head_dim), seq_len)
+
+
+def compile_only(
+    batch: int, heads: int, seq_len: int, head_dim: int, *, causal: bool, precision: str, BLOCK_N: int = 128,
+    NUM_BUFFERS: int = 2, OVERLAP: bool = False, CONSUMER_REGS: int = 240,
+) -> Any | None:  # fmt: skip
+    """Compile the kernel :func:`attention_ws` launches for the current GPU, without launching it (None when
+    Gluon is missing or the kernels are interpreted)."""
+    if not available():
+        return None
+    reason = check_config(head_dim, BLOCK_N, NUM_BUFFERS, precision)
+    if reason:
+        raise ValueError(reason)
+    args = _mock_args(batch, heads, seq_len, head_dim, precision, BLOCK_N)
+    meta = _meta(seq_len, head_dim, causal, BLOCK_N, NUM_BUFFERS, OVERLAP, False, CONSUMER_REGS)
+    return attention_fwd_ws_kernel.warmup(*args, **meta, grid=(batch * heads, triton.cdiv(seq_len, BLOCK_M)))
+
+
 def compile_for_target(
     batch: int, heads: int, seq_len: int, head_dim: int, *, causal: bool, precision: str, BLOCK_N: int = 128,
     NUM_BUFFERS: int = 2, OVERLAP: bool = False, CONSUMER_REGS: int = 240, capability: int = 90,
@@ -373,11 +400,6 @@ def compile_for_target(
     reason = check_config(head_dim, BLOCK_N, NUM_BUFFERS, precision)
     if reason:
         raise ValueError(reason)
-    MockTensor = mock_tensor_class()
-    dtype = DTYPES[precision]
-    rows = batch * heads * seq_len
-    flat = [MockTensor(dtype, [rows, head_dim]) for _ in range(3)]
-    out = MockTensor(dtype, [batch, heads, seq_len, head_dim])
-    args = (out, None, *_descriptors(*flat, rows, head_dim, BLOCK_N), 1.0 / math.sqrt(head_dim), seq_len)
+    args = _mock_args(batch, heads, seq_len, head_dim, precision, BLOCK_N)
     kwargs = _meta(seq_len, head_dim, causal, BLOCK_N, NUM_BUFFERS, OVERLAP, False, CONSUMER_REGS)
     return compile_jit_for_target(attention_fwd_ws_kernel, args, kwargs, capability)

@@ -5,7 +5,9 @@ Args (the shape, fixed for a study): ``batch``, ``heads``, ``seq_len``,
 variant: ``tutorial``, the one-program-per-query-block kernel of
 ``kernels/attention.py``; ``persistent_tma`` / ``persistent_tma_ws``, the persistent,
 causal-balanced TMA kernel of ``kernels/attention_persistent.py`` without / with warp
-specialization), BLOCK_M, BLOCK_N, num_warps, num_stages, precision (bf16, fp16),
+specialization; ``gluon_ws``, the Gluon kernel of ``kernels/attention_ws.py`` with a TMA loader warp
+and two consumer warpgroups, sm_90 only: BLOCK_M 128 and 4 warps per consumer fixed, num_stages its
+K/V stages, OVERLAP its intra-warpgroup overlap), BLOCK_M, BLOCK_N, num_warps, num_stages, precision (bf16, fp16),
 use_tma (the tutorial kernel's Q/K/V tiles through tensor descriptors, Hopper and
 newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
@@ -31,7 +33,9 @@ KERNELS: dict[str, str] = {
     "tutorial": "kernels.attention.attention",
     "persistent_tma": "kernels.attention_persistent.attention_persistent",
     "persistent_tma_ws": "kernels.attention_persistent.attention_persistent",
+    "gluon_ws": "kernels.attention_ws.attention_ws",
 }
+PERSISTENT: tuple[str, ...] = ("persistent_tma", "persistent_tma_ws")
 #: Programs of the persistent kernel under the interpreter (no SMs to count): several, so tiles are shared.
 INTERPRETER_PROGRAMS = 3
 HEAD_DIMS: tuple[int, ...] = (64, 128)
@@ -204,6 +208,8 @@ class FlashAttention(KernelWorkload):
         use_tma = config.get("use_tma", False)
         if not isinstance(use_tma, bool):
             return f"use_tma must be true or false, got {use_tma!r}"
+        if config.get("kernel") == "gluon_ws":
+            return self._gluon_ws_check(config, tile, device)
         for p in ("BLOCK_M", "BLOCK_N"):
             if not is_pow2(tile[p]) or tile[p] < 16:
                 return f"{p}={tile[p]} must be a power of two >= 16 (tl.arange and tl.dot need one)"
@@ -254,6 +260,29 @@ class FlashAttention(KernelWorkload):
                     )
         return None
 
+    def _gluon_ws_check(self, config: dict[str, Any], tile: dict[str, int], device: DeviceInfo) -> str | None:
+        """The Gluon kernel's own rules: its fixed tile, its knobs, and an sm_90 GPU (wgmma, setmaxnreg)."""
+        for knob in ("use_tma", "SPLIT_M"):
+            if config.get(knob, False):
+                return f"{knob} belongs to the Triton kernels; gluon_ws always loads through TMA, 64 rows per consumer"
+        if not isinstance(config.get("OVERLAP", False), bool):
+            return f"OVERLAP must be true or false, got {config.get('OVERLAP')!r}"
+        if tile["BLOCK_M"] != 128 or tile["num_warps"] != 4:
+            return (
+                "gluon_ws takes BLOCK_M=128 (two consumer warpgroups of 64 rows) and num_warps=4 (per consumer), "
+                f"got BLOCK_M={tile['BLOCK_M']}, num_warps={tile['num_warps']}"
+            )
+        if not device.is_gpu or interpreter_active():
+            return "gluon_ws is a Gluon kernel for sm_90 GPUs: the Triton interpreter does not run it"
+        capability = tuple(device.compute_capability or (0, 0))
+        if capability[0] != 9:
+            return f"gluon_ws needs compute capability 9.x (wgmma), {device.name} has {capability[0]}.{capability[1]}"
+        from kernels.attention_ws import available, check_config
+
+        if not available():
+            return "gluon_ws needs Triton's Gluon (triton.experimental.gluon, Triton >= 3.6)"
+        return check_config(self.head_dim, tile["BLOCK_N"], tile["num_stages"], config["precision"])
+
     @staticmethod
     def _variant_check(config: dict[str, Any], kernel: Any) -> str | None:
         """The ``kernel`` knob and the persistent variants' own knobs."""
@@ -276,6 +305,12 @@ class FlashAttention(KernelWorkload):
         """Compile for the calling thread's current CUDA device without launching (``compile_only``)."""
         from kernels.attention import compile_only
 
+        if config.get("kernel") == "gluon_ws":
+            from kernels.attention_ws import compile_only as compile_ws
+
+            compile_ws(self.batch, self.heads, self.seq_len, self.head_dim, causal=self.causal,
+                       precision=config["precision"], **self._gluon_ws_kwargs(config))  # fmt: skip
+            return
         if config.get("kernel", "tutorial") != "tutorial":
             from kernels.attention_persistent import compile_only as compile_persistent
 
@@ -320,6 +355,16 @@ class FlashAttention(KernelWorkload):
         kernel = config.get("kernel", "tutorial")
         if kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+        if kernel == "gluon_ws":
+            return {
+                "kwargs": self._gluon_ws_kwargs(config),
+                "num_warps": tile["num_warps"],
+                "num_stages": tile["num_stages"],
+                "precision": config["precision"],
+                "use_tma": True,
+                "kernel": kernel,
+                "function": KERNELS[kernel],
+            }
         kwargs: dict[str, Any] = {"BLOCK_M": tile["BLOCK_M"], "BLOCK_N": tile["BLOCK_N"]}
         if kernel != "tutorial":
             kwargs.update(SPLIT_M=bool(config.get("SPLIT_M", False)), WARP_SPECIALIZE=kernel == "persistent_tma_ws")
@@ -339,15 +384,25 @@ class FlashAttention(KernelWorkload):
         kwargs = exported["kwargs"]
         causal = "causal" if self.causal else "non-causal"
         module, function = exported["function"].rsplit(".", 1)
+        header = (
+            f"from {module} import {function}\n\n"
+            f"# B={self.batch} H={self.heads} S={self.seq_len} D={self.head_dim} {causal}, "
+            f"Q/K/V in {comment_text(exported['precision'])}; kernel variant {comment_text(exported['kernel'])}\n"
+        )
+        if exported["kernel"] == "gluon_ws":
+            lines = "".join(f"    {name}={value!r},\n" for name, value in kwargs.items())
+            return (
+                f"{header}# an sm_90 GPU; two consumer warpgroups of 64 query rows and a TMA loader warp per program\n"
+                f"ATTENTION_CONFIG = dict(\n{lines})\n"
+                f"# out = {function}(q, k, v, causal={self.causal!r}, **ATTENTION_CONFIG)\n"
+            )
         if exported["kernel"] == "tutorial":
             extra = f"    use_tma={exported['use_tma']!r},\n"
         else:
             extra = f"    split_m={kwargs['SPLIT_M']!r},\n    warp_specialize={kwargs['WARP_SPECIALIZE']!r},\n"
         call = "" if exported["kernel"] == "tutorial" else "num_sms=<the GPU's SM count>, "
         return (
-            f"from {module} import {function}\n\n"
-            f"# B={self.batch} H={self.heads} S={self.seq_len} D={self.head_dim} {causal}, "
-            f"Q/K/V in {comment_text(exported['precision'])}; kernel variant {comment_text(exported['kernel'])}\n"
+            f"{header}"
             "ATTENTION_CONFIG = dict(\n"
             f"    BLOCK_M={kwargs['BLOCK_M']!r},\n"
             f"    BLOCK_N={kwargs['BLOCK_N']!r},\n"
@@ -364,6 +419,11 @@ class FlashAttention(KernelWorkload):
         """One launch of the config's kernel, writing ``case.out``: the only way ``run`` calls the kernel."""
         from kernels.attention import attention
 
+        if config.get("kernel") == "gluon_ws":
+            from kernels.attention_ws import attention_ws
+
+            attention_ws(case.q, case.k, case.v, causal=self.causal, out=case.out, **self._gluon_ws_kwargs(config))
+            return
         if config.get("kernel", "tutorial") != "tutorial":
             from kernels.attention_persistent import attention_persistent
 
@@ -385,6 +445,15 @@ class FlashAttention(KernelWorkload):
     @staticmethod
     def _tile(config: dict[str, Any]) -> dict[str, int]:
         return {p: int(config[p]) for p in TILE_PARAMS}
+
+    @staticmethod
+    def _gluon_ws_kwargs(config: dict[str, Any]) -> dict[str, Any]:
+        """The Gluon kernel's arguments: its key block, K/V stages (``num_stages``) and overlap flag."""
+        return {
+            "BLOCK_N": int(config["BLOCK_N"]),
+            "NUM_BUFFERS": int(config["num_stages"]),
+            "OVERLAP": bool(config.get("OVERLAP", False)),
+        }
 
     @classmethod
     def _persistent_kwargs(cls, config: dict[str, Any], device: DeviceInfo) -> dict[str, Any]:

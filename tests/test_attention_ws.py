@@ -1,0 +1,162 @@
+"""The warp-specialized Gluon attention kernel (``kernels/attention_ws.py``), the ``gluon_ws`` variant of
+``flash_attention``.
+
+The Triton interpreter does not run Gluon, so on the CPU the kernel is compiled ahead of time for sm_90 in a
+child process (wgmma, TMA loads, the partitions' register budgets, shared memory against the static check's
+estimate) and the workload's static checks and exports are checked; on a GPU its trials are checked for
+numerics at two shapes, ragged edges included, with the log-sum-exp the backward reads.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from typing import Any
+
+import pytest
+
+from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+
+CPU = DeviceInfo(kind="cpu", name="cpu")
+H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
+B200 = DeviceInfo(kind="cuda", name="NVIDIA B200", compute_capability=(10, 0), smem_per_block_bytes=232448)
+
+
+def _config(block_n: int = 128, stages: int = 3, overlap: bool = True, **extra: Any) -> dict[str, Any]:
+    return {"BLOCK_M": 128, "BLOCK_N": block_n, "num_warps": 4, "num_stages": stages, "precision": "bf16",
+            "kernel": "gluon_ws", "OVERLAP": overlap, **extra}  # fmt: skip
+
+
+@pytest.mark.timeout(60)
+def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from objectives.flash_attention import FlashAttention
+
+    workload = FlashAttention(batch=2, heads=16, seq_len=4096, head_dim=128, causal=True)
+    assert "interpreter" in (workload.static_check(_config(), CPU) or "")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert "compute capability 9.x" in (workload.static_check(_config(), B200) or "")
+    assert "BLOCK_M=128" in (workload.static_check({**_config(), "BLOCK_M": 64}, H200) or "")
+    assert "num_warps=4" in (workload.static_check({**_config(), "num_warps": 8}, H200) or "")
+    assert "SPLIT_M" in (workload.static_check(_config(SPLIT_M=True), H200) or "")
+    assert "BLOCK_N" in (workload.static_check(_config(block_n=256), H200) or "")
+    assert "OVERLAP" in (workload.static_check(_config(overlap="yes"), H200) or "")
+    assert "shared memory" in (workload.static_check(_config(stages=4), H200) or "")
+    assert workload.static_check(_config(), H200) is None
+
+
+@pytest.mark.timeout(60)
+def test_the_space_proposes_only_the_kernels_fixed_tile() -> None:
+    from tuner.space import compile_space, load_space_file
+
+    space = compile_space(load_space_file("attention.yaml"))
+    assert "gluon_ws" in space.params["kernel"].choices
+    assert space.static_violation(_config(), H200.to_dict()) is None
+    assert space.static_violation({**_config(), "BLOCK_M": 256}, H200.to_dict()) is not None
+    assert space.static_violation({**_config(), "num_warps": 8}, H200.to_dict()) is not None
+    assert any(seed.get("kernel") == "gluon_ws" for seed in space.seeds)
+
+
+@pytest.mark.timeout(60)
+def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
+    from objectives.flash_attention import FlashAttention
+
+    workload = FlashAttention(batch=4, heads=16, seq_len=8192, head_dim=128, causal=True)
+    exported = workload.export_config(_config())
+    assert exported["function"] == "kernels.attention_ws.attention_ws"
+    assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True}
+    source = workload.export_python(_config())
+    tree = ast.parse(source)
+    namespace: dict[str, Any] = {}
+    exec(compile(tree, "<export>", "exec"), namespace)  # the import line and the config dict run as pasted
+    assert namespace["ATTENTION_CONFIG"] == exported["kwargs"]
+    assert callable(namespace["attention_ws"])
+    assert "attention_ws(q, k, v, causal=True, **ATTENTION_CONFIG)" in source
+
+
+_AOT_SCRIPT = """
+import json, re, sys
+from kernels import attention_ws
+if not attention_ws.available():
+    print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
+    sys.exit(0)
+for job in json.loads(sys.argv[1]):
+    try:
+        kernel = attention_ws.compile_for_target(*job["shape"], precision="bf16", **job["config"])
+    except NotImplementedError as exc:
+        print(json.dumps({"skip": str(exc)}))
+        break
+    except (FileNotFoundError, PermissionError) as exc:
+        print(json.dumps({"skip": f"no ptxas to run: {exc}"}))
+        break
+    ptx = kernel.asm["ptx"]
+    print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+                      "tma": "cp.async.bulk.tensor" in ptx,
+                      "setmaxnreg": sorted(set(int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)))}),
+          flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_child: Any) -> None:
+    """Causal and full, D 64 and 128, with and without the overlap: wgmma and TMA in the PTX, the loader's
+    24-register budget carved out, shared memory within the static check's estimate."""
+    from kernels.attention_ws import check_config
+
+    jobs = [
+        {"shape": [2, 16, 2048, d], "config": {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2,
+                                               "OVERLAP": o}}  # fmt: skip
+        for d, c, o in ((128, True, True), (128, False, False), (64, True, False), (64, False, True))
+    ]
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
+    assert len(lines) == len(jobs), lines
+    for result in lines:
+        config, head_dim = result["config"], result["shape"][3]
+        assert result["wgmma"] > 0 and result["tma"], result
+        assert 24 in result["setmaxnreg"], result  # the loader warp's budget
+        assert check_config(head_dim, config["BLOCK_N"], config["NUM_BUFFERS"], "bf16") is None
+        estimate = 2 * (128 * head_dim + 2 * config["NUM_BUFFERS"] * config["BLOCK_N"] * head_dim) + 1024
+        assert estimate - 1024 <= result["shared"] <= estimate, (result, estimate)
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+gpu = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1" or not _has_cuda(),
+    reason="needs a CUDA GPU and compiled kernels (not the interpreter)",
+)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 4, 2048, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_gluon_attention_trial_and_log_sum_exp(shape: tuple[int, int, int, int], causal: bool) -> None:
+    import math
+
+    import torch
+
+    from kernels.attention_ws import attention_ws
+    from objectives.flash_attention import FlashAttention
+    from tuner.fingerprint import device_info
+
+    device = device_info()
+    batch, heads, seq_len, head_dim = shape
+    workload = FlashAttention(batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim, causal=causal)
+    for block_n, overlap in ((64, False), (128, True)):
+        config = _config(block_n=block_n, stages=2, overlap=overlap)
+        result = workload.run(config, device, TrialContext(trial_number=1))
+        assert result.status is TrialStatus.OK, (config, result.error)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    lse = torch.empty(shape[:3], device="cuda", dtype=torch.float32)
+    attention_ws(q, k, v, causal=causal, lse=lse, OVERLAP=True)
+    scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(head_dim)
+    if causal:
+        scores = scores.masked_fill(torch.ones(seq_len, seq_len, device="cuda", dtype=torch.bool).triu(1), -math.inf)
+    expected = torch.logsumexp(scores, dim=-1) / math.log(2.0)
+    assert torch.allclose(lse, expected, atol=1e-2), (lse - expected).abs().max()
