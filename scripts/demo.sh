@@ -24,7 +24,8 @@ URL="http://127.0.0.1:$PORT"
 DB=${TUNER_DB_URL:-tuner.db}
 say "starting the service on $URL (database $DB; the study runner starts Ray, ~10-20 s on a small machine)"
 # The server's own banner is left out (stdout): the URL is printed below, once, when the server answers.
-tuner serve --db "$DB" --port "$PORT" >/dev/null &
+# Ray's notice that its local cluster uses token authentication asks nothing of the user: it is left out.
+tuner serve --db "$DB" --port "$PORT" >/dev/null 2> >(grep -v --line-buffered 'authentication_token_setup' >&2) &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
 up=

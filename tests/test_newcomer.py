@@ -116,7 +116,7 @@ def test_demo_replay_study_has_a_front_and_is_labelled_replayed(replayed_study: 
     document = export_document(db, row)
     provenance = document["provenance"]
     assert provenance["kind"] == "replayed" and "NVIDIA H200" in provenance["note"]
-    assert provenance["file"] == "bench/landscapes/gemm-precisions-4096.jsonl"
+    assert provenance["file"] == "bench/landscapes/quant_groups-m16-8192.jsonl"
     for fmt in ("yaml", "env", "python"):
         text = render(document, fmt)
         assert "# replayed GPU measurements: recorded on NVIDIA H200" in text, fmt
