@@ -163,9 +163,23 @@ def sweep(configs: list[dict[str, Any]], rounds: int, keep: int) -> dict[str, An
     }
 
 
+def grid_order(rounds: int) -> dict[str, Any]:
+    """The winner with its grid head-major (a head's programs together, its K/V shared in L2) against the
+    default (one query block of every head together), interleaved with SDPA cuDNN, at the short and long S."""
+    best = {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True}
+    wrong = [r for r in check([{**best, "HEAD_MAJOR": True}])["check"] if not r["ok"]]
+    rows = []
+    for shape in (s for s in SHAPES if s["seq_len"] in (1024, 4096) or (s["seq_len"] == 8192 and s["causal"])):
+        measurers = _measurers(shape, [best, {**best, "HEAD_MAJOR": True}])
+        medians = {n: median(v) for n, v in interleaved(measurers, rounds).items()}
+        rows.append({"shape": shape, "medians": {n: round(m, 1) for n, m in medians.items() if m}})
+        print(f"  {shape}: " + ", ".join(f"{n} {m:.0f}" for n, m in medians.items() if m), flush=True)
+    return {"wrong": wrong, "order": rows, "summary": {"wrong": len(wrong), "shapes": len(rows)}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=["check", "sweep"])
+    parser.add_argument("phase", choices=["check", "sweep", "order"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
@@ -173,7 +187,10 @@ def main() -> None:
     ns = parser.parse_args()
     checked = [c for c in CONFIGS if c["NUM_BUFFERS"] == 2]  # the stage count changes no arithmetic
     swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
-    result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
+    if ns.phase == "order":
+        result = grid_order(ns.rounds)
+    else:
+        result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
     write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)
 
 

@@ -5,6 +5,8 @@
 
 ``attention``: the attention winner at S=4096, D=128, causal (B 4, H 16, bf16); ``gemm``: the bf16 GEMM
 winner at 8192 x 4096 x 4096. Both as measured in ``bench/results/kernel-variants-h200.json``.
+``attention '{"shape": {"batch": 16, "heads": 16, "seq_len": 1024, "head_dim": 128, "causal": true},
+"config": {...}}'``: any ``flash_attention`` shape and config (e.g. the ``gluon_ws`` winner, ``-k regex:ws``).
 ``quant '{"m": 1, "n": 4096, "k": 14336, "bits": 4, "config": {...}}'``: the packed weight-only GEMM
 (:mod:`kernels.quant_gemm_packed`, group 128, bf16) with that tile (``-k regex:packed_quant``).
 """
@@ -29,6 +31,11 @@ def main() -> None:
         workload = FlashAttention(batch=4, heads=16, seq_len=4096, head_dim=128, causal=True)
         config = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "precision": "bf16",
                   "kernel": "tutorial", "use_tma": True}  # fmt: skip
+        if len(sys.argv) > 2:
+            import json
+
+            case_json = json.loads(sys.argv[2])
+            workload, config = FlashAttention(**case_json["shape"]), case_json["config"]
     else:
         from objectives.triton_gemm import TritonGemm
 
