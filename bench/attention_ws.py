@@ -81,8 +81,8 @@ def check(configs: list[dict[str, Any]]) -> dict[str, Any]:
 def _measurers(shape: dict[str, Any], configs: list[dict[str, Any]]) -> dict[str, Any]:
     """TFLOP/s measurers: each config of the kernel, SDPA cuDNN and SDPA flash, on one shape's inputs."""
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from bench.kernel_variants import _sdpa_baselines
     from kernels.attention import attention_flops
     from kernels.attention_ws import attention_ws
     from tuner.fingerprint import device_info
@@ -102,19 +102,7 @@ def _measurers(shape: dict[str, Any], configs: list[dict[str, Any]]) -> dict[str
     for i, config in enumerate(configs):
         measurers[f"ws{i}"] = lambda c=config: tflops(lambda: attention_ws(q, k, v, causal=causal, out=out, lse=lse,
                                                                            **c))  # fmt: skip
-    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
-
-        def call(backend: Any = backend) -> Any:
-            with sdpa_kernel(backend):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-        try:
-            call()
-            torch.cuda.synchronize()
-        except Exception as exc:
-            print(f"    SDPA {name} unavailable: {exc}"[:200], flush=True)
-            continue
-        measurers[name] = lambda call=call: tflops(call)
+    measurers.update(_sdpa_baselines(shape))  # SDPA's cuDNN and flash backends, on their own seed-0 inputs
     return measurers
 
 

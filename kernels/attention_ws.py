@@ -99,6 +99,16 @@ if gluon is not None:
         return qk
 
     @gluon.jit
+    def _online_softmax(s, m_i, l_i, keys, rows, qk_scale, SEQ_LEN, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+        """One block's step of the online softmax: P, the rescale of what came before, the new max and sum."""
+        qk = _scores(s, keys, rows, qk_scale, SEQ_LEN, MASK, CAUSAL)
+        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(qk - gl.expand_dims(m_new, 1))
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
     def _consume(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, qk_scale,
                  SEQ_LEN, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr,
                  CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):  # fmt: skip
@@ -112,11 +122,8 @@ if gluon is not None:
             k_t = k_smem.index(stage).permute((1, 0))
             s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
             s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
-            qk = _scores(s, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK, CAUSAL)
-            m_new = gl.maximum(m_i, gl.max(qk, 1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(qk - gl.expand_dims(m_new, 1))
-            l_i = l_i * alpha + gl.sum(p, 1)
+            p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK,
+                                                   CAUSAL)  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
             p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
             mbarrier.wait(v_ready.index(stage), phase)
@@ -147,11 +154,8 @@ if gluon is not None:
         k_t = k_smem.index(stage).permute((1, 0))
         s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
         s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
-        qk = _scores(s, lo * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK, CAUSAL)
-        m_new = gl.maximum(m_i, gl.max(qk, 1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(qk - gl.expand_dims(m_new, 1))
-        l_i = l_i * alpha + gl.sum(p, 1)
+        p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, lo * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK,
+                                               CAUSAL)  # fmt: skip
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
         m_i = m_new
@@ -165,11 +169,8 @@ if gluon is not None:
             v = v_smem.index(stage)
             acc = warpgroup_mma(p_op, v, acc, is_async=True)
             s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
-            qk = _scores(s, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK, CAUSAL)
-            m_new = gl.maximum(m_i, gl.max(qk, 1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(qk - gl.expand_dims(m_new, 1))
-            l_i = l_i * alpha + gl.sum(p, 1)
+            p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK,
+                                                   CAUSAL)  # fmt: skip
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
             mbarrier.arrive(kv_empty.index(stage), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
