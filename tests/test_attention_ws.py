@@ -90,9 +90,9 @@ for job in json.loads(sys.argv[1]):
         print(json.dumps({"skip": f"no ptxas to run: {exc}"}))
         break
     ptx = kernel.asm["ptx"]
+    budgets = re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)
     print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
-                      "tma": "cp.async.bulk.tensor" in ptx,
-                      "setmaxnreg": sorted(set(int(n) for n in re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)))}),
+                      "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(int(n) for n in budgets))}),
           flush=True)
 """
 
@@ -103,11 +103,11 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
     24-register budget carved out, shared memory within the static check's estimate."""
     from kernels.attention_ws import check_config
 
-    jobs = [
-        {"shape": [2, 16, 2048, d], "config": {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2,
-                                               "OVERLAP": o}}  # fmt: skip
-        for d, c, o in ((128, True, True), (128, False, False), (64, True, False), (64, False, True))
-    ]
+    variants = ((128, True, True), (128, False, False), (64, True, False), (64, False, True))
+    jobs = []
+    for d, c, o in variants:
+        config = {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2, "OVERLAP": o}
+        jobs.append({"shape": [2, 16, 2048, d], "config": config})
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
     assert len(lines) == len(jobs), lines
     for result in lines:
