@@ -193,7 +193,7 @@ def test_nsga2_with_one_intersection_for_the_study_proposes_what_stock_nsga2_doe
             for i in range(10)
         )
         for number in range(10, 110):
-            study = optuna.load_study(study_name="s", storage=storage, sampler=make(number))
+            study = optuna.load_study(study_name="s", storage=storage, sampler=make(number, storage))
             trial = study.ask()
             x, mode = trial.suggest_float("x", 0, 1), trial.suggest_categorical("mode", ["a", "b"])
             if mode == "b":
@@ -202,8 +202,8 @@ def test_nsga2_with_one_intersection_for_the_study_proposes_what_stock_nsga2_doe
         return [t.params for t in study.get_trials()]
 
     shared = IntersectionSearchSpace()
-    stock = run(lambda n: optuna.samplers.NSGAIISampler(seed=n, population_size=8))
-    ours = run(lambda n: SharedSpaceNSGAII(seed=n, population_size=8, intersection=shared))
+    stock = run(lambda n, storage: optuna.samplers.NSGAIISampler(seed=n, population_size=8))
+    ours = run(lambda n, storage: SharedSpaceNSGAII(seed=n, population_size=8, intersection=shared, storage=storage))
     assert ours == stock
 
 

@@ -52,13 +52,15 @@ def make_sampler(
     static_check: Callable[[dict[str, Any]], str | None] | None = None,
     intersection: IntersectionSearchSpace | None = None,
     priors: Sequence[Any] = (),
+    storage: optuna.storages.BaseStorage | None = None,
 ) -> BaseSampler:
     """The sampler called ``name`` (see :func:`resolve_sampler_name` for ``auto``).
 
     ``auto`` needs the compiled ``space``; ``device`` (the fields of ``device.<field>`` rules) and
     ``static_check`` (the workload's static check: a reason when infeasible) let it apply every
     static rule before it proposes. Without ``space``, ``auto`` falls back to TPE. ``intersection``: the
-    study's search-space intersection, shared by the samplers made for one study (NSGA-II). ``priors``
+    study's search-space intersection, shared by the samplers made for one study (NSGA-II); ``storage``: the
+    study's Optuna storage (NSGA-II writes the generations it counts there). ``priors``
     (:class:`tuner.strategy.Prior`: configs measured at other shapes) reach ``auto`` only: Optuna's samplers
     take no observations but their study's trials, and priors must never be trials.
     """
@@ -81,7 +83,7 @@ def make_sampler(
             )
     if name == "nsga2":
         population = max(8, min(50, budget_trials // 5))
-        return SharedSpaceNSGAII(seed=seed, population_size=population, intersection=intersection)
+        return SharedSpaceNSGAII(seed=seed, population_size=population, intersection=intersection, storage=storage)
     if name == "gp":
         return optuna.samplers.GPSampler(
             seed=seed,
@@ -136,11 +138,19 @@ class SharedSpaceNSGAII(optuna.samplers.NSGAIISampler):
     generation, which Optuna finds by a walk over every completed trial on each ask (the larger part of an
     ask at 10,000 trials), comes from a count of the completed trials' generations kept as they complete
     (``after_trial``): the study's trials counted once, on the first ask (those the adapter rebuilt it
-    from), then one at each tell.
+    from), then one at each tell. That needs the study's ``storage`` (through its public methods: the
+    generation is stored with the trial, where NSGA-II reads it); without, generations are Optuna's own.
     """
 
-    def __init__(self, *, intersection: IntersectionSearchSpace | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        intersection: IntersectionSearchSpace | None = None,
+        storage: optuna.storages.BaseStorage | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self._storage = storage
         self._intersection = intersection or IntersectionSearchSpace()
         self._parents = _PARENTS.setdefault(self._intersection, {})
         self._generations = _GENERATIONS.setdefault(self._intersection, _Generations())
@@ -153,8 +163,8 @@ class SharedSpaceNSGAII(optuna.samplers.NSGAIISampler):
         # BaseGASampler.get_trial_generation's rule and storage of the result, from the kept count.
         key = self._get_generation_key()
         generation = trial.system_attrs.get(key, None)
-        if generation is not None:
-            return generation
+        if generation is not None or self._storage is None:
+            return generation if generation is not None else super().get_trial_generation(study, trial)
         counted = self._generations
         if counted.complete < 0:
             counted.complete = 0
@@ -162,14 +172,16 @@ class SharedSpaceNSGAII(optuna.samplers.NSGAIISampler):
                 counted.add(done.system_attrs.get(key, -1))
         assert self._population_size is not None, "Population size must be set."
         generation = counted.highest + (1 if counted.count >= self._population_size else 0)
-        study._storage.set_trial_system_attr(trial._trial_id, key, generation)
+        study_id = self._storage.get_study_id_from_name(study.study_name)
+        trial_id = self._storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+        self._storage.set_trial_system_attr(trial_id, key, generation)
         return generation
 
     def after_trial(
         self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
     ) -> None:
         super().after_trial(study, trial, state, values)
-        if state == TrialState.COMPLETE and self._generations.complete >= 0:
+        if state == TrialState.COMPLETE and self._storage is not None and self._generations.complete >= 0:
             self._generations.add(trial.system_attrs.get(self._get_generation_key(), -1))
 
     def get_parent_population(self, study: optuna.Study, generation: int) -> list[FrozenTrial]:
