@@ -2,7 +2,10 @@
 
 ``router`` serves ``GET /`` (studies), ``GET /studies/{study_id}`` (one study) and
 ``GET /static/{name}`` (``api/static/*`` plus ``plotly.min.js`` from the installed
-``plotly`` package: no CDN, the dashboard works without a network).
+``plotly`` package: no CDN, the dashboard works without a network). The study page draws its first view
+with Plotly's basic bundle (``api/static/plotly-basic.min.js``: scatter and bar traces, a quarter of the
+full bundle, which a browser takes seconds to compile); its script loads the full bundle only for a plot
+that needs another trace type (parallel coordinates, WebGL scatter, 3-D).
 
 The pages read nothing from the database: their script polls ``/api/...`` (server-sent
 events with a polling fallback on the study page), so they stay live while a study runs.
@@ -34,7 +37,16 @@ HERE = Path(__file__).resolve().parent
 TEMPLATE_DIR = HERE / "templates"
 STATIC_DIR = HERE / "static"
 PLOTLY_JS = "plotly.min.js"
-_MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
+#: Plotly's basic bundle (the npm package ``plotly.js-basic-dist-min``, kept in api/static with its licence).
+PLOTLY_BASIC_JS = "plotly-basic.min.js"
+#: Static files whose content changes only with a release or the installed plotly package.
+_PLOTLY_FILES = (PLOTLY_JS, PLOTLY_BASIC_JS)
+_MEDIA_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".txt": "text/plain; charset=utf-8",
+}
 
 # Scripts only from this origin, none inline. 'unsafe-eval': Plotly's parcoords draws through regl,
 # which compiles its draw calls with new Function (without it: "WebGL is not supported"). Plotly
@@ -144,6 +156,7 @@ async def study_page(request: Request, study_id: str) -> HTMLResponse:
     return _render(
         request,
         "study.html",
+        plotly_js=PLOTLY_BASIC_JS if (STATIC_DIR / PLOTLY_BASIC_JS).is_file() else PLOTLY_JS,
         study_id=number,
         study_name=(study or {}).get("name") or f"study {number}",
         study_status=(study or {}).get("status") or "",
@@ -175,18 +188,25 @@ def _provenance_note(study: dict[str, Any] | None) -> str:
 @router.get("/static/{name}", name="dashboard_static")
 async def static_file(request: Request, name: str) -> Response:
     """A static file from memory, gzipped where the browser takes it: plotly.min.js is 4.8 MB, 1.4 MB
-    gzipped, and one write of it costs a loaded server far less than a file streamed in chunks."""
+    gzipped, and one write of it costs a loaded server far less than a file streamed in chunks.
+
+    Caching: a file asked for with the current ``?v=`` (what the pages link) is immutable for a year, the
+    Plotly bundles for a day; anything else is revalidated, by its ``ETag`` (304 when unchanged)."""
     path = _static_file(name)
     if path is None:
         return not_found_page(request, "No such file.")
     stat = path.stat()
     plain, packed = _static_body(str(path), stat.st_mtime_ns, stat.st_size)
-    # plotly.min.js changes only with the installed package: let browsers keep it for a day.
-    headers = {
-        "Cache-Control": "public, max-age=86400" if name == PLOTLY_JS else "no-cache",
-        "X-Content-Type-Options": "nosniff",
-        "Vary": "Accept-Encoding",
-    }
+    etag = f'"{stat.st_mtime_ns:x}-{stat.st_size:x}"'
+    if request.query_params.get("v") == _asset_version():
+        cache = "public, max-age=31536000, immutable"
+    elif name in _PLOTLY_FILES:
+        cache = "public, max-age=86400"
+    else:
+        cache = "no-cache"
+    headers = {"Cache-Control": cache, "ETag": etag, "X-Content-Type-Options": "nosniff", "Vary": "Accept-Encoding"}
+    if etag in request.headers.get("if-none-match", ""):
+        return Response(status_code=304, headers=headers)
     body = plain
     if "gzip" in request.headers.get("accept-encoding", "").lower():
         body, headers["Content-Encoding"] = packed, "gzip"

@@ -230,10 +230,16 @@ def measure_reads(base: str, study_id: int, n: int) -> dict[str, Any]:
 PAGE_PARTS_JS = """() => {
   const nav = performance.getEntriesByType('navigation')[0];
   const overview = performance.getEntriesByType('resource').find((e) => e.name.includes('/overview'));
-  const plotly = performance.getEntriesByType('resource').find((e) => e.name.includes('plotly'));
+  const scripts = performance.getEntriesByType('resource').filter((e) => e.name.includes('plotly'));
+  const plotly = scripts[0];
+  const full = scripts.find((e) => e.name.includes('/plotly.min.js'));
   return {
+    html_ms: Math.round(nav.responseEnd),
     dom_content_loaded_ms: Math.round(nav.domContentLoadedEventEnd),
+    plotly_bundle: plotly ? plotly.name.split('/').pop() : null,
     plotly_fetch_ms: plotly ? Math.round(plotly.duration) : null,
+    full_bundle_loaded: Boolean(full),
+    overview_sent_ms: overview ? Math.round(overview.startTime) : null,
     overview_request_ms: overview ? Math.round(overview.duration) : null,
     overview_bytes: overview ? overview.encodedBodySize : null,
     render_ms: window.tunerDashboard.renderMs,
@@ -429,7 +435,7 @@ def _load_child(
 def measure_under_load(
     url: str, base: str, big: list[int], clients: int, duration_s: float, quiet_s: float, nice: int = 19
 ) -> dict:
-    spec = noop_spec("running", 1_000_000, "random", sleep_ms=20)
+    spec = noop_spec(f"running-{int(time.time())}", 1_000_000, "random", sleep_ms=20)  # a reused --db has others
     spec["budget"]["minutes"] = (2 * quiet_s + duration_s + 240) / 60  # ends by itself if this script dies
     response = httpx.post(f"{base}/api/studies", json=spec, timeout=30)
     response.raise_for_status()
@@ -479,6 +485,10 @@ def main() -> None:
     parser.add_argument("--skip-engine", action="store_true", help="no engine study (reads of the storage one only)")
     parser.add_argument("--port", type=int, default=8101)
     parser.add_argument("--db", help="SQLite file (default: a fresh temporary one)")
+    parser.add_argument(
+        "--reuse", action="store_true", help="use the studies named engine and storage that --db holds, if any"
+    )
+    parser.add_argument("--phases", default="reads,page,load", help="which of reads,page,load to measure")
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args()
 
@@ -490,36 +500,67 @@ def main() -> None:
     result: dict[str, Any] = {"benchmark": "read path at scale", "db": "sqlite", "load_average": {}}
     note_load = lambda phase: result["load_average"].__setitem__(phase, [round(x, 2) for x in os.getloadavg()])  # noqa: E731
     note_load("start")
-    studies: dict[str, int] = {}
-    if not args.skip_engine:
-        print(f"engine study: {args.engine_trials} trials", flush=True)
-        result["engine_study"] = run_engine_study(url, args.engine_trials, args.workers)
-        studies["engine"] = result["engine_study"]["study_id"]
-        import ray
-
-        ray.shutdown()  # the engine's local Ray: the running study later gets the server's runner's own
-    print(f"storage study: {args.storage_trials} trials", flush=True)
-    result["storage_study"] = write_storage_study(url, args.storage_trials)
-    studies["storage"] = result["storage_study"]["study_id"]
+    studies = _make_studies(args, url, result)
+    phases = set(args.phases.split(","))
     server = start_server(url, args.port, work / "server.log")
     base = f"http://127.0.0.1:{args.port}"
     try:
         for name, study_id in studies.items():
             print(f"reads and page: {name} study", flush=True)
-            note_load(f"reads_{name}")
-            result[f"reads_{name}"] = measure_reads(base, study_id, args.requests)
-            note_load(f"page_{name}")
-            result[f"page_{name}"] = measure_page(base, study_id, args.page_repeats)
-        print(f"{args.clients} clients for {args.duration_s:g} s against a running study", flush=True)
-        note_load("under_load")
-        result["under_load"] = measure_under_load(
-            url, base, list(studies.values()), args.clients, args.duration_s, args.quiet_s, args.clients_nice
-        )
+            if "reads" in phases:
+                note_load(f"reads_{name}")
+                result[f"reads_{name}"] = measure_reads(base, study_id, args.requests)
+            if "page" in phases:
+                note_load(f"page_{name}")
+                result[f"page_{name}"] = measure_page(base, study_id, args.page_repeats)
+        if "load" in phases:
+            print(f"{args.clients} clients for {args.duration_s:g} s against a running study", flush=True)
+            note_load("under_load")
+            result["under_load"] = measure_under_load(
+                url, base, list(studies.values()), args.clients, args.duration_s, args.quiet_s, args.clients_nice
+            )
     finally:
         stop_server(server)
     note_load("end")
-    result["summary"] = _summary(result, studies)
+    if phases == {"reads", "page", "load"}:
+        result["summary"] = _summary(result, studies)
     write_result(result, args.out)
+
+
+def _existing(url: str, name: str) -> int | None:
+    from tuner.storage import StudyDB
+
+    db = StudyDB(url)
+    try:
+        row = next((r for r in db.list_studies() if r.name == name and r.status == "completed"), None)
+        return None if row is None else row.id
+    finally:
+        db.dispose()
+
+
+def _make_studies(args: argparse.Namespace, url: str, result: dict[str, Any]) -> dict[str, int]:
+    """The engine study (run here) and the storage study (written here), or with ``--reuse`` those --db has."""
+    studies: dict[str, int] = {}
+    reuse = {name: _existing(url, name) for name in ("engine", "storage")} if args.reuse else {}
+    if not args.skip_engine:
+        if reuse.get("engine") is not None:
+            studies["engine"] = reuse["engine"]
+            result["engine_study"] = {"study_id": studies["engine"], "reused": True}
+        else:
+            print(f"engine study: {args.engine_trials} trials", flush=True)
+            result["engine_study"] = run_engine_study(url, args.engine_trials, args.workers)
+            studies["engine"] = result["engine_study"]["study_id"]
+            import ray
+
+            ray.shutdown()  # the engine's local Ray: the running study later gets the server's runner's own
+    if reuse.get("storage") is not None:
+        studies["storage"] = reuse["storage"]
+        result["storage_study"] = {"study_id": studies["storage"], "trials": args.storage_trials, "reused": True}
+    else:
+        print(f"storage study: {args.storage_trials} trials", flush=True)
+        result["storage_study"] = write_storage_study(url, args.storage_trials)
+        studies["storage"] = result["storage_study"]["study_id"]
+    return studies
 
 
 def _summary(result: dict[str, Any], studies: dict[str, int]) -> dict[str, Any]:

@@ -241,7 +241,13 @@ def test_study_page_escapes_a_hostile_study_name(client: TestClient) -> None:
         assert f'id="{element_id}"' in html
     for element_id in ("trial-table", "selected-trial", "study-status", "failures", "fingerprint"):
         assert f'id="{element_id}"' in html
-    assert re.search(r'<script src="/static/plotly\.min\.js" defer>', html)
+    # Plotly after the dashboard's script (its first request is sent meanwhile); the basic bundle first, the
+    # full one named for the plots that need it.
+    script = re.search(
+        r'<script id="plotly-script" src="/static/plotly-basic\.min\.js" data-full="([^"]+)" defer>', html
+    )
+    assert script and script.group(1) == "/static/plotly.min.js"
+    assert html.index("/static/dashboard.js") < html.index("plotly-basic.min.js")
 
 
 def test_missing_study_gets_a_404_page(client: TestClient) -> None:
@@ -272,7 +278,7 @@ def test_pages_work_under_a_root_path() -> None:
     with TestClient(stub_api(), root_path="/tuner") as test_client:
         html = test_client.get("/studies/1").text
     assert 'data-root="/tuner"' in html
-    assert 'src="/tuner/static/plotly.min.js"' in html
+    assert 'src="/tuner/static/plotly-basic.min.js" data-full="/tuner/static/plotly.min.js"' in html
     assert 'href="/tuner/static/dashboard.css' in html
 
 
@@ -298,6 +304,19 @@ def test_plotly_comes_from_the_installed_package(client: TestClient) -> None:
     assert len(response.content) == path.stat().st_size
     assert response.content[:200] == path.read_bytes()[:200]
     assert b"plotly.js" in response.content[:200]
+
+
+def test_static_files_are_cached_by_version_and_revalidated_by_etag(client: TestClient) -> None:
+    basic = client.get("/static/plotly-basic.min.js")
+    assert basic.status_code == 200 and b"plotly.js (basic" in basic.content[:200]
+    assert "max-age" in basic.headers["cache-control"]
+    version = re.search(r"dashboard\.js\?v=([0-9a-f]+)", client.get("/studies/1").text).group(1)
+    linked = client.get(f"/static/dashboard.js?v={version}")
+    assert "immutable" in linked.headers["cache-control"]  # the pages link it by version: never stale
+    plain = client.get("/static/dashboard.js")
+    assert plain.headers["cache-control"] == "no-cache"
+    again = client.get("/static/dashboard.js", headers={"If-None-Match": plain.headers["etag"]})
+    assert again.status_code == 304 and not again.content
 
 
 @pytest.mark.parametrize(

@@ -170,8 +170,10 @@ def test_other_samplers_run(sqlite_url: str, sampler: str) -> None:
 
 
 def test_nsga2_with_one_intersection_for_the_study_proposes_what_stock_nsga2_does() -> None:
-    """Per-trial samplers (as a seeded study makes them) sharing one search-space intersection propose
-    exactly what a fresh ``NSGAIISampler`` per trial proposes, without walking every trial each time."""
+    """Per-trial samplers (as a seeded study makes them) sharing one search-space intersection (and the
+    generation count and parent populations kept with it) propose exactly what a fresh ``NSGAIISampler``
+    per trial proposes, without walking every trial each time; also on a study rebuilt from finished
+    trials (added, as the adapter adds them, before the first ask)."""
     import optuna
     from optuna.search_space import IntersectionSearchSpace
 
@@ -179,9 +181,19 @@ def test_nsga2_with_one_intersection_for_the_study_proposes_what_stock_nsga2_doe
 
     def run(make: Any) -> list[dict[str, Any]]:
         storage = optuna.storages.InMemoryStorage()
-        optuna.create_study(storage=storage, study_name="s", directions=["maximize", "minimize"])
-        for number in range(40):
-            study = optuna.load_study(study_name="s", storage=storage, sampler=make(number))
+        first = optuna.create_study(storage=storage, study_name="s", directions=["maximize", "minimize"])
+        x_dist, mode_dist = (
+            optuna.distributions.FloatDistribution(0, 1),
+            optuna.distributions.CategoricalDistribution(["a", "b"]),
+        )
+        first.add_trials(
+            optuna.trial.create_trial(
+                params={"x": i / 10, "mode": "a"}, distributions={"x": x_dist, "mode": mode_dist}, values=[i / 10, i]
+            )
+            for i in range(10)
+        )
+        for number in range(10, 110):
+            study = optuna.load_study(study_name="s", storage=storage, sampler=make(number, storage))
             trial = study.ask()
             x, mode = trial.suggest_float("x", 0, 1), trial.suggest_categorical("mode", ["a", "b"])
             if mode == "b":
@@ -190,8 +202,8 @@ def test_nsga2_with_one_intersection_for_the_study_proposes_what_stock_nsga2_doe
         return [t.params for t in study.get_trials()]
 
     shared = IntersectionSearchSpace()
-    stock = run(lambda n: optuna.samplers.NSGAIISampler(seed=n, population_size=8))
-    ours = run(lambda n: SharedSpaceNSGAII(seed=n, population_size=8, intersection=shared))
+    stock = run(lambda n, storage: optuna.samplers.NSGAIISampler(seed=n, population_size=8))
+    ours = run(lambda n, storage: SharedSpaceNSGAII(seed=n, population_size=8, intersection=shared, storage=storage))
     assert ours == stock
 
 

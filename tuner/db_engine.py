@@ -120,9 +120,12 @@ def tune_sqlite_engine(engine: Engine, retry_s: float = RUNNER_RETRY_S) -> None:
 
 
 def make_engine(url: str, retry_s: float = 0.0) -> Engine:
-    """An engine with pre-ping; on a server, a new connection waits up to ``retry_s`` s for it to come back."""
+    """An engine (with pre-ping for a database server); on a server, a new connection waits up to ``retry_s`` s
+    for it to come back."""
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30}, pool_pre_ping=True)
+        # No pre-ping: a SQLite connection is a file handle no server can drop, and a ping on every
+        # checkout was a tenth of a loaded server's time.
+        engine = create_engine(url, connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     engine = create_engine(url, pool_pre_ping=True)

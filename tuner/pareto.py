@@ -40,8 +40,14 @@ def pareto_front(trials: Sequence[TrialLike], objectives: Sequence[tuple[str, st
         key = _key(trial, objectives)
         if key is not None:
             candidates.append((key, trial))
-    front = [(k, t) for k, t in candidates if not any(dominates(o, k) for o, _ in candidates)]
-    front.sort(key=lambda kt: (kt[0], kt[1].number))
+    # In (key, number) order a point's dominators all come before it (a dominator is lexicographically
+    # smaller), and a dominated dominator is itself dominated by a front point (transitivity): so each
+    # point is checked against the front found so far, not against every point (O(n * front), not O(n^2)).
+    candidates.sort(key=lambda kt: (kt[0], kt[1].number))
+    front: list[tuple[tuple[float, ...], TrialLike]] = []
+    for key, trial in candidates:
+        if not any(dominates(other, key) for other, _ in front):
+            front.append((key, trial))
     return [t for _, t in front]
 
 

@@ -285,11 +285,12 @@ MAX_POINTS = 800
 
 
 def plot_points(
-    db: StudyDB, study_id: int, summary: Summary, keep: Sequence[int] = ()
+    db: StudyDB, study_id: int, summary: Summary, keep: Sequence[int] = (), max_points: int | None = None
 ) -> tuple[list[dict[str, Any]], int]:
     """The trials as the plots draw them (number, status, feasibility, copy, params, metrics; no samples, no
-    error text), in number order, and the stride: every trial up to :data:`MAX_POINTS`, else every
-    ``stride``-th one by number, and the trials in ``keep`` (the front) whatever their number."""
+    error text), in number order, and the stride: every trial up to ``max_points`` (default
+    :data:`MAX_POINTS`), else every ``stride``-th one by number, and the trials in ``keep`` (the front)
+    whatever their number."""
     columns = (
         TrialRow.number,
         TrialRow.status,
@@ -299,7 +300,7 @@ def plot_points(
         TrialRow.params,
         TrialRow.metrics,
     )
-    stride = max(1, -(-summary.n_trials // MAX_POINTS))
+    stride = max(1, -(-summary.n_trials // (max_points or MAX_POINTS)))
     where = [TrialRow.study_id == study_id]
     with db.Session() as s:
         if stride > 1:  # the numbers looked up one by one in the (study_id, number) index, not a scan
@@ -341,16 +342,33 @@ def failures(db: StudyDB, study_id: int, limit: int = 500) -> list[TrialRow]:
 TRIAL_STATUSES = (*(s.value for s in TrialStatus), "running")
 
 
-def sort_keys(db: StudyDB, row: StudyRow) -> list[str]:
+def sort_keys(db: StudyDB, row: StudyRow, wanted: str | None = None) -> list[str]:
     """What a study's trials may be sorted by: ``number``, ``status``, its objectives, the metrics its
-    workload declares, and any metric its trials hold (one indexed read)."""
+    workload declares, and any metric its trials hold. With ``wanted`` among the first ones, the trials'
+    metrics are not read; else they are, by a skip scan of the values index (one probe per distinct
+    metric, not a walk over every value of the study)."""
     from tuner.registry import UnknownWorkload, workload_class
 
-    names = [m for m, _ in objectives_or_error(row)[0]]
+    names = ["number", "status", *(m for m, _ in objectives_or_error(row)[0])]
     try:
         names += [m.name for m in workload_class(row.workload).metrics]
     except UnknownWorkload:
         pass
-    with db.Session() as s:
-        names += list(s.scalars(select(TrialValueRow.metric).where(TrialValueRow.study_id == row.id).distinct()))
-    return ["number", "status", *dict.fromkeys(names)]
+    if wanted is None or wanted not in names:
+        names += _stored_metrics(db, row.id)
+    return list(dict.fromkeys(names))
+
+
+#: The distinct metric names of a study's values, each found by one probe of the (study_id, metric, ...) index.
+_DISTINCT_METRICS = text(
+    "WITH RECURSIVE m(metric) AS ("
+    " SELECT MIN(metric) FROM tuner_trial_values WHERE study_id = :study_id"
+    " UNION ALL SELECT (SELECT MIN(metric) FROM tuner_trial_values WHERE study_id = :study_id AND metric > m.metric)"
+    " FROM m WHERE m.metric IS NOT NULL"
+    ") SELECT metric FROM m WHERE metric IS NOT NULL"
+)
+
+
+def _stored_metrics(db: StudyDB, study_id: int) -> list[str]:
+    with db.engine.connect() as conn:
+        return [str(name) for (name,) in conn.execute(_DISTINCT_METRICS, {"study_id": study_id})]

@@ -157,6 +157,7 @@ class SamplerAdapter:
             static_check=self._static_reason,
             intersection=self._intersection,
             priors=self._priors,
+            storage=self._storage,
         )
 
     def _as_priors(self, records: Sequence[Mapping[str, Any]]) -> list[Prior]:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import random
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -50,13 +52,15 @@ def make_sampler(
     static_check: Callable[[dict[str, Any]], str | None] | None = None,
     intersection: IntersectionSearchSpace | None = None,
     priors: Sequence[Any] = (),
+    storage: optuna.storages.BaseStorage | None = None,
 ) -> BaseSampler:
     """The sampler called ``name`` (see :func:`resolve_sampler_name` for ``auto``).
 
     ``auto`` needs the compiled ``space``; ``device`` (the fields of ``device.<field>`` rules) and
     ``static_check`` (the workload's static check: a reason when infeasible) let it apply every
     static rule before it proposes. Without ``space``, ``auto`` falls back to TPE. ``intersection``: the
-    study's search-space intersection, shared by the samplers made for one study (NSGA-II). ``priors``
+    study's search-space intersection, shared by the samplers made for one study (NSGA-II); ``storage``: the
+    study's Optuna storage (NSGA-II writes the generations it counts there). ``priors``
     (:class:`tuner.strategy.Prior`: configs measured at other shapes) reach ``auto`` only: Optuna's samplers
     take no observations but their study's trials, and priors must never be trials.
     """
@@ -79,7 +83,7 @@ def make_sampler(
             )
     if name == "nsga2":
         population = max(8, min(50, budget_trials // 5))
-        return SharedSpaceNSGAII(seed=seed, population_size=population, intersection=intersection)
+        return SharedSpaceNSGAII(seed=seed, population_size=population, intersection=intersection, storage=storage)
     if name == "gp":
         return optuna.samplers.GPSampler(
             seed=seed,
@@ -94,23 +98,101 @@ def make_sampler(
     raise ValueError(f"unknown sampler {name!r}")
 
 
+#: intersection of a study -> generation -> its parent population as NSGA-II reads it once chosen
+_PARENTS: weakref.WeakKeyDictionary[IntersectionSearchSpace, dict[int, list[FrozenTrial]]] = weakref.WeakKeyDictionary()
+
+
+@dataclass
+class _Generations:
+    """What NSGA-II derives a new trial's generation from: the highest generation of the study's completed
+    trials and how many completed trials it has; ``complete``: the completed trials counted (-1: none yet)."""
+
+    complete: int = -1
+    highest: int = 0
+    count: int = 0
+
+    def add(self, generation: int) -> None:
+        """Count one more completed trial (as ``BaseGASampler.get_trial_generation``'s walk counts it)."""
+        self.complete += 1
+        if generation > self.highest:
+            self.highest, self.count = generation, 1
+        elif generation == self.highest:
+            self.count += 1
+
+
+#: intersection of a study -> its generation count
+_GENERATIONS: weakref.WeakKeyDictionary[IntersectionSearchSpace, _Generations] = weakref.WeakKeyDictionary()
+
+
 class SharedSpaceNSGAII(optuna.samplers.NSGAIISampler):
     """NSGA-II whose search space (the intersection of every finished trial's distributions) is one
-    ``IntersectionSearchSpace`` shared by every sampler made for the study.
+    ``IntersectionSearchSpace`` shared by every sampler made for the study, and so are the parent
+    populations it chose (keyed by that intersection: one per study).
 
     With a study seed the adapter makes a sampler per trial (its seed derived from the trial number). Each
     new ``NSGAIISampler`` starts its intersection from nothing and walks every trial of the study: a
     quadratic cost, 10 ms a trial at 400 trials. Shared, the intersection goes on from the last trial it
-    saw, as it does for one sampler; what it computes is the same.
+    saw, as it does for one sampler; what it computes is the same. Likewise a generation's parents, once
+    chosen, are found again by a walk over every trial of the study on each later ask (Optuna keeps their
+    ids); kept here, they are the same trials in the same order, without the walk. And a new trial's
+    generation, which Optuna finds by a walk over every completed trial on each ask (the larger part of an
+    ask at 10,000 trials), comes from a count of the completed trials' generations kept as they complete
+    (``after_trial``): the study's trials counted once, on the first ask (those the adapter rebuilt it
+    from), then one at each tell. That needs the study's ``storage`` (through its public methods: the
+    generation is stored with the trial, where NSGA-II reads it); without, generations are Optuna's own.
     """
 
-    def __init__(self, *, intersection: IntersectionSearchSpace | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        intersection: IntersectionSearchSpace | None = None,
+        storage: optuna.storages.BaseStorage | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self._storage = storage
         self._intersection = intersection or IntersectionSearchSpace()
+        self._parents = _PARENTS.setdefault(self._intersection, {})
+        self._generations = _GENERATIONS.setdefault(self._intersection, _Generations())
 
     def infer_relative_search_space(self, study: optuna.Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
         # as NSGAIISampler's: single-valued distributions are sampled independently
         return {name: d for name, d in self._intersection.calculate(study).items() if not d.single()}
+
+    def get_trial_generation(self, study: optuna.Study, trial: FrozenTrial) -> int:
+        # BaseGASampler.get_trial_generation's rule and storage of the result, from the kept count.
+        key = self._get_generation_key()
+        generation = trial.system_attrs.get(key, None)
+        if generation is not None or self._storage is None:
+            return generation if generation is not None else super().get_trial_generation(study, trial)
+        counted = self._generations
+        if counted.complete < 0:
+            counted.complete = 0
+            for done in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                counted.add(done.system_attrs.get(key, -1))
+        assert self._population_size is not None, "Population size must be set."
+        generation = counted.highest + (1 if counted.count >= self._population_size else 0)
+        study_id = self._storage.get_study_id_from_name(study.study_name)
+        trial_id = self._storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+        self._storage.set_trial_system_attr(trial_id, key, generation)
+        return generation
+
+    def after_trial(
+        self, study: optuna.Study, trial: FrozenTrial, state: TrialState, values: Sequence[float] | None
+    ) -> None:
+        super().after_trial(study, trial, state, values)
+        if state == TrialState.COMPLETE and self._storage is not None and self._generations.complete >= 0:
+            self._generations.add(trial.system_attrs.get(self._get_generation_key(), -1))
+
+    def get_parent_population(self, study: optuna.Study, generation: int) -> list[FrozenTrial]:
+        kept = self._parents.get(generation)
+        if kept is not None:
+            return list(kept)
+        chosen = super().get_parent_population(study, generation)  # chooses them, and keeps their ids
+        if generation > 0:
+            # What Optuna answers from then on: the trials of those ids, in the study's order.
+            self._parents[generation] = super().get_parent_population(study, generation)
+        return chosen
 
 
 class EnumeratedGridSampler(BaseSampler):

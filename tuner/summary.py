@@ -71,16 +71,23 @@ class Summary:
             summary.front_size = len(summary.front)
         return summary
 
-    def columns(self) -> dict[str, Any]:
-        return {
+    def columns(self, front: bool = True) -> dict[str, Any]:
+        """The row's columns; ``front=False``: without the front, its order and size, and the re-measurements
+        (a write that changed none of them: the front is the bulk of a large study's row)."""
+        light = {
             "seq": self.seq,
             "n_trials": self.n_trials,
             "counts": {k: v for k, v in self.counts.items() if v},
+            "best": self.best,
+        }
+        if not front:
+            return light
+        return {
+            **light,
             "front": [[n, key] for n, key in self.front],
             "front_order": [n for n, _ in self.front],
             "front_size": len(self.front),
             "remeasured": {str(n): v for n, v in self.remeasured.items()},
-            "best": self.best,
         }
 
     def front_numbers(self) -> list[int]:
@@ -214,22 +221,39 @@ def _best_entry(
     return {"trial": number, "params": row.params or {}, "metrics": row.metrics or {}}
 
 
-def _take(conn: Connection, study_id: int, n_writes: int, objectives: Sequence[tuple[str, str]]) -> Summary:
-    """The study's summary, locked for this transaction; its ``seq`` is the last one before these writes."""
+def _take(
+    conn: Connection, study_id: int, n_writes: int, objectives: Sequence[tuple[str, str]], light: bool = False
+) -> tuple[Summary, bool]:
+    """The study's summary, locked for this transaction; its ``seq`` is the last one before these writes.
+    ``light``: read without the front and the re-measurements (writes that cannot change them). Returns
+    the summary and whether it was read light."""
     _, _, summaries, _ = _tables()
+    columns = [summaries.c.seq, summaries.c.n_trials, summaries.c.counts, summaries.c.best, summaries.c.front_size]
     row = conn.execute(
         update(summaries)
         .where(summaries.c.study_id == study_id)
         .values(seq=summaries.c.seq + n_writes)
-        .returning(*summaries.c)
+        .returning(*(columns if light else summaries.c))
     ).first()
     if row is not None:
-        summary = Summary.from_row(row)
+        summary = Summary.from_row(row, with_front=not light)
         summary.seq -= n_writes
-        return summary
+        return summary, light
     summary = rebuild(conn, study_id, objectives)
     conn.execute(insert(summaries).values(study_id=study_id, **summary.columns()))
-    return summary
+    return summary, False
+
+
+def _may_change_front(writes: Sequence[Any]) -> bool:
+    """Whether the writes may change the front, the re-measurements or the best trial: every write but the
+    insert of a row that is no original ``ok`` result (a trial set running, a copy, a statically
+    infeasible config: what most of a study's transactions are)."""
+    for write in writes:
+        if write.kind != "insert":
+            return True
+        if write.values.get("status") == OK and write.values.get("duplicate_of") is None:
+            return True
+    return False
 
 
 def _known_rows(conn: Connection, study_id: int, numbers: set[int]) -> dict[int, tuple[str, bool, bool | None]]:
@@ -369,12 +393,13 @@ def apply_writes(
     transaction. ``objectives``: the study's, if the caller knows them (else read); returns them."""
     summaries = _tables()[2]
     objectives = list(objectives) if objectives else study_objectives(conn, study_id)
-    summary = _take(conn, study_id, len(writes), objectives)
+    summary, light = _take(conn, study_id, len(writes), objectives, light=not _may_change_front(writes))
     inserted = {w.number for w in writes if w.kind == "insert"}
     known = _known_rows(conn, study_id, {w.number for w in writes if w.kind != "insert"} - inserted)
     # Rows with no metric value stored yet: inserted now, or still running (a running row has no metrics).
     fresh = inserted | {n for n, (status, _, _) in known.items() if status == "running"}
-    previous_best = summary.best_number(objectives)
+    previous_best = None if light else summary.best_number(objectives)
+    before = None if light else (summary.front_numbers(), dict(summary.remeasured))
     applied = _execute(conn, study_id, writes, summary.seq)
     for write, _ in applied:
         after = _account(summary, write, known.get(write.number), objectives)
@@ -384,10 +409,14 @@ def apply_writes(
     summary.seq += len(writes)
     if summary.stale:
         seq, summary = summary.seq, rebuild(conn, study_id, objectives)
-        summary.seq = seq
-    elif summary.best_number(objectives) != previous_best or any(w.number == previous_best for w in writes):
+        summary.seq, before = seq, None
+    elif not light and (
+        summary.best_number(objectives) != previous_best or any(w.number == previous_best for w in writes)
+    ):
         summary.best = _best_entry(conn, study_id, summary, objectives)
-    conn.execute(update(summaries).where(summaries.c.study_id == study_id).values(**summary.columns()))
+    # The front's columns are rewritten only when the front or the re-measurements changed.
+    front = not light and before != (summary.front_numbers(), summary.remeasured)
+    conn.execute(update(summaries).where(summaries.c.study_id == study_id).values(**summary.columns(front=front)))
     return objectives
 
 

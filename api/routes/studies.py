@@ -14,6 +14,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from api import event_feed
 from api.deps import MAX_ID, DBDep, StudyDep, require_read, require_write
 from api.schemas import (
     ErrorOut,
@@ -198,7 +199,7 @@ TrialStatusParam = Annotated[Literal[queries.TRIAL_STATUSES] | None, Query()]  #
 
 def _checked_sort(db: Any, row: Any, sort: str) -> str:
     """``sort`` when it names a key the study's trials have (see :func:`tuner.queries.sort_keys`), else 422."""
-    keys = queries.sort_keys(db, row)
+    keys = queries.sort_keys(db, row, wanted=sort.lstrip("-"))
     if sort.lstrip("-") not in keys:
         raise HTTPException(
             422,
@@ -299,24 +300,28 @@ def get_overview(
     status: TrialStatusParam = None,
     sort: SortParam = "number",
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    points: Annotated[int | None, Query(ge=10, le=10000)] = None,
+    front: Annotated[int | None, Query(ge=1, le=10000)] = None,
 ) -> Response:
     """The study page's first draw in one request, bounded whatever the study's size: the study, the first
     page of its trial table (as ``/trials``), the front (all of it up to ``FRONT_SAMPLE`` points, else that
     many spread evenly along it: every ``pareto.stride``-th, ``pareto.total`` its size), the plots' points
     (params and metrics, no samples: every trial up to ``queries.MAX_POINTS``, beyond that every
     ``points_stride``-th trial, and the front's points above), the latest 500 failures, and ``seq``: pass
-    it to ``/events?after=`` to get what changes next."""
+    it to ``/events?after=`` to get what changes next. ``points`` and ``front`` lower (or raise) those two
+    bounds: the study page asks for fewer points than the defaults, each costing its first draw time."""
     sort = _checked_sort(db, row, sort)
     seq = queries.last_seq(db, row.id)  # first: what is written meanwhile comes again as a change
     view = queries.study_view(db, row, with_order=True)
     trials, total = queries.trial_page(db, row.id, status=status, sort=sort, limit=limit)
-    pareto = _front_sample(db, view, FRONT_SAMPLE)
-    points, stride = queries.plot_points(db, row.id, view.summary, [t["number"] for t in pareto["trials"]])
+    pareto = _front_sample(db, view, front or FRONT_SAMPLE)
+    keep = [t["number"] for t in pareto["trials"]]
+    plot, stride = queries.plot_points(db, row.id, view.summary, keep, max_points=points)
     return _json(
         {
             "study": view_out(view, detail=True, db=db).model_dump(mode="json"),
             "trials": {"items": [trial_dict(t) for t in trials], "total": total, "limit": limit, "offset": 0},
-            "points": points,
+            "points": plot,
             "points_stride": stride,
             "pareto": pareto,
             "failures": [trial_dict(t) for t in queries.failures(db, row.id)],
@@ -440,10 +445,10 @@ async def _look(db: Any, study_id: int, seq: int, last: str | None) -> tuple[lis
         return ["event: deleted\ndata: {}\n\n"], seq, last, "done"
     current, payload, latest = snapshot
     messages = []
-    changed = await asyncio.to_thread(queries.changes_since, db, study_id, seq, EVENT_TRIALS) if latest > seq else []
+    changed = await event_feed.changes(db, study_id, seq, latest, EVENT_TRIALS) if latest > seq else []
     if changed:
-        seq = max(int(t.seq or 0) for t in changed)
-        body = json.dumps({"seq": seq, "trials": [trial_out(t).model_dump(mode="json") for t in changed]})
+        seq = max(s for s, _ in changed)
+        body = f'{{"seq": {seq}, "trials": [{", ".join(trial for _, trial in changed)}]}}'
         messages.append(f"id: {seq}\nevent: trials\ndata: {body}\n\n")
         if len(changed) == EVENT_TRIALS:
             return messages, seq, last, "more"

@@ -16,7 +16,9 @@
   const WEBGL_FROM = 2000; // scatter plots of more points than this draw through WebGL
   const PARCOORDS_MAX = 5000; // parallel coordinates draw the best this many trials
   const PARCOORDS_SOFTWARE = 200; // where WebGL renders in software, more trials than this wait to be asked for
-  const FRONT_SAMPLE = 300; // the front's points the page holds: all of them up to this, else a sample as many
+  const FRONT_SAMPLE = 150; // the front's points the page holds: all of them up to this, else a sample as many
+  // The trials the plots hold at most (beyond it every k-th, and the front): each SVG point costs draw time.
+  const POINTS_SAMPLE = 400;
   const ACCENT = "#d9480f";
   const PLOT_CONFIG = {
     responsive: true,
@@ -233,6 +235,52 @@
 
   const hasPlotly = () => typeof window.Plotly !== "undefined";
 
+  // The study page loads Plotly after this script (its first request is under way meanwhile), and the basic
+  // bundle first (scatter and bar: a quarter of the full bundle's compile time). A plot that needs another
+  // trace type asks for the full bundle (``data-full``); once it is in, every plot is drawn again with it.
+  const PLOTLY_TAG = document.getElementById("plotly-script");
+  const BASIC_TRACES = new Set(["scatter", "bar", "pie"]);
+  let plotlyFull = !(PLOTLY_TAG && PLOTLY_TAG.dataset.full && !/\/plotly\.min\.js$/.test(PLOTLY_TAG.src));
+  let fullPlotly = null; // the full bundle's load, once asked for
+  const onFullPlotly = []; // what to draw again once the full bundle is in
+
+  /** Resolves once the Plotly script has run (or failed to load): deferred scripts run in order, after this one. */
+  const plotlyReady = new Promise((resolve) => {
+    if (hasPlotly() || !PLOTLY_TAG || document.readyState === "complete") return resolve();
+    PLOTLY_TAG.addEventListener("load", resolve);
+    PLOTLY_TAG.addEventListener("error", resolve);
+    document.addEventListener("DOMContentLoaded", resolve); // after every deferred script
+  });
+
+  /** Load the full bundle (once); plots drawn by the basic one are cleared, then drawn again by onFullPlotly. */
+  function loadFullPlotly() {
+    if (fullPlotly) return fullPlotly;
+    const basic = window.Plotly;
+    fullPlotly = new Promise((resolve) => {
+      const tag = document.createElement("script");
+      tag.src = PLOTLY_TAG.dataset.full;
+      tag.addEventListener("load", () => {
+        for (const div of document.querySelectorAll(".plot")) {
+          if (basic && div._fullLayout) basic.purge(div);
+          div.tunerClickBound = false;
+        }
+        plotlyFull = true;
+        for (const redraw of onFullPlotly) redraw();
+        resolve();
+      });
+      tag.addEventListener("error", () => resolve()); // the basic plots stay; the others stay empty
+      document.head.appendChild(tag);
+    });
+    return fullPlotly;
+  }
+
+  /** Whether drawing ``data`` waits for the full bundle (and asks for it). */
+  function needsFullPlotly(data) {
+    if (plotlyFull || !data.some((trace) => !BASIC_TRACES.has(trace.type || "scatter"))) return false;
+    loadFullPlotly();
+    return true;
+  }
+
   let softwareGL = null;
   /** Whether WebGL renders in software here (SwiftShader, llvmpipe: a browser without a GPU) or not at all.
    *  Then the parallel coordinates of a large study (WebGL only) wait to be asked for: software WebGL takes
@@ -258,7 +306,7 @@
 
   /** Draw (or update) a plot; keeps zoom across updates (uirevision) and binds click-to-select once. */
   function draw(div, data, layout, onClick) {
-    if (!hasPlotly()) return;
+    if (!hasPlotly() || needsFullPlotly(data)) return;
     div.classList.remove("empty");
     const base = {
       margin: { l: 64, r: 20, t: 30, b: 56 },
@@ -510,7 +558,10 @@
       S.refreshing = (async () => {
         try {
           // One request for the first draw: study, first table page, plot points, front, failures.
-          const overview = await getJSON(`${base}/overview?${tableQuery(0)}`);
+          const query = tableQuery(0);
+          query.set("points", POINTS_SAMPLE);
+          query.set("front", FRONT_SAMPLE);
+          const overview = await getJSON(`${base}/overview?${query}`);
           S.study = overview.study;
           S.trials = overview.points;
           S.stride = overview.points_stride || 1;
@@ -520,7 +571,11 @@
           if (S.tableOffset) await loadTable();
           else S.table = overview.trials;
           $("load-error").hidden = true;
-          renderAll();
+          window.tunerDashboard.renderMs = {};
+          renderParts(textParts()); // the header and the table first: they need no Plotly
+          await plotlyReady;
+          renderParts(plotParts());
+          if (fullPlotly) await fullPlotly; // a plot waits for the full bundle: drawn once it is in
           S.refreshes += 1;
           document.body.dataset.refreshes = String(S.refreshes);
           // Importances (Optuna's evaluator over the study) come after the first draw, never before it.
@@ -661,10 +716,19 @@
     // ------------------------------------------------------------ rendering
     /** Redraw everything; the milliseconds each part took are kept in ``tunerDashboard.renderMs``. */
     function renderAll() {
-      const parts = [renderHeader, renderPareto, renderHistory, renderParallel, renderImportance, renderRoofline];
-      parts.push(renderTable, renderFailures, renderFingerprint);
-      if (S.selected !== null) parts.push(renderSelected);
-      const times = {};
+      window.tunerDashboard.renderMs = {};
+      renderParts(textParts().concat(plotParts()));
+    }
+
+    /** The parts that draw no plot; the plots (and the selected trial, which marks them). */
+    const textParts = () => [renderHeader, renderTable, renderFailures, renderFingerprint];
+    const plotParts = () =>
+      [renderPareto, renderHistory, renderParallel, renderImportance, renderRoofline].concat(
+        S.selected !== null ? [renderSelected] : [],
+      );
+
+    function renderParts(parts) {
+      const times = window.tunerDashboard.renderMs || {};
       for (const part of parts) {
         const start = performance.now();
         part();
@@ -672,6 +736,7 @@
       }
       window.tunerDashboard.renderMs = times;
     }
+    onFullPlotly.push(() => renderParts(plotParts()));
 
     function renderHeader() {
       const study = S.study;
@@ -1587,7 +1652,9 @@
     );
     $("trial-next").addEventListener("click", () => changeTable(() => (S.tableOffset += TABLE_PAGE)));
 
-    if (!hasPlotly()) showError("plotly.min.js did not load: plots are unavailable, tables still work.");
+    plotlyReady.then(() => {
+      if (!hasPlotly()) showError("Plotly did not load: plots are unavailable, tables still work.");
+    });
     refreshData(true).then(() => {
       const match = /^#trial-(\d+)$/.exec(window.location.hash);
       if (match) selectTrial(Number(match[1]));
