@@ -127,6 +127,23 @@ def run_one(path: Path, metric: str, strategy: str, seed: int, trials: int) -> d
     return {"curve": curve, "repeats": repeats, "infeasible": infeasible, "ask_ms": ask_ms, "exhausted": exhausted}
 
 
+def cached_run(path: Path, metric: str, strategy: str, seed: int, trials: int, cache: str | None) -> dict[str, Any]:
+    """:func:`run_one`, its result kept as ``cache/<landscape>-<strategy>-<metric>-t<trials>-s<seed>.json`` when
+    ``cache`` is given and read back from there on a later call: a long run stopped part way keeps the studies
+    it finished. The file knows nothing of the strategy's code: use a fresh directory after changing it."""
+    if cache is None:
+        return run_one(path, metric, strategy, seed, trials)
+    file = Path(cache) / f"{path.stem}-{strategy}-{metric}-t{trials}-s{seed}.json"
+    if file.is_file():
+        return json.loads(file.read_text())
+    result = run_one(path, metric, strategy, seed, trials)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    part = file.with_suffix(".part")
+    part.write_text(json.dumps(result))
+    part.replace(file)
+    return result
+
+
 def trials_to(curve: list[float], target: float, maximize: bool) -> int | None:
     for i, value in enumerate(curve, start=1):
         if value == value and (value >= target if maximize else value <= target):
@@ -433,6 +450,7 @@ def main() -> None:
     )
     parser.add_argument("--out")
     parser.add_argument("--jobs", type=int, default=1, help="studies run in parallel processes (one per core)")
+    parser.add_argument("--cache", help="a directory keeping each finished study (reused by a later run)")
     parser.add_argument(
         "--objectives", nargs=2, metavar="METRIC", help="two metrics: hypervolume of 2-objective studies instead"
     )
@@ -467,7 +485,8 @@ def main() -> None:
         if strategy == "random":
             summary[strategy] = random_summary(records, metric, best, maximize, args.trials)
             continue
-        runs = _map(run_one, [(path, metric, strategy, s, args.trials) for s in range(args.seeds)], args.jobs)
+        calls = [(path, metric, strategy, s, args.trials, args.cache) for s in range(args.seeds)]
+        runs = _map(cached_run, calls, args.jobs)
         summary[strategy] = {"seeds": args.seeds, **summarise(runs, best, maximize, args.trials)}
         curves[strategy] = [
             [round(v / best if maximize else best / v, 4) if v == v else None for v in r["curve"]] for r in runs

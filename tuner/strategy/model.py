@@ -10,8 +10,11 @@
    feasible unmeasured candidates plus 1-3-knob moves around the best configs.
 3. In-flight configs are excluded and enter the GP at their predicted mean (kriging believer), so a
    batch of proposals spreads out instead of piling onto one peak.
-4. Once ``patience`` feasible results exist, every third proposal (one objective) is the most
-   uncertain feasible candidate instead: a restart somewhere the model knows little about.
+4. One objective: every third proposal is a local step, the best-scored unmeasured config that
+   differs from the incumbent in the fewest knobs (one where any is left): a plateau's peak often
+   lies one knob away (a block equal to the row length) where a smooth model ranks it low. Once the
+   best result is older than the latest ``patience`` feasible ones, another third of the proposals
+   are the most uncertain feasible candidate: a restart somewhere the model knows little about.
 5. The posterior conditions on a bounded active set (:data:`PREDICT_CAP` observations: the best
    half and the latest), so a proposal costs about the same at 1,000 trials as at 150.
 6. With priors (configs measured at other shapes, :mod:`tuner.strategy.priors`), the surrogate conditions
@@ -43,6 +46,7 @@ PREDICT_CAP = 150  # observations the posterior conditions on (a bounded active 
 SPREAD_CHOICES = 20  # random candidates a space-filling proposal picks the most distant of
 INCUMBENTS = 3  # best configs whose local moves join the candidates
 CHEBYSHEV_RHO = 0.05
+LOCAL_TURN = 1  # trial numbers equal to this mod 3 (one objective) take a local step around the incumbent
 
 
 def standardise(y: np.ndarray) -> np.ndarray:
@@ -63,6 +67,15 @@ def warp(y: np.ndarray) -> np.ndarray:
         scores = ndtri((ranks + 0.5) / n)
         out[~upper] = np.minimum(scores[~upper], 0.0)
     return (out - out.mean()) / (out.std() or 1.0)
+
+
+def _nearest_first(R: np.ndarray, levels: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``order`` with the rows of ``R`` that differ from ``levels`` in the fewest knobs moved to the front
+    (each group keeping its order): a local step, the best-scored unmeasured neighbour of the incumbent."""
+    same = (R == levels) | (np.isnan(R) & np.isnan(levels))
+    distance = (~same).sum(1)[order]
+    near = distance <= max(1, int(distance.min()))
+    return np.concatenate([order[near], order[~near]])
 
 
 class SpaceExhausted(RuntimeError):
@@ -149,7 +162,10 @@ class Strategy:
             score = np.log(std) + log_feasible
         else:
             score = gp.log_expected_improvement(mean, std, float(y.max())) + log_feasible
-        return self._first_accepted(R, np.argsort(-score, kind="stable"), exclude)
+        order = np.argsort(-score, kind="stable")
+        if len(self.signs) == 1 and number % 3 == LOCAL_TURN:
+            order = _nearest_first(R, incumbents[0].levels, order)
+        return self._first_accepted(R, order, exclude)
 
     def _propose_with_priors(
         self,
@@ -335,7 +351,11 @@ class Strategy:
         return np.log(np.clip(0.5 * erfc(-z / math.sqrt(2)), 1e-6, 1.0))
 
     def _stalled(self, done: list[Observation], y: np.ndarray) -> bool:
-        """Whether to spend every third proposal on the most uncertain candidate: once ``patience`` feasible
-        results exist, for one objective. (The replay figures were measured with this schedule; an earlier
-        "no improvement for ``patience`` trials" test read as always true past ``patience``, by a NaN.)"""
-        return len(self.signs) == 1 and len(done) >= self.patience
+        """Whether to spend every third proposal on the most uncertain candidate (a restart): for one
+        objective, once the best result is older than the latest ``patience`` feasible results. (Until
+        then those turns go to the acquisition: spent on the most uncertain configs, they were mostly
+        huge or tiny tiles far off any plateau.)"""
+        if len(self.signs) != 1 or len(done) < self.patience:
+            return False
+        numbers = np.array([o.number for o in done])
+        return bool(numbers[int(np.argmax(y))] < np.sort(numbers)[-self.patience])
