@@ -6,8 +6,10 @@ ask, ``SearchSpace.suggest``, the orchestrator's static check, its tell with con
 with the ``replay`` workload answering each trial from the file: no Ray, no database, so twenty
 seeds of every strategy fit in minutes on a CPU. A proposal of a config measured before costs no
 trial (the engine reuses the earlier result) and one that fails a static check neither: both are
-counted. A study ends after ``--trials`` measured configs, or when the sampler says the space is
-exhausted.
+counted. A study ends after ``--trials`` measured configs, when the sampler says the space is
+exhausted, or when it measures the landscape's best config: its best-so-far curve is flat from there, so
+the curve is filled up to the budget with that value (repeated and infeasible proposals and proposal times
+are then counted up to that trial).
 
 Strategies: ``random`` (uniform random search without repeats over the statically feasible
 configs, computed exactly from the landscape: no sampling), ``tpe`` and ``gp`` (Optuna's
@@ -70,7 +72,8 @@ def run_one(path: Path, metric: str, strategy: str, seed: int, trials: int) -> d
     from tuner.strategy import SpaceExhausted
     from tuner.workload import DeviceInfo, TrialStatus
 
-    replay, space, maximize, _ = load(path, metric)
+    replay, space, maximize, records = load(path, metric)
+    top = _landscape_best(records, metric, maximize)
     device = DeviceInfo()
     sampler = make_sampler(
         SAMPLER[strategy],
@@ -88,6 +91,7 @@ def run_one(path: Path, metric: str, strategy: str, seed: int, trials: int) -> d
     best, worst, curve, ask_ms = math.nan, math.nan, [], []
     repeats = infeasible = in_a_row = 0
     exhausted = False
+    stopped_at = None
     while len(curve) < trials and in_a_row < REPEAT_LIMIT:
         if hasattr(sampler, "is_exhausted") and sampler.is_exhausted(study):
             exhausted = True
@@ -121,10 +125,25 @@ def run_one(path: Path, metric: str, strategy: str, seed: int, trials: int) -> d
                 worse = worst != worst or (value < worst if maximize else value > worst)
                 worst = value if worse else worst
             curve.append(best)
+            if best == top:  # the landscape's best: every later best-so-far value is this one
+                stopped_at = len(curve)
+                curve += [best] * (trials - len(curve))
         # told as the orchestrator tells it: a failure at the worst value seen, its constraint violated
         study._storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, [0.0 if ok else 1.0])
         study.tell(trial, value if ok else (worst if worst == worst else 0.0))
-    return {"curve": curve, "repeats": repeats, "infeasible": infeasible, "ask_ms": ask_ms, "exhausted": exhausted}
+    return {
+        "curve": curve,
+        "repeats": repeats,
+        "infeasible": infeasible,
+        "ask_ms": ask_ms,
+        "exhausted": exhausted,
+        "stopped_at_best": stopped_at,
+    }
+
+
+def _landscape_best(records: list[dict[str, Any]], metric: str, maximize: bool) -> float:
+    values = [r["metrics"][metric] for r in records if r["status"] == "ok" and r["metrics"].get(metric) is not None]
+    return max(values) if maximize else min(values)
 
 
 def cached_run(path: Path, metric: str, strategy: str, seed: int, trials: int, cache: str | None) -> dict[str, Any]:
@@ -194,6 +213,7 @@ def summarise(runs: list[dict[str, Any]], best: float, maximize: bool, budget: i
         repeated_proposals_per_study=statistics.mean(r["repeats"] for r in runs),
         infeasible_proposals_per_study=statistics.mean(r["infeasible"] for r in runs),
         measured_per_study=statistics.mean(len(r["curve"]) for r in runs),
+        studies_ended_at_the_best=sum(1 for r in runs if r.get("stopped_at_best")),
         ms_per_proposal_mean=round(statistics.mean(asks), 2) if asks else None,
         ms_per_proposal_last20=round(statistics.mean(tail), 2) if tail else None,
     )
