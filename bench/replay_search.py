@@ -471,6 +471,7 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--jobs", type=int, default=1, help="studies run in parallel processes (one per core)")
     parser.add_argument("--cache", help="a directory keeping each finished study (reused by a later run)")
+    parser.add_argument("--note", help="a sentence kept in the JSON's notes (with --merge, after the earlier ones)")
     parser.add_argument(
         "--objectives", nargs=2, metavar="METRIC", help="two metrics: hypervolume of 2-objective studies instead"
     )
@@ -512,11 +513,13 @@ def main() -> None:
             [round(v / best if maximize else best / v, 4) if v == v else None for v in r["curve"]] for r in runs
         ]
         print(strategy, json.dumps(summary[strategy]), flush=True)
+    notes = [args.note] if args.note else []
     if args.merge and args.out and Path(args.out).is_file():
         earlier = json.loads(Path(args.out).read_text())
         if earlier.get("benchmark") == BENCHMARK and earlier.get("trials_per_study") == args.trials:
             summary = {**earlier["summary"], **summary}
             curves = {**earlier.get("curves_fraction_of_best", {}), **curves}
+            notes = [*earlier.get("notes", []), *notes]
     summary = {s: summary[s] for s in STRATEGIES if s in summary}
     write_result(
         {
@@ -530,6 +533,7 @@ def main() -> None:
             "trials_per_study": args.trials,
             "seeds_per_strategy": {s: e.get("seeds") for s, e in summary.items() if s != "random"},
             "seed_configs": "none (every strategy starts from nothing)",
+            "notes": notes,
             "summary": summary,
             "curves_fraction_of_best": curves,
         },
