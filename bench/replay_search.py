@@ -146,13 +146,17 @@ def _landscape_best(records: list[dict[str, Any]], metric: str, maximize: bool) 
     return max(values) if maximize else min(values)
 
 
+def cache_file(cache: str, path: Path, strategy: str, metric: str, trials: int, seed: int) -> Path:
+    return Path(cache) / f"{path.stem}-{strategy}-{metric}-t{trials}-s{seed}.json"
+
+
 def cached_run(path: Path, metric: str, strategy: str, seed: int, trials: int, cache: str | None) -> dict[str, Any]:
     """:func:`run_one`, its result kept as ``cache/<landscape>-<strategy>-<metric>-t<trials>-s<seed>.json`` when
     ``cache`` is given and read back from there on a later call: a long run stopped part way keeps the studies
     it finished. The file knows nothing of the strategy's code: use a fresh directory after changing it."""
     if cache is None:
         return run_one(path, metric, strategy, seed, trials)
-    file = Path(cache) / f"{path.stem}-{strategy}-{metric}-t{trials}-s{seed}.json"
+    file = cache_file(cache, path, strategy, metric, trials, seed)
     if file.is_file():
         return json.loads(file.read_text())
     result = run_one(path, metric, strategy, seed, trials)
@@ -471,6 +475,9 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--jobs", type=int, default=1, help="studies run in parallel processes (one per core)")
     parser.add_argument("--cache", help="a directory keeping each finished study (reused by a later run)")
+    parser.add_argument(
+        "--cached-only", action="store_true", help="summarise only the studies already in --cache (of --seeds)"
+    )
     parser.add_argument("--note", help="a sentence kept in the JSON's notes (with --merge, after the earlier ones)")
     parser.add_argument(
         "--objectives", nargs=2, metavar="METRIC", help="two metrics: hypervolume of 2-objective studies instead"
@@ -479,6 +486,8 @@ def main() -> None:
         "--merge", action="store_true", help="keep the other strategies' entries of --out when it is this benchmark's"
     )
     args = parser.parse_args()
+    if args.cached_only and not args.cache:
+        parser.error("--cached-only needs --cache")
     if args.timing_trials:
         strategies = [s for s in args.strategies if s in ("tpe", "tuner")]
         result = proposal_times(args.timing_trials, strategies)
@@ -506,9 +515,17 @@ def main() -> None:
         if strategy == "random":
             summary[strategy] = random_summary(records, metric, best, maximize, args.trials)
             continue
-        calls = [(path, metric, strategy, s, args.trials, args.cache) for s in range(args.seeds)]
+        seeds = list(range(args.seeds))
+        if args.cached_only:  # the studies a stopped run finished, and no others
+            seeds = [s for s in seeds if cache_file(args.cache, path, strategy, metric, args.trials, s).is_file()]
+            if not seeds:
+                continue
+        calls = [(path, metric, strategy, s, args.trials, args.cache) for s in seeds]
         runs = _map(cached_run, calls, args.jobs)
-        summary[strategy] = {"seeds": args.seeds, **summarise(runs, best, maximize, args.trials)}
+        entry = {"seeds": len(seeds), **summarise(runs, best, maximize, args.trials)}
+        if len(seeds) < args.seeds:
+            entry["seed_numbers"] = seeds
+        summary[strategy] = entry
         curves[strategy] = [
             [round(v / best if maximize else best / v, 4) if v == v else None for v in r["curve"]] for r in runs
         ]
