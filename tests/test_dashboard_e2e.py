@@ -263,7 +263,9 @@ def test_study_page_in_a_real_browser(server: str) -> None:
             )
             assert sorted(points) == feasible
 
-            # Every chart drew (Plotly writes this note where WebGL, for parcoords, cannot start).
+            # Every chart drew (Plotly writes this note where WebGL, for parcoords, cannot start). The parallel
+            # plot needs Plotly's full bundle, which the page loads only for it: wait for that plot's drawing.
+            page.wait_for_selector("#parallel-plot .main-svg", timeout=30_000)
             assert "WebGL is not supported" not in page.locator("main").text_content()
             assert "tile" in page.locator("#parallel-plot").text_content()
 
