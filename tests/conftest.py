@@ -93,6 +93,19 @@ CHROMIUM_ARGS = [
 ]
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+#: Skip unless the kernels compile and run on a CUDA GPU (not under the Triton interpreter).
+compiled_gpu = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1" or not _has_cuda(),
+    reason="needs a CUDA GPU and compiled kernels (not the interpreter)",
+)
+
+
 def chromium_or_skip() -> str:
     """The Chromium binary, or skip (fail under TUNER_REQUIRE_BROWSER=1) when it or Playwright is missing."""
     path = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)

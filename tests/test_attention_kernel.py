@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 import pytest
+from conftest import compiled_gpu
 
 from tuner.workload import DeviceInfo, TrialContext, TrialStatus
 
@@ -488,20 +489,8 @@ def test_compile_failures_become_statuses(monkeypatch: pytest.MonkeyPatch) -> No
 # --------------------------------------------------------------------------- on a GPU
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-gpu = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") == "1" or not _has_cuda(),
-    reason="needs a CUDA GPU and compiled kernels (not the interpreter)",
-)
-
-
 @pytest.mark.gpu
-@gpu
+@compiled_gpu
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -533,7 +522,7 @@ def test_gpu_numerics_against_sdpa(shape: tuple[int, int, int, int], causal: boo
 
 
 @pytest.mark.gpu
-@gpu
+@compiled_gpu
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("use_tma", [False, True], ids=["pointers", "tma"])
 def test_gpu_workload_prepare_then_run(use_tma: bool) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 from typing import Any
 
 import pytest
+from conftest import compiled_gpu
 
 from tuner.workload import DeviceInfo, TrialContext, TrialStatus
 
@@ -119,20 +119,8 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
         assert estimate - 1024 <= result["shared"] <= estimate, (result, estimate)
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-gpu = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") == "1" or not _has_cuda(),
-    reason="needs a CUDA GPU and compiled kernels (not the interpreter)",
-)
-
-
 @pytest.mark.gpu
-@gpu
+@compiled_gpu
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 4, 2048, 64)], ids=lambda s: "x".join(map(str, s)))

@@ -10,10 +10,10 @@ at two shapes each, ragged edges included.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pytest
+from conftest import compiled_gpu
 
 from tuner.workload import DeviceInfo, TrialContext, TrialStatus
 
@@ -235,20 +235,8 @@ def test_persistent_seeds_compile_for_sm90_within_the_shared_memory_rule(aot_chi
 # --------------------------------------------------------------------------- on a GPU
 
 
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
-gpu = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") == "1" or not _has_cuda(),
-    reason="needs a CUDA GPU and compiled kernels (not the interpreter)",
-)
-
-
 @pytest.mark.gpu
-@gpu
+@compiled_gpu
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "fp8"])
 @pytest.mark.parametrize("shape", [(1000, 1032, 528), (4096, 4096, 4096)], ids=lambda s: "x".join(map(str, s)))
@@ -267,7 +255,7 @@ def test_gpu_persistent_gemm_numerics(precision: str, shape: tuple[int, int, int
 
 
 @pytest.mark.gpu
-@gpu
+@compiled_gpu
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 4, 2048, 64)], ids=lambda s: "x".join(map(str, s)))
