@@ -34,6 +34,10 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
 
     workload = FlashAttention(batch=2, heads=16, seq_len=4096, head_dim=128, causal=True)
     assert "interpreter" in (workload.static_check(_config(), CPU) or "")
+    # Import Triton (through the kernel module) while the interpreter is still on: the first import decides
+    # whether kernels interpret for the rest of the process, and later tests here need the interpreter.
+    import kernels.attention_ws  # noqa: F401
+
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert "compute capability 9.x" in (workload.static_check(_config(), B200) or "")
     assert "BLOCK_M=128" in (workload.static_check({**_config(), "BLOCK_M": 64}, H200) or "")
