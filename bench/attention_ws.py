@@ -10,6 +10,11 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
 
     PYTHONPATH=. python bench/attention_ws.py check --out bench/results/attention-ws-check-h200.json
     PYTHONPATH=. python bench/attention_ws.py sweep --out bench/results/kernel-variants-attention-ws-h200.json
+    PYTHONPATH=. python bench/attention_ws.py persistent \
+        --out bench/results/kernel-variants-attention-ws-persistent-h200.json
+
+- ``persistent``: the persistent grid's candidates (:data:`PERSISTENT_CONFIGS`) and the best one-tile config at
+  every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``).
 """
 
 from __future__ import annotations
@@ -165,9 +170,58 @@ def grid_order(rounds: int) -> dict[str, Any]:
     return {"wrong": wrong, "order": rows, "summary": {"wrong": len(wrong), "shapes": len(rows)}}
 
 
+#: The persistent grid's candidates (and the best one-tile config, for the same-run comparison).
+PERSISTENT_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True},
+    {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True},
+    {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": False, "PERSISTENT": True},
+    {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True},
+    {"BLOCK_N": 128, "NUM_BUFFERS": 4, "OVERLAP": True, "PERSISTENT": True},
+]
+
+
+def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None) -> dict[str, Any]:
+    """At every target shape: one round over ``configs`` picks the fastest, which is then re-measured
+    interleaved with SDPA cuDNN and flash (``rounds`` rounds, medians). Written after each shape."""
+    from kernels.attention_ws import check_config
+
+    wrong = {json.dumps(r["config"], sort_keys=True) for r in check(configs)["check"] if not r["ok"]}
+    configs = [c for c in configs if json.dumps(c, sort_keys=True) not in wrong]
+    result: dict[str, Any] = {"kernel": "kernels/attention_ws.py attention_fwd_ws_kernel (Gluon, warp-specialized)",
+                              "wrong": sorted(wrong), "attention": [], "targets": []}  # fmt: skip
+    for shape in SHAPES:
+        d, causal, s = shape["head_dim"], shape["causal"], shape["seq_len"]
+        usable = [c for c in configs if not check_config(d, c["BLOCK_N"], c["NUM_BUFFERS"], "bf16")]
+        measurers = _measurers(shape, usable)
+        first = {n: median(v) for n, v in interleaved({n: m for n, m in measurers.items() if n.startswith("ws")},
+                                                       1).items()}  # fmt: skip
+        best = max(first, key=lambda n: first[n] or 0.0)
+        values = interleaved({n: measurers[n] for n in (best, "cudnn", "flash") if n in measurers}, rounds)
+        medians = {name: median(v) for name, v in values.items()}
+        lib = max((n for n in ("cudnn", "flash") if medians.get(n)), key=lambda n: medians[n])
+        tuned, base = medians[best], medians[lib]
+        ratio = tuned / base if tuned and base else None
+        goal = 0.95 if d == 128 else 1.0
+        name = f"attention fwd bf16 S={s} D={d} {'causal' if causal else 'full'} vs SDPA {lib}"
+        result["targets"].append({"target": name, "tuned": round(tuned, 1), "baseline": round(base, 1),
+                                  "ratio": None if ratio is None else round(ratio, 4), "goal": goal,
+                                  "verdict": verdict(ratio, goal)})  # fmt: skip
+        result["attention"].append({"shape": shape, "config": usable[int(best[2:])],
+                                    "first_round": {usable[int(n[2:])].__repr__(): round(v, 1) for n, v in first.items()
+                                                    if v},
+                                    "medians": {n: round(m, 1) for n, m in medians.items() if m},
+                                    "samples": values})  # fmt: skip
+        print(f"  {name}: {tuned:.1f} vs {base:.1f} = {ratio:.3f} ({result['targets'][-1]['verdict']}) "
+              f"with {usable[int(best[2:])]}; first round " + ", ".join(f"{v:.0f}" for v in first.values() if v),
+              flush=True)  # fmt: skip
+        write_result({"benchmark": "warp-specialized attention: per-shape winner", **result}, out)
+    result["summary"] = {t["target"]: [t["ratio"], t["verdict"]] for t in result["targets"]}
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=["check", "sweep", "order"])
+    parser.add_argument("phase", choices=["check", "sweep", "order", "persistent"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
@@ -177,6 +231,8 @@ def main() -> None:
     swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
     if ns.phase == "order":
         result = grid_order(ns.rounds)
+    elif ns.phase == "persistent":
+        result = per_shape(PERSISTENT_CONFIGS, ns.rounds, ns.out)
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
     write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)

@@ -265,8 +265,9 @@ class FlashAttention(KernelWorkload):
         for knob in ("use_tma", "SPLIT_M"):
             if config.get(knob, False):
                 return f"{knob} belongs to the Triton kernels; gluon_ws always loads through TMA, 64 rows per consumer"
-        if not isinstance(config.get("OVERLAP", False), bool):
-            return f"OVERLAP must be true or false, got {config.get('OVERLAP')!r}"
+        for knob in ("OVERLAP", "PERSISTENT"):
+            if not isinstance(config.get(knob, False), bool):
+                return f"{knob} must be true or false, got {config.get(knob)!r}"
         if tile["BLOCK_M"] != 128 or tile["num_warps"] != 4:
             return (
                 "gluon_ws takes BLOCK_M=128 (two consumer warpgroups of 64 rows) and num_warps=4 (per consumer), "
@@ -448,11 +449,12 @@ class FlashAttention(KernelWorkload):
 
     @staticmethod
     def _gluon_ws_kwargs(config: dict[str, Any]) -> dict[str, Any]:
-        """The Gluon kernel's arguments: its key block, K/V stages (``num_stages``) and overlap flag."""
+        """The Gluon kernel's arguments: its key block, K/V stages (``num_stages``), overlap and persistent flags."""
         return {
             "BLOCK_N": int(config["BLOCK_N"]),
             "NUM_BUFFERS": int(config["num_stages"]),
             "OVERLAP": bool(config.get("OVERLAP", False)),
+            "PERSISTENT": bool(config.get("PERSISTENT", False)),
         }
 
     @classmethod

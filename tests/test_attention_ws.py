@@ -23,9 +23,10 @@ H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), sm
 B200 = DeviceInfo(kind="cuda", name="NVIDIA B200", compute_capability=(10, 0), smem_per_block_bytes=232448)
 
 
-def _config(block_n: int = 128, stages: int = 3, overlap: bool = True, **extra: Any) -> dict[str, Any]:
+def _config(block_n: int = 128, stages: int = 3, overlap: bool = True, persistent: bool = False,
+            **extra: Any) -> dict[str, Any]:  # fmt: skip
     return {"BLOCK_M": 128, "BLOCK_N": block_n, "num_warps": 4, "num_stages": stages, "precision": "bf16",
-            "kernel": "gluon_ws", "OVERLAP": overlap, **extra}  # fmt: skip
+            "kernel": "gluon_ws", "OVERLAP": overlap, "PERSISTENT": persistent, **extra}  # fmt: skip
 
 
 @pytest.mark.timeout(60)
@@ -45,6 +46,7 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
     assert "SPLIT_M" in (workload.static_check(_config(SPLIT_M=True), H200) or "")
     assert "BLOCK_N" in (workload.static_check(_config(block_n=256), H200) or "")
     assert "OVERLAP" in (workload.static_check(_config(overlap="yes"), H200) or "")
+    assert "PERSISTENT" in (workload.static_check(_config(persistent=1), H200) or "")
     assert "shared memory" in (workload.static_check(_config(stages=4), H200) or "")
     assert workload.static_check(_config(), H200) is None
 
@@ -66,10 +68,10 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     from objectives.flash_attention import FlashAttention
 
     workload = FlashAttention(batch=4, heads=16, seq_len=8192, head_dim=128, causal=True)
-    exported = workload.export_config(_config())
+    exported = workload.export_config(_config(persistent=True))
     assert exported["function"] == "kernels.attention_ws.attention_ws"
-    assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True}
-    source = workload.export_python(_config())
+    assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True}
+    source = workload.export_python(_config(persistent=True))
     tree = ast.parse(source)
     namespace: dict[str, Any] = {}
     exec(compile(tree, "<export>", "exec"), namespace)  # the import line and the config dict run as pasted
@@ -103,14 +105,15 @@ for job in json.loads(sys.argv[1]):
 
 @pytest.mark.timeout(240)
 def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_child: Any) -> None:
-    """Causal and full, D 64 and 128, with and without the overlap: wgmma and TMA in the PTX, the loader's
-    24-register budget carved out, shared memory within the static check's estimate."""
+    """Causal and full, D 64 and 128, with and without the overlap, one program per tile and persistent: wgmma
+    and TMA in the PTX, the loader's 24-register budget carved out, shared memory within the static check's
+    estimate."""
     from kernels.attention_ws import check_config
 
-    variants = ((128, True, True), (128, False, False), (64, True, False), (64, False, True))
+    variants = ((128, True, True, False), (128, False, False, True), (64, True, False, True), (64, False, True, False))
     jobs = []
-    for d, c, o in variants:
-        config = {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2, "OVERLAP": o}
+    for d, c, o, p in variants:
+        config = {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2, "OVERLAP": o, "PERSISTENT": p}
         jobs.append({"shape": [2, 16, 2048, d], "config": config})
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
     assert len(lines) == len(jobs), lines
@@ -140,13 +143,13 @@ def test_gpu_gluon_attention_trial_and_log_sum_exp(shape: tuple[int, int, int, i
     device = device_info()
     batch, heads, seq_len, head_dim = shape
     workload = FlashAttention(batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim, causal=causal)
-    for block_n, overlap in ((64, False), (128, True)):
-        config = _config(block_n=block_n, stages=2, overlap=overlap)
+    for block_n, overlap, persistent in ((64, False, False), (128, True, False), (128, True, True)):
+        config = _config(block_n=block_n, stages=2, overlap=overlap, persistent=persistent)
         result = workload.run(config, device, TrialContext(trial_number=1))
         assert result.status is TrialStatus.OK, (config, result.error)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     lse = torch.empty(shape[:3], device="cuda", dtype=torch.float32)
-    attention_ws(q, k, v, causal=causal, lse=lse, OVERLAP=True)
+    attention_ws(q, k, v, causal=causal, lse=lse, OVERLAP=True, PERSISTENT=True)
     scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(head_dim)
     if causal:
         scores = scores.masked_fill(torch.ones(seq_len, seq_len, device="cuda", dtype=torch.bool).triu(1), -math.inf)
