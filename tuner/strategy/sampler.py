@@ -25,6 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.space import LOG2_SUFFIX, Param, SearchSpace
 from tuner.strategy.candidates import FeasibleSet, StaticCheck
+from tuner.strategy.gp import one_blas_thread
 from tuner.strategy.history import History
 from tuner.strategy.model import SpaceExhausted, Strategy
 from tuner.strategy.priors import Prior
@@ -120,7 +121,8 @@ class TunerSampler(BaseSampler):
         observations = self._history.read(study, current=number)
         seen = {o.number for o in observations}
         planned = [c for n, c in sorted(self._planned.items()) if n != number and n not in seen]
-        config = strategy.propose(observations, planned, number)
+        with one_blas_thread():
+            config = strategy.propose(observations, planned, number)
         remaining = strategy.remaining(strategy.exclusion(observations, [*planned, config]))
         self._last_remaining = remaining
         return config
