@@ -178,6 +178,13 @@ PERSISTENT_CONFIGS: list[dict[str, Any]] = [
     {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True},
     {"BLOCK_N": 128, "NUM_BUFFERS": 4, "OVERLAP": True, "PERSISTENT": True},
 ]
+#: The ping-pong candidates beside the persistent winner (``pingpong`` phase).
+PINGPONG_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True},
+    {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": True},
+    {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": True},
+    {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PINGPONG": True},
+]
 
 
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None) -> dict[str, Any]:
@@ -221,7 +228,7 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=["check", "sweep", "order", "persistent"])
+    parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
@@ -231,8 +238,8 @@ def main() -> None:
     swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
     if ns.phase == "order":
         result = grid_order(ns.rounds)
-    elif ns.phase == "persistent":
-        result = per_shape(PERSISTENT_CONFIGS, ns.rounds, ns.out)
+    elif ns.phase in ("persistent", "pingpong"):
+        result = per_shape(PERSISTENT_CONFIGS if ns.phase == "persistent" else PINGPONG_CONFIGS, ns.rounds, ns.out)
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
     write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)

@@ -237,9 +237,9 @@ if gluon is not None:
 
     @gluon.jit
     def _consume_overlap(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base, qk_scale,
-                         SEQ_LEN, q_free, release_q, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
-                         MASK: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-                         p_layout: gl.constexpr):  # fmt: skip
+                         SEQ_LEN, q_free, release_q, my_turn, their_turn, turns, BLOCK_N: gl.constexpr,
+                         NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
+                         p_layout: gl.constexpr, c: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
         """As :func:`_consume`, with the scores of block j+1 in flight while P_j V_j and the softmax of j+1 run.
 
         Per step: issue S_{j+1} = Q K_{j+1}^T and acc += P_j V_j (both async), wait for S_{j+1} only
@@ -263,11 +263,16 @@ if gluon is not None:
             nstage = (base + j) % NUM_BUFFERS
             nphase = ((base + j) // NUM_BUFFERS) & 1
             mbarrier.wait(k_ready.index(nstage), nphase)
+            mbarrier.wait(v_ready.index(stage), phase)
+            if PINGPONG:  # consumer 0 takes the first turn: its first wait is on a fresh barrier's parity 1
+                mbarrier.wait(my_turn, (turns & 1) ^ (1 - c))
             k_t = k_smem.index(nstage).permute((1, 0))
             s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(stage), phase)
             v = v_smem.index(stage)
             acc = warpgroup_mma(p_op, v, acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(their_turn, count=1)
+                turns += 1
             s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
             p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK,
                                                    CAUSAL)  # fmt: skip
@@ -285,13 +290,13 @@ if gluon is not None:
         acc = warpgroup_mma(p_op, v, acc, is_async=True)
         acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
         mbarrier.arrive(kv_empty.index(stage), count=1)
-        return acc, m_i, l_i
+        return acc, m_i, l_i, turns
 
     @gluon.jit
-    def _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, start_m, row0,
-                     n_full, n_blocks, base, q_phase, qk_scale, c: gl.constexpr, SEQ_LEN, HEAD_DIM: gl.constexpr,
-                     BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr,
-                     STORE_LSE: gl.constexpr):  # fmt: skip
+    def _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
+                     row0, n_full, n_blocks, base, q_phase, turns, qk_scale, c: gl.constexpr, SEQ_LEN,
+                     HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
+                     OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
         """Consumer ``c`` on one tile: query rows ``start_m * 128 + c * 64 + [0, 64)`` over all its key blocks.
 
         Frees its Q buffer (``q_empty``) as soon as the last wgmma that reads it is done (with ``OVERLAP`` before
@@ -309,16 +314,16 @@ if gluon is not None:
         q = q_smem.index(c)
         if OVERLAP:
             if n_full > 0:
-                acc, m_i, l_i = _consume_overlap(
+                acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base, qk_scale,
-                    SEQ_LEN, q_empty.index(c), n_blocks == n_full, BLOCK_N, NUM_BUFFERS, False, CAUSAL, s_layout,
-                    p_layout,
+                    SEQ_LEN, q_empty.index(c), n_blocks == n_full, turn.index(c), turn.index(1 - c), turns, BLOCK_N,
+                    NUM_BUFFERS, False, CAUSAL, s_layout, p_layout, c, PINGPONG,
                 )  # fmt: skip
             if n_blocks > n_full:
-                acc, m_i, l_i = _consume_overlap(
+                acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
-                    qk_scale, SEQ_LEN, q_empty.index(c), True, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout,
-                    p_layout,
+                    qk_scale, SEQ_LEN, q_empty.index(c), True, turn.index(c), turn.index(1 - c), turns, BLOCK_N,
+                    NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG,
                 )  # fmt: skip
         else:
             acc, m_i, l_i = _consume(
@@ -338,40 +343,43 @@ if gluon is not None:
         offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
         ptrs = Out + (row0 + gl.expand_dims(o_rows, 1)) * HEAD_DIM + gl.expand_dims(offs_d, 0)
         gl.store(ptrs, acc.to(Out.dtype.element_ty), mask=gl.expand_dims(o_rows < SEQ_LEN, 1))
+        return turns
 
     @gluon.jit
-    def _consumer(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
+    def _consumer(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, qk_scale,
                   c: gl.constexpr, SEQ_LEN, BH, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                   NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
-                  HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr):  # fmt: skip
+                  HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
         """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn."""
         if PERSISTENT:
             num_m = gl.cdiv(SEQ_LEN, 128)
             base = 0
             i = 0
+            turns = gl.program_id(0) * 0  # a tensor: the loop carries it
             for item in range(gl.program_id(0), _num_items(num_m, BH, CAUSAL), gl.num_programs(0)):
                 off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
                 for h in range(tiles):
                     start_m = first + h * (second - first)
                     n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL)
-                    _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
-                                 start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1, qk_scale, c, SEQ_LEN,
-                                 HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE)  # fmt: skip
+                    turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                                         kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
+                                         turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
+                                         OVERLAP, STORE_LSE, PINGPONG)  # fmt: skip
                     base += n_blocks
                     i += 1
         else:
             off_hz, start_m = _program_tile(SEQ_LEN, CAUSAL, HEAD_MAJOR)
             n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL)
-            _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, start_m,
-                         off_hz * SEQ_LEN, n_full, n_blocks, 0, 0, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N,
-                         NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE)  # fmt: skip
+            _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
+                         off_hz * SEQ_LEN, n_full, n_blocks, 0, 0, gl.program_id(0) * 0, qk_scale, c, SEQ_LEN,
+                         HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG)  # fmt: skip
 
     @gluon.jit
     def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, sm_scale, SEQ_LEN, BH,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-                                PERSISTENT: gl.constexpr):  # fmt: skip
+                                PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
         """One tile of 128 query rows per program (grid (batch*head, query block), or with ``HEAD_MAJOR``
         (query block, batch*head) so that the programs of one head run together and share its K/V in L2), or,
         ``PERSISTENT``, a grid of at most one program per SM striding over work items (:func:`_work_item`)
@@ -386,9 +394,11 @@ if gluon is not None:
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(2):
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
+            mbarrier.init(turn.index(c), count=1)
         for i in gl.static_range(NUM_BUFFERS):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
@@ -396,12 +406,12 @@ if gluon is not None:
 
         gl.warp_specialize(
             [
-                (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
-                             0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, HEAD_MAJOR,
-                             PERSISTENT)),
-                (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
-                             1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, HEAD_MAJOR,
-                             PERSISTENT)),
+                (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
+                             qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
+                             HEAD_MAJOR, PERSISTENT, PINGPONG)),
+                (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
+                             qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
+                             HEAD_MAJOR, PERSISTENT, PINGPONG)),
                 (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
                            SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT)),
             ],
@@ -442,8 +452,8 @@ def _descriptors(q: Any, k: Any, v: Any, rows: int, head_dim: int, block_n: int)
 
 
 def _meta(head_dim: int, causal: bool, store_lse: bool, BLOCK_N: int = 128, NUM_BUFFERS: int = 2,
-          OVERLAP: bool = False, CONSUMER_REGS: int = 240, HEAD_MAJOR: bool = True,
-          PERSISTENT: bool = False) -> dict[str, Any]:  # fmt: skip
+          OVERLAP: bool = False, CONSUMER_REGS: int = 240, HEAD_MAJOR: bool = True, PERSISTENT: bool = False,
+          PINGPONG: bool = False) -> dict[str, Any]:  # fmt: skip
     return {
         "HEAD_DIM": head_dim,
         "BLOCK_N": BLOCK_N,
@@ -454,6 +464,7 @@ def _meta(head_dim: int, causal: bool, store_lse: bool, BLOCK_N: int = 128, NUM_
         "CONSUMER_REGS": CONSUMER_REGS,
         "HEAD_MAJOR": bool(HEAD_MAJOR),
         "PERSISTENT": bool(PERSISTENT),
+        "PINGPONG": bool(PINGPONG),
         "num_warps": 4,
         # Registers per thread over all 12 warps (65,536 / 384 = 170): the partitions' budgets are carved
         # from it (``setmaxnreg``): the loader keeps 24, the consumers take what that frees.
@@ -476,12 +487,14 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
     reason = check_config(head_dim, knobs.get("BLOCK_N", 128), knobs.get("NUM_BUFFERS", 2), precision)
     if reason:
         raise ValueError(reason)
+    if knobs.get("PINGPONG") and not knobs.get("OVERLAP"):
+        raise ValueError("PINGPONG orders the OVERLAP loop's wgmmas between the consumers: it needs OVERLAP=True")
 
 
 #: The kernel's knobs (keyword arguments of :func:`attention_ws`) and their defaults.
 KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": 240, "HEAD_MAJOR": True,
-    "PERSISTENT": False,
+    "PERSISTENT": False, "PINGPONG": False,
 }  # fmt: skip
 
 
@@ -501,7 +514,8 @@ def attention_ws(
     Inputs and outputs as :func:`kernels.attention.attention` (``[B, H, S, D]`` contiguous bf16 or fp16,
     ``lse`` ``[B, H, S]`` fp32 when given). ``knobs``: those of :data:`KNOBS` (``BLOCK_N``, ``NUM_BUFFERS``,
     ``OVERLAP``, ``CONSUMER_REGS``, ``HEAD_MAJOR``, ``PERSISTENT``: one program per SM over all
-    tiles). Launches asynchronously on the current stream.
+    tiles, ``PINGPONG``: the consumers take turns to issue their wgmmas, with ``OVERLAP``). Launches
+    asynchronously on the current stream.
     """
     out = check_operands(q, k, v, out, lse)
     if not available():

@@ -265,9 +265,11 @@ class FlashAttention(KernelWorkload):
         for knob in ("use_tma", "SPLIT_M"):
             if config.get(knob, False):
                 return f"{knob} belongs to the Triton kernels; gluon_ws always loads through TMA, 64 rows per consumer"
-        for knob in ("OVERLAP", "PERSISTENT"):
+        for knob in ("OVERLAP", "PERSISTENT", "PINGPONG"):
             if not isinstance(config.get(knob, False), bool):
                 return f"{knob} must be true or false, got {config.get(knob)!r}"
+        if config.get("PINGPONG", False) and not config.get("OVERLAP", False):
+            return "PINGPONG orders the OVERLAP loop's wgmmas between the consumers: it needs OVERLAP=true"
         if tile["BLOCK_M"] != 128 or tile["num_warps"] != 4:
             return (
                 "gluon_ws takes BLOCK_M=128 (two consumer warpgroups of 64 rows) and num_warps=4 (per consumer), "
@@ -449,12 +451,14 @@ class FlashAttention(KernelWorkload):
 
     @staticmethod
     def _gluon_ws_kwargs(config: dict[str, Any]) -> dict[str, Any]:
-        """The Gluon kernel's arguments: its key block, K/V stages (``num_stages``), overlap and persistent flags."""
+        """The Gluon kernel's arguments: its key block, K/V stages (``num_stages``), overlap, persistent and
+        ping-pong flags."""
         return {
             "BLOCK_N": int(config["BLOCK_N"]),
             "NUM_BUFFERS": int(config["num_stages"]),
             "OVERLAP": bool(config.get("OVERLAP", False)),
             "PERSISTENT": bool(config.get("PERSISTENT", False)),
+            "PINGPONG": bool(config.get("PINGPONG", False)),
         }
 
     @classmethod

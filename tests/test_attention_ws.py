@@ -47,6 +47,7 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
     assert "BLOCK_N" in (workload.static_check(_config(block_n=256), H200) or "")
     assert "OVERLAP" in (workload.static_check(_config(overlap="yes"), H200) or "")
     assert "PERSISTENT" in (workload.static_check(_config(persistent=1), H200) or "")
+    assert "needs OVERLAP" in (workload.static_check(_config(overlap=False, PINGPONG=True), H200) or "")
     assert "shared memory" in (workload.static_check(_config(stages=4), H200) or "")
     assert workload.static_check(_config(), H200) is None
 
@@ -70,7 +71,8 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     workload = FlashAttention(batch=4, heads=16, seq_len=8192, head_dim=128, causal=True)
     exported = workload.export_config(_config(persistent=True))
     assert exported["function"] == "kernels.attention_ws.attention_ws"
-    assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True}
+    assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
+                                  "PINGPONG": False}  # fmt: skip
     source = workload.export_python(_config(persistent=True))
     tree = ast.parse(source)
     namespace: dict[str, Any] = {}
@@ -110,10 +112,12 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
     estimate."""
     from kernels.attention_ws import check_config
 
-    variants = ((128, True, True, False), (128, False, False, True), (64, True, False, True), (64, False, True, False))
+    variants = ((128, True, True, False), (128, False, False, True), (64, True, False, True), (64, False, True, False),
+                (128, True, True, True))  # fmt: skip
     jobs = []
     for d, c, o, p in variants:
-        config = {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2, "OVERLAP": o, "PERSISTENT": p}
+        config = {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2, "OVERLAP": o, "PERSISTENT": p,
+                  "PINGPONG": o and p}  # fmt: skip
         jobs.append({"shape": [2, 16, 2048, d], "config": config})
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
     assert len(lines) == len(jobs), lines
@@ -143,8 +147,9 @@ def test_gpu_gluon_attention_trial_and_log_sum_exp(shape: tuple[int, int, int, i
     device = device_info()
     batch, heads, seq_len, head_dim = shape
     workload = FlashAttention(batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim, causal=causal)
-    for block_n, overlap, persistent in ((64, False, False), (128, True, False), (128, True, True)):
-        config = _config(block_n=block_n, stages=2, overlap=overlap, persistent=persistent)
+    for block_n, overlap, persistent, pingpong in ((64, False, False, False), (128, True, False, True),
+                                                   (128, True, True, False), (128, True, True, True)):  # fmt: skip
+        config = _config(block_n=block_n, stages=2, overlap=overlap, persistent=persistent, PINGPONG=pingpong)
         result = workload.run(config, device, TrialContext(trial_number=1))
         assert result.status is TrialStatus.OK, (config, result.error)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
