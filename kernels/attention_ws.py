@@ -10,8 +10,10 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   stages (K and V with their own ready barriers, so the scores of a stage start before its V has
   landed). Two *consumer* warpgroups (4 warps each) take 64 query rows apiece and share every K/V
   stage; a stage is released (its ``empty`` barrier, two arrivals) when both have finished with it.
-  The consumers never wait for each other, so one's softmax runs while the other's wgmma does: the
-  ping-pong of FA3, left to the warp schedulers rather than forced by named barriers.
+  By default the consumers never wait for each other, and the warp schedulers interleave one's softmax with
+  the other's wgmma; ``PINGPONG`` (with ``OVERLAP``) forces FA3's ping-pong: the consumers take turns, through
+  two mbarriers, to issue a step's wgmmas, so one's softmax runs while the other's wgmmas do (on an H200:
+  1-5% on causal D=128, none elsewhere).
 - **Registers**: the loader gets 24 registers a thread, the consumers the rest (up to 240), which
   holds a 64 x D fp32 accumulator, a 64 x BLOCK_N score tile and the bf16 probabilities.
 - **Softmax**: base-2 online softmax (scores scaled by ``sm_scale * log2(e)``), masked with a large
