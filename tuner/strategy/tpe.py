@@ -110,11 +110,12 @@ def _numeric(observed: np.ndarray, dist: BaseDistribution) -> _Numeric:
 
 
 def _categorical(observed: np.ndarray, dist: CategoricalDistribution) -> np.ndarray:
-    """Kernel rows (one per observation, then the prior's) over the choices: a one-hot smoothed by the prior."""
+    """log probability of each choice (rows) under each kernel (columns: one per observation, then the
+    prior's): a one-hot smoothed by the prior."""
     n_kernels, n_choices = len(observed) + 1, len(dist.choices)
     weights = np.full((n_kernels, n_choices), PRIOR_WEIGHT / n_kernels)
     weights[np.arange(len(observed)), observed.astype(int)] += 1.0
-    return weights / weights.sum(axis=1, keepdims=True)
+    return np.log(weights / weights.sum(axis=1, keepdims=True)).T
 
 
 def _sample_numeric(part: _Numeric, active: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -140,7 +141,7 @@ def _numeric_log_pdf(part: _Numeric, x: np.ndarray) -> np.ndarray:
         lo, hi = np.log(lo), np.log(hi)
     mu, sigma = part.pairs.real, part.pairs.imag
     mass = log_gauss_mass((lo[:, None] - mu) / sigma, (hi[:, None] - mu) / sigma) - part.log_norm
-    return mass[np.ix_(value_of, part.pair_of)]
+    return np.take(mass, part.pair_of, axis=1)[value_of]
 
 
 class ParzenMixture:
@@ -165,7 +166,7 @@ class ParzenMixture:
             if isinstance(part, _Numeric):
                 out[:, j] = _sample_numeric(part, active, rng)
                 continue
-            cumulative = np.cumsum(part[active], axis=1)
+            cumulative = np.cumsum(np.exp(part[:, active].T), axis=1)
             cumulative[:, -1] = 1.0
             out[:, j] = (cumulative < rng.random(size)[:, None]).sum(axis=1)
         return out
@@ -177,8 +178,7 @@ class ParzenMixture:
             if isinstance(part, _Numeric):
                 total += _numeric_log_pdf(part, x[:, j])
             else:
-                with np.errstate(divide="ignore"):
-                    total += np.log(part[:, x[:, j].astype(int)].T)
+                total += part[x[:, j].astype(int)]
         top = total.max(axis=1)
         top[np.isneginf(top)] = 0.0
         return np.log(np.exp(total - top[:, None]).sum(axis=1)) + top
