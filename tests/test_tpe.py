@@ -17,7 +17,8 @@ from tuner.orchestrator import Orchestrator
 from tuner.samplers import make_sampler
 from tuner.spec import load_spec
 from tuner.storage import StudyDB, TrialWrite
-from tuner.strategy.tpe import ParzenMixture, TPESampler, ramp_weights
+from tuner.strategy.parzen import ParzenMixture, ramp_weights
+from tuner.strategy.tpe import TPESampler
 
 pytestmark = pytest.mark.timeout(300)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
