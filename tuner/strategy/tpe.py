@@ -161,7 +161,8 @@ class TPESampler(BaseSampler):
     """The project's TPE (see the module's docstring), single objective; Optuna's public sampler API only.
 
     ``history``: the :class:`TPEHistory` of the study, shared by every sampler made for it (the engine makes
-    one per trial, seeded from the trial's number); by default the sampler keeps its own.
+    one per trial, seeded from the trial's number); by default the sampler keeps its own. Not thread-safe: the
+    engine asks from one thread (``Study.optimize(n_jobs > 1)`` would need a lock around the history).
     """
 
     def __init__(
