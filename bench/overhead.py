@@ -15,6 +15,12 @@ hits them alike. Reported: milliseconds per trial of each (mean over the
 loops, and the 95th percentile of the intervals between consecutive finished
 trials), the ratio ours / plain (lower is better), and the load average.
 
+With ``--sampler tpe`` the engine runs the project's TPE (``tuner.strategy.tpe``) while
+``plain_optuna_*`` stays plain Optuna with Optuna's own ``TPESampler`` (configured as ``optuna_tpe``:
+what a user would otherwise run); ``plain_optuna_same_sampler_*`` is plain Optuna on the same
+database with the project's TPE, and ``sampler_only_*`` the engine's sampler on an in-memory
+study (``sampler_only_optuna_*``: Optuna's TPE there).
+
 Ours is also split, in the same run, into the sampler's own time and the rest: every
 ``SamplerAdapter.ask`` and ``tell`` of our run is timed, and ``orchestration_*`` is ours less that,
 per trial (each interval between finished trials less the ask and tell calls made inside it). The
@@ -62,6 +68,10 @@ def spec(name: str, trials: int, sampler: str, seed: int) -> dict:
         "seed": seed,
         "warm_start": False,
     }
+
+
+#: the sampler plain Optuna runs as the baseline, when it is not the engine's: Optuna's own TPE for ``tpe``
+PLAIN_SAMPLER = {"tpe": "optuna_tpe"}
 
 
 def p95(values: list[float]) -> float:
@@ -171,10 +181,25 @@ class Ours:
         ]
 
 
+def baselines(plains: dict[str, Plain], n: int, ours_ms: float) -> dict[str, float]:
+    """The keys of the baselines that run only when plain Optuna's sampler is not the engine's."""
+    if "plain_same" not in plains:
+        return {}
+    same, optuna_only = plains["plain_same"], plains["sampler_only_optuna"]
+    same_ms = same.seconds / n * 1000
+    return {
+        "plain_optuna_same_sampler_ms_per_trial": round(same_ms, 3),
+        "plain_optuna_same_sampler_p95_ms": round(p95(same.intervals_ms), 3),
+        "ratio_ours_over_plain_same_sampler": round(ours_ms / same_ms, 3),
+        "sampler_only_optuna_ms_per_trial": round(optuna_only.seconds / n * 1000, 3),
+        "sampler_only_optuna_p95_ms": round(p95(optuna_only.intervals_ms), 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=1000)
-    parser.add_argument("--sampler", default="tpe", choices=["tpe", "random", "nsga2"])
+    parser.add_argument("--sampler", default="tpe", choices=["tpe", "optuna_tpe", "random", "nsga2"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--segments", type=int, default=4, help="turns each side takes (1: one run each)")
@@ -195,16 +220,21 @@ def main() -> None:
     ensure_ray(None, min_cpus=args.workers)
     # The sides take turns, segment by segment, so a change in the machine's load hits them alike.
     ours = Ours(url, args.sampler, args.seed, args.workers)
-    plain = Plain(optuna_url, args.trials, args.sampler, args.seed)
-    sampler_only = Plain(None, args.trials, args.sampler, args.seed)
+    baseline = PLAIN_SAMPLER.get(args.sampler, args.sampler)
+    plains = {"plain": Plain(optuna_url, args.trials, baseline, args.seed)}
+    if baseline != args.sampler:
+        plains["plain_same"] = Plain(optuna_url, args.trials, args.sampler, args.seed)
+        plains["sampler_only_optuna"] = Plain(None, args.trials, baseline, args.seed)
+    plains["sampler_only"] = Plain(None, args.trials, args.sampler, args.seed)
     per_segment = args.trials // args.segments
     for segment in range(1, args.segments + 1):
         upto = args.trials if segment == args.segments else segment * per_segment
         ours.run(upto)
-        plain.run(upto - len(plain.study.trials))
-        sampler_only.run(upto - len(sampler_only.study.trials))
+        for side in plains.values():
+            side.run(upto - len(side.study.trials))
     n = args.trials
     ours_ms, ours_p95 = ours.seconds / n * 1000, p95(ours.intervals_ms)
+    plain, sampler_only = plains["plain"], plains["sampler_only"]
     plain_ms, plain_p95 = plain.seconds / n * 1000, p95(plain.intervals_ms)
     sampler_ms, sampler_p95 = sampler_only.seconds / n * 1000, p95(sampler_only.intervals_ms)
     orchestration_ms = (ours.seconds - ours.sampler_s) / n * 1000
@@ -225,6 +255,8 @@ def main() -> None:
         "ratio_ours_p95_over_plain_p95": round(ours_p95 / plain_p95, 3),
         "sampler_only_ms_per_trial": round(sampler_ms, 3),
         "sampler_only_p95_ms": round(sampler_p95, 3),
+        **baselines(plains, n, ours_ms),
+        "plain_optuna_sampler": baseline,
         # ours less our own run's sampler calls (SamplerAdapter.ask and tell, timed in this run)
         "ours_sampler_ms_per_trial": round(ours.sampler_s / n * 1000, 3),
         "orchestration_ms_per_trial": round(orchestration_ms, 3),
@@ -238,10 +270,15 @@ def main() -> None:
             "orchestration_p95_ms": "the same intervals, each less the time of the sampler's ask and tell calls "
             "made inside it in the same run: the engine's own cost (rows, Ray, dispatch)",
             "ours_sampler_ms_per_trial": "mean time of our run's SamplerAdapter.ask and tell per trial",
+            "plain_optuna_ms_per_trial": "plain Optuna (Study.optimize, RDB storage) with plain_optuna_sampler",
+            "plain_optuna_same_sampler_ms_per_trial": "plain Optuna on the same database with the engine's sampler",
+            "sampler_only_ms_per_trial": "the engine's sampler on an in-memory Optuna study (no database)",
+            "sampler_only_optuna_ms_per_trial": "plain_optuna_sampler on an in-memory Optuna study",
         },
         "baseline": (
-            "optuna.Study.optimize, same sampler, same space code, same database and SQLite settings, same process; "
-            "sampler_only: the same on an in-memory study (the sampler's own cost, common to both)"
+            "optuna.Study.optimize with plain_optuna_sampler (and with the engine's sampler: *_same_sampler), same "
+            "space code, same database and SQLite settings, same process; sampler_only: the engine's sampler on an "
+            "in-memory study (its own cost)"
         ),
         "machine": {
             "cpu": platform.processor() or platform.machine(),

@@ -12,9 +12,10 @@ the curve is filled up to the budget with that value (repeated and infeasible pr
 are then counted up to that trial).
 
 Strategies: ``random`` (uniform random search without repeats over the statically feasible
-configs, computed exactly from the landscape: no sampling), ``tpe`` and ``gp`` (Optuna's
-samplers as ``make_sampler`` configures them) and ``tuner`` (``sampler: auto``, the project's
-own strategy). No strategy is given seed configs.
+configs, computed exactly from the landscape: no sampling), ``tpe`` (the project's TPE,
+``tuner.strategy.tpe``), ``optuna_tpe`` and ``gp`` (Optuna's samplers as ``make_sampler``
+configures them) and ``tuner`` (``sampler: auto``, the project's own strategy). No strategy is
+given seed configs. Results recorded before the project's TPE existed hold Optuna's TPE under ``tpe``.
 
 Per strategy: the median and p90 over seeds of the trials to within 2% and 5% of the landscape's
 best and to the best itself (None when more than the budget), the share of seeds within 2% by
@@ -48,8 +49,8 @@ import optuna
 
 from bench.common import write_result
 
-STRATEGIES = ("random", "tpe", "gp", "tuner")
-SAMPLER = {"tpe": "tpe", "gp": "gp", "tuner": "auto"}
+STRATEGIES = ("random", "tpe", "optuna_tpe", "gp", "tuner")
+SAMPLER = {"tpe": "tpe", "optuna_tpe": "optuna_tpe", "gp": "gp", "tuner": "auto"}
 BENCHMARK = "search strategies on a recorded landscape (samplers driven as the engine drives them, CPU)"
 REPEAT_LIMIT = 200  # as the engine's DUPLICATE_LIMIT: consecutive repeats end a study
 
@@ -306,7 +307,7 @@ def proposal_times(trials: int, strategies: list[str]) -> dict[str, Any]:
 
 # multi-objective ---------------------------------------------------------------------------------
 MO_STRATEGIES = ("random", "tpe", "nsga2", "gp", "tuner")
-MO_SAMPLER = {"tpe": "tpe", "nsga2": "nsga2", "gp": "gp", "tuner": "auto"}
+MO_SAMPLER = {"tpe": "tpe", "nsga2": "nsga2", "gp": "gp", "tuner": "auto"}  # tpe: Optuna's, for several objectives
 
 
 def hypervolume_2d(points: list[tuple[float, float]], reference: tuple[float, float]) -> float:
@@ -489,7 +490,7 @@ def main() -> None:
     if args.cached_only and not args.cache:
         parser.error("--cached-only needs --cache")
     if args.timing_trials:
-        strategies = [s for s in args.strategies if s in ("tpe", "tuner")]
+        strategies = [s for s in args.strategies if s in ("tpe", "optuna_tpe", "tuner")]
         result = proposal_times(args.timing_trials, strategies)
         write_result({"benchmark": "milliseconds per proposal (ask + suggest), CPU", "summary": result}, args.out)
         return

@@ -157,7 +157,7 @@ def test_a_stopped_and_resumed_study_proposes_what_an_uninterrupted_run_does(tmp
     db.dispose()
 
 
-@pytest.mark.parametrize("sampler", ["nsga2", "gp", "random"])
+@pytest.mark.parametrize("sampler", ["nsga2", "gp", "random", "optuna_tpe"])
 def test_other_samplers_run(sqlite_url: str, sampler: str) -> None:
     db = StudyDB(sqlite_url)
     spec = noop_spec(f"sampler-{sampler}", sampler=sampler, budget={"trials": 8}, args={})

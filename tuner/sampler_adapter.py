@@ -14,8 +14,10 @@ the study's seed and ``n``, so a study stopped after ``n`` trials and resumed
 proposes what an uninterrupted run would have proposed given the same results.
 A sampler therefore keeps no state between proposals that it cannot derive from
 the study's trials' params, values and constraints (Optuna's TPE, GP and random
-samplers keep none; NSGA-II's generation numbers, kept in its trials' system
-attributes, are not rebuilt: after a restart it counts generations afresh).
+samplers keep none; the project's TPE keeps the finished trials encoded, one copy shared by the
+study's samplers, and draws each proposal from the seed and the trial number; NSGA-II's
+generation numbers, kept in its trials' system attributes, are not rebuilt: after a restart it
+counts generations afresh).
 The grid sampler and the project's own strategy (``auto``, :mod:`tuner.strategy`) are made
 once: the grid's order comes from the study's seed and the points it has visited from the
 trials' params; the strategy derives each proposal from the seed, the trial number and the
@@ -122,7 +124,7 @@ class SamplerAdapter:
             self._grid = [compiled.space.optuna_params(p) for p in compiled.space.grid()]
         # TPE and random read a trial without constraints as feasible, so satisfied ones get none
         # (as before); GP and NSGA-II want the same constraints on every trial.
-        self._constraints_on_every_trial = self.sampler_name not in ("tpe", "random", "grid")
+        self._constraints_on_every_trial = self.sampler_name not in ("tpe", "optuna_tpe", "random", "grid")
         self._per_trial_seed = self._seed is not None and self.sampler_name not in ("grid", "auto")
         self._device, self._static_reason = device, static_reason
         self.exhausted_reason: str | None = None  # set when the strategy has nothing new to propose

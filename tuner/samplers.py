@@ -9,6 +9,8 @@ instead of FAIL, which TPE ignores and would propose again.
 
 ``auto`` is the project's own strategy (:mod:`tuner.strategy`): it proposes only statically
 feasible configs that are neither measured nor in flight, and says when the space is exhausted.
+``tpe`` is the project's TPE (:mod:`tuner.strategy.tpe`: Optuna's multivariate, grouped, constant-liar
+TPE, incremental) for one objective, Optuna's own for several; ``optuna_tpe`` is Optuna's always.
 """
 
 from __future__ import annotations
@@ -54,13 +56,15 @@ def make_sampler(
     priors: Sequence[Any] = (),
     storage: optuna.storages.BaseStorage | None = None,
 ) -> BaseSampler:
-    """The sampler called ``name`` (see :func:`resolve_sampler_name` for ``auto``).
+    """The sampler called ``name`` (see :func:`resolve_sampler_name` for ``auto``): ``tpe`` (the project's TPE
+    for one objective, Optuna's for several), ``optuna_tpe``, ``nsga2``, ``gp``, ``random``, ``grid``.
 
     ``auto`` needs the compiled ``space``; ``device`` (the fields of ``device.<field>`` rules) and
     ``static_check`` (the workload's static check: a reason when infeasible) let it apply every
     static rule before it proposes. Without ``space``, ``auto`` falls back to TPE. ``intersection``: the
-    study's search-space intersection, shared by the samplers made for one study (NSGA-II); ``storage``: the
-    study's Optuna storage (NSGA-II writes the generations it counts there). ``priors``
+    study's search-space intersection, shared by the samplers made for one study (NSGA-II; the project's TPE
+    keys its history of encoded trials on it); ``storage``: the study's Optuna storage (NSGA-II writes the
+    generations it counts there). ``priors``
     (:class:`tuner.strategy.Prior`: configs measured at other shapes) reach ``auto`` only: Optuna's samplers
     take no observations but their study's trials, and priors must never be trials.
     """
@@ -71,24 +75,24 @@ def make_sampler(
         return TunerSampler(
             space, seed=seed, device=device, static_check=static_check, budget_trials=budget_trials, priors=priors
         )
-    if name in ("tpe", "auto"):
+    startup = max(5, min(10, budget_trials // 6))
+    if name in ("tpe", "auto") and n_objectives == 1:
+        from tuner.strategy.tpe import TPEHistory, TPESampler
+
+        # one history of encoded trials per study, whatever number of samplers are made for it
+        history = _TPE_HISTORIES.setdefault(intersection, TPEHistory()) if intersection is not None else None
+        return TPESampler(seed=seed, n_startup_trials=startup, history=history)
+    if name in ("tpe", "auto", "optuna_tpe"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # `group`
             return optuna.samplers.TPESampler(
-                seed=seed,
-                multivariate=True,
-                group=has_conditions,
-                constant_liar=True,
-                n_startup_trials=max(5, min(10, budget_trials // 6)),
+                seed=seed, multivariate=True, group=has_conditions, constant_liar=True, n_startup_trials=startup
             )
     if name == "nsga2":
         population = max(8, min(50, budget_trials // 5))
         return SharedSpaceNSGAII(seed=seed, population_size=population, intersection=intersection, storage=storage)
     if name == "gp":
-        return optuna.samplers.GPSampler(
-            seed=seed,
-            n_startup_trials=max(5, min(10, budget_trials // 6)),
-        )
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
@@ -97,6 +101,9 @@ def make_sampler(
         return EnumeratedGridSampler(grid_points, seed=seed)
     raise ValueError(f"unknown sampler {name!r}")
 
+
+#: intersection of a study (one per study: see ``make_sampler``) -> the project's TPE's encoded trials of it
+_TPE_HISTORIES: weakref.WeakKeyDictionary[IntersectionSearchSpace, Any] = weakref.WeakKeyDictionary()
 
 #: intersection of a study -> generation -> its parent population as NSGA-II reads it once chosen
 _PARENTS: weakref.WeakKeyDictionary[IntersectionSearchSpace, dict[int, list[FrozenTrial]]] = weakref.WeakKeyDictionary()

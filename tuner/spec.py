@@ -22,7 +22,7 @@ from tuner.space import SearchSpace, SpaceError, compile_space, load_space_file
 from tuner.workload import DeviceInfo, MetricSpec, Workload, interpreter_active
 from tuner.yamlio import load_json_text, load_yaml_text
 
-SAMPLERS = ("auto", "tpe", "nsga2", "gp", "random", "grid")
+SAMPLERS = ("auto", "tpe", "optuna_tpe", "nsga2", "gp", "random", "grid")
 #: Samplers (numpy's, Optuna's) take 32-bit seeds.
 MAX_SEED = 2**32 - 1
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -85,7 +85,7 @@ class StudySpec(_Model):
     objectives: list[ObjectiveSpec] = Field(min_length=1, max_length=8)
     constraints: list[str] = Field(default_factory=list, max_length=32)
     budget: Budget = Field(default_factory=Budget)
-    sampler: Literal["auto", "tpe", "nsga2", "gp", "random", "grid"] = "auto"
+    sampler: Literal["auto", "tpe", "optuna_tpe", "nsga2", "gp", "random", "grid"] = "auto"
     seed: int | None = Field(default=0, ge=0, le=MAX_SEED)
     #: true: the space's seed configs first; ``registry``: the configs of the registry's entries at the
     #: ``warm_start_k`` nearest shapes (same workload, GPU and fixed args) before them, and what they measured

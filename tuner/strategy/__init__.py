@@ -4,6 +4,7 @@ The work lives in small modules: :mod:`.encoding` (configs as numbers), :mod:`.c
 (the statically feasible set and local moves), :mod:`.gp` (the surrogate), :mod:`.history`
 (a study's trials as observations), :mod:`.priors` (what configs measured at other shapes),
 :mod:`.model` (the proposal step) and :mod:`.sampler` (the Optuna sampler the engine uses).
+:mod:`.tpe` (with :mod:`.parzen`) is the project's TPE, ``sampler: tpe``, imported where it is made.
 """
 
 from tuner.strategy.model import SpaceExhausted
