@@ -111,6 +111,18 @@ def _measurers(shape: dict[str, Any], configs: list[dict[str, Any]]) -> dict[str
     return measurers
 
 
+def _target(shape: dict[str, Any], medians: dict[str, float | None], tuned_name: str) -> dict[str, Any]:
+    """The target entry of one shape: the tuned config's median against the faster SDPA backend's."""
+    d, causal, s = shape["head_dim"], shape["causal"], shape["seq_len"]
+    lib = max((n for n in ("cudnn", "flash") if medians.get(n)), key=lambda n: medians[n])
+    tuned, base = medians[tuned_name], medians[lib]
+    ratio = tuned / base if tuned and base else None
+    goal = 0.95 if d == 128 else 1.0
+    return {"target": f"attention fwd bf16 S={s} D={d} {'causal' if causal else 'full'} vs SDPA {lib}",
+            "tuned": round(tuned, 1), "baseline": round(base, 1), "ratio": None if ratio is None else round(ratio, 4),
+            "goal": goal, "verdict": verdict(ratio, goal)}  # fmt: skip
+
+
 def sweep(configs: list[dict[str, Any]], rounds: int, keep: int) -> dict[str, Any]:
     from kernels.attention_ws import check_config
 
@@ -129,20 +141,14 @@ def sweep(configs: list[dict[str, Any]], rounds: int, keep: int) -> dict[str, An
         print(f"  sweep D={d} causal={causal}: " + ", ".join(f"{t:.0f} {c}" for t, c in values[:3]), flush=True)
     targets, measured = [], []
     for shape in SHAPES:
-        d, causal, s = shape["head_dim"], shape["causal"], shape["seq_len"]
+        d, causal = shape["head_dim"], shape["causal"]
         started = time.time()
         measurers = _measurers(shape, picks[(d, causal)])
         values = interleaved(measurers, rounds)
         medians = {name: median(v) for name, v in values.items()}
         best_name = max((n for n in medians if n.startswith("ws")), key=lambda n: medians[n] or 0.0)
-        lib = max((n for n in ("cudnn", "flash") if medians.get(n)), key=lambda n: medians[n])
-        tuned, base = medians[best_name], medians[lib]
-        ratio = tuned / base if tuned and base else None
-        goal = 0.95 if d == 128 else 1.0
-        name = f"attention fwd bf16 S={s} D={d} {'causal' if causal else 'full'} vs SDPA {lib}"
-        targets.append({"target": name, "tuned": round(tuned, 1), "baseline": round(base, 1),
-                        "ratio": None if ratio is None else round(ratio, 4), "goal": goal,
-                        "verdict": verdict(ratio, goal)})  # fmt: skip
+        targets.append(_target(shape, medians, best_name))
+        name, tuned, base, ratio = (targets[-1][k] for k in ("target", "tuned", "baseline", "ratio"))
         measured.append({"shape": shape, "config": picks[(d, causal)][int(best_name[2:])],
                          "medians": {n: round(m, 1) for n, m in medians.items() if m},
                          "samples": values, "seconds": round(time.time() - started, 1)})  # fmt: skip
@@ -197,7 +203,7 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None) -> di
     result: dict[str, Any] = {"kernel": "kernels/attention_ws.py attention_fwd_ws_kernel (Gluon, warp-specialized)",
                               "wrong": sorted(wrong), "attention": [], "targets": []}  # fmt: skip
     for shape in SHAPES:
-        d, causal, s = shape["head_dim"], shape["causal"], shape["seq_len"]
+        d = shape["head_dim"]
         usable = [c for c in configs if not check_config(d, c["BLOCK_N"], c["NUM_BUFFERS"], "bf16")]
         measurers = _measurers(shape, usable)
         first = {n: median(v) for n, v in interleaved({n: m for n, m in measurers.items() if n.startswith("ws")},
@@ -205,16 +211,10 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None) -> di
         best = max(first, key=lambda n: first[n] or 0.0)
         values = interleaved({n: measurers[n] for n in (best, "cudnn", "flash") if n in measurers}, rounds)
         medians = {name: median(v) for name, v in values.items()}
-        lib = max((n for n in ("cudnn", "flash") if medians.get(n)), key=lambda n: medians[n])
-        tuned, base = medians[best], medians[lib]
-        ratio = tuned / base if tuned and base else None
-        goal = 0.95 if d == 128 else 1.0
-        name = f"attention fwd bf16 S={s} D={d} {'causal' if causal else 'full'} vs SDPA {lib}"
-        result["targets"].append({"target": name, "tuned": round(tuned, 1), "baseline": round(base, 1),
-                                  "ratio": None if ratio is None else round(ratio, 4), "goal": goal,
-                                  "verdict": verdict(ratio, goal)})  # fmt: skip
+        result["targets"].append(_target(shape, medians, best))
+        name, tuned, base, ratio = (result["targets"][-1][k] for k in ("target", "tuned", "baseline", "ratio"))
         result["attention"].append({"shape": shape, "config": usable[int(best[2:])],
-                                    "first_round": {usable[int(n[2:])].__repr__(): round(v, 1) for n, v in first.items()
+                                    "first_round": {repr(usable[int(n[2:])]): round(v, 1) for n, v in first.items()
                                                     if v},
                                     "medians": {n: round(m, 1) for n, m in medians.items() if m},
                                     "samples": values})  # fmt: skip

@@ -453,20 +453,15 @@ def _descriptors(q: Any, k: Any, v: Any, rows: int, head_dim: int, block_n: int)
     )
 
 
-def _meta(head_dim: int, causal: bool, store_lse: bool, BLOCK_N: int = 128, NUM_BUFFERS: int = 2,
-          OVERLAP: bool = False, CONSUMER_REGS: int = 240, HEAD_MAJOR: bool = True, PERSISTENT: bool = False,
-          PINGPONG: bool = False) -> dict[str, Any]:  # fmt: skip
+def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[str, Any]:
+    """The kernel's constexprs and launch options: ``knobs`` (checked by :func:`_check`) over :data:`KNOBS`."""
+    merged = {**KNOBS, **knobs}
+    flags = {name: bool(value) if isinstance(KNOBS[name], bool) else value for name, value in merged.items()}
     return {
         "HEAD_DIM": head_dim,
-        "BLOCK_N": BLOCK_N,
-        "NUM_BUFFERS": NUM_BUFFERS,
         "CAUSAL": bool(causal),
-        "OVERLAP": bool(OVERLAP),
         "STORE_LSE": bool(store_lse),
-        "CONSUMER_REGS": CONSUMER_REGS,
-        "HEAD_MAJOR": bool(HEAD_MAJOR),
-        "PERSISTENT": bool(PERSISTENT),
-        "PINGPONG": bool(PINGPONG),
+        **flags,
         "num_warps": 4,
         # Registers per thread over all 12 warps (65,536 / 384 = 170): the partitions' budgets are carved
         # from it (``setmaxnreg``): the loader keeps 24, the consumers take what that frees.

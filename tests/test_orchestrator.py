@@ -130,11 +130,19 @@ def test_same_seed_same_results_same_proposals(tmp_path) -> None:
     assert sequences[0] == sequences[1]
 
 
-@pytest.mark.parametrize("sampler", ["tpe", "random"])
-def test_a_stopped_and_resumed_study_proposes_what_an_uninterrupted_run_does(tmp_path, sampler: str) -> None:
+@pytest.mark.parametrize(
+    ("sampler", "objectives"),
+    [("tpe", 2), ("tpe", 1), ("random", 2)],
+    ids=["optuna-tpe-2-objectives", "project-tpe-1-objective", "random"],
+)
+def test_a_stopped_and_resumed_study_proposes_what_an_uninterrupted_run_does(
+    tmp_path, sampler: str, objectives: int
+) -> None:
     """The sampler's study is rebuilt from the trial table on resume: for the same seed and results, the
-    proposals after a stop (and after a trial left running, as a killed run leaves it) are the same."""
+    proposals after a stop (and after a trial left running, as a killed run leaves it) are the same. ``tpe``
+    is Optuna's TPE for two objectives and the project's (``tuner/strategy/tpe.py``) for one."""
     spec = noop_spec("restart", sampler=sampler, args={}, budget={"trials": 14}, space=ALWAYS_FEASIBLE)
+    spec["objectives"] = spec["objectives"][:objectives]
     straight = StudyDB(f"sqlite:///{tmp_path / 'straight.db'}")
     run(spec, straight, workers=1, trials_per_worker=1)
     expected = [(t.number, t.params, t.metrics["score"]) for t in straight.trials(straight.find_study("restart").id)]

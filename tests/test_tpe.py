@@ -13,10 +13,7 @@ import pytest
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from tuner.orchestrator import Orchestrator
 from tuner.samplers import make_sampler
-from tuner.spec import load_spec
-from tuner.storage import StudyDB, TrialWrite
 from tuner.strategy.parzen import ParzenMixture, ramp_weights
 from tuner.strategy.tpe import TPESampler
 
@@ -184,33 +181,3 @@ def test_make_sampler_gives_the_projects_tpe_for_one_objective_and_optunas_other
     study = optuna.create_study(directions=["minimize", "minimize"], sampler=TPESampler(seed=0))
     with pytest.raises(ValueError, match="single-objective"):
         study.optimize(lambda t: (t.suggest_float("x", 0, 1), 0.0), n_trials=1)
-
-
-@pytest.mark.usefixtures("ray_session")
-def test_a_study_through_the_engine_resumes_with_the_proposals_of_an_uninterrupted_run(tmp_path) -> None:
-    spec = {
-        "name": "tpe-engine",
-        "workload": "noop",
-        "space": {"tile": {"high": 128}, "stages": {"high": 4}},
-        "objectives": [{"metric": "score"}],
-        "budget": {"trials": 16, "trial_timeout_s": 30},
-        "sampler": "tpe",
-        "seed": 11,
-    }
-    straight = StudyDB(f"sqlite:///{tmp_path / 'straight.db'}")
-    summary = Orchestrator(load_spec(spec), straight, workers=1, trials_per_worker=1).run()
-    assert summary.status == "completed" and summary.counts.get("ok") == 16
-    expected = [(t.number, t.params, t.metrics["score"]) for t in straight.trials(summary.study_id)]
-    db = StudyDB(f"sqlite:///{tmp_path / 'stopped.db'}")
-    first = Orchestrator(load_spec(spec), db, workers=1, trials_per_worker=1)
-    first.progress = lambda p: first.stop() if p.finished >= 8 else None
-    assert first.run().status == "stopped"
-    study_id = db.find_study("tpe-engine").id
-    done = db.trials(study_id)
-    db.apply(  # the last finished trial back to running, as a kill -9 in the middle of it leaves the row
-        [TrialWrite("update", study_id, done[-1].number, {"status": "running", "metrics": {}, "finished_at": None})]
-    )
-    assert Orchestrator(load_spec(spec), db, workers=1, trials_per_worker=1).run().status == "completed"
-    assert [(t.number, t.params, t.metrics["score"]) for t in db.trials(study_id)] == expected
-    straight.dispose()
-    db.dispose()
