@@ -39,16 +39,21 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
     out: list[dict[str, int]] = []
     base = {"UNROLL": 1}
     if m == 1:
-        for bn, sk, w, pf in itertools.product((32, 64, 128), (2, 4, 8, 16), (2, 4, 8), (0, 1)):
+        # PREFETCH keeps one span in flight in registers; num_stages > 1 pipelines the loop through shared memory.
+        for bn, sk, w, (pf, st) in itertools.product(
+            (32, 64, 128), (2, 4, 8, 16), (2, 4, 8), ((0, 1), (1, 1), (0, 2), (0, 3), (0, 4), (0, 6))
+        ):
             out.append({**base, "BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
-                        "num_stages": 1})  # fmt: skip
+                        "num_stages": st})  # fmt: skip
         out += [{**c, "FAST_DECODE": 0} for c in out if c["BLOCK_N"] == 64 and c["num_warps"] == 4]
     elif m < 32:
-        for bn, sk, w, (pf, st) in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), ((1, 1), (0, 2), (0, 3))):
+        pipelines = ((1, 1), (0, 2), (0, 3), (0, 4))
+        for bn, sk, w, (pf, st) in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), pipelines):
             out.append({**base, "BLOCK_M": 16, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
                         "num_stages": st})  # fmt: skip
     else:
-        for bm, bn, sk, w, (pf, st) in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4, 8), ((1, 1), (0, 3))):
+        pipelines = ((1, 1), (0, 2), (0, 3), (0, 4))
+        for bm, bn, sk, w, (pf, st) in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4, 8), pipelines):
             out.append({**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
                         "num_stages": st})  # fmt: skip
     if bits == 8:
@@ -63,6 +68,8 @@ def old_candidates(m: int, bits: int) -> list[dict[str, int]]:
     space = compile_space(load_space_file("quant_gemm.yaml"))
     picks = []
     for seed in space.seeds:
+        if seed.get("kernel", "tiled") != "tiled":
+            continue
         if seed["bits"] != bits or seed["group_size"] != GROUP or seed["precision"] != "bf16":
             continue
         if (m == 1) != (seed["BLOCK_M"] == 1) or seed["BLOCK_M"] > max(16, m):

@@ -28,7 +28,10 @@ decoded weights multiplied on the CUDA cores into a (16, BLOCK_N) fp32 accumulat
 its rows after the K loop (rows of X fastest in the grid, so the programs reading one weight tile
 run together and it comes from HBM once). ``BLOCK_M >= 16`` feeds the decoded slices, rounded to
 X's dtype (exact: small integers), to ``tl.dot`` with K = 16. ``PREFETCH`` loads the next span's
-words before decoding the current one, so every program keeps a load in flight.
+words before decoding the current one, so every program keeps a load in flight; ``num_stages`` > 1
+pipelines the K loop itself (the loads of ``num_stages - 1`` spans ahead go through shared memory by
+``cp.async``), so a program keeps several spans in flight with few registers: a GEMV at M = 1 is
+bound by the bytes in flight per SM, not by the decode.
 
 Split-K without extra launches (``SPLIT_K > 1``): program ``(tile, s)`` covers K rows
 ``[s K / SPLIT_K, (s + 1) K / SPLIT_K)``, adds its partial into an fp32 workspace with atomics,
@@ -277,6 +280,7 @@ def packed_quant_kernel(
     stride_xm, stride_xk, stride_wr, stride_wn, stride_sg, stride_sn, stride_ym, stride_yn,
     BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, FAST_DECODE: tl.constexpr,
+    STAGES: tl.constexpr,
 ):  # fmt: skip
     """One (BLOCK_M, BLOCK_N) tile of Y over one K split (layout and paths: the module docstring)."""
     PACK: tl.constexpr = 32 // BITS
@@ -304,12 +308,13 @@ def packed_quant_kernel(
         x_ptrs = x_ptr + pid_m * stride_xm + (k_begin + offs_j) * stride_xk
         acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
 
-    words = tl.load(w_ptrs)
-    for it in tl.range(0, n_iter, loop_unroll_factor=UNROLL):
-        # The next span's words (this span's again on the last iteration: in bounds, and never used).
-        next_ptrs = w_ptrs + (tl.minimum(it + 1, n_iter - 1) - it) * 16 * stride_wr
-        if PREFETCH:  # in flight while this span is decoded
-            upcoming = tl.load(next_ptrs)
+    if PREFETCH:
+        words = tl.load(w_ptrs)
+    for it in tl.range(0, n_iter, num_stages=STAGES, loop_unroll_factor=UNROLL):
+        if PREFETCH:  # the next span's words (this span's again on the last iteration: in bounds, unused)
+            upcoming = tl.load(w_ptrs + (tl.minimum(it + 1, n_iter - 1) - it) * 16 * stride_wr)
+        else:  # loaded at the top of the iteration, where the pipeliner (num_stages > 1) issues it ahead
+            words = tl.load(w_ptrs)
         if ONE_SCALE:  # issued before the decode, so that its latency hides behind it
             scale = tl.load(s_ptrs + ((k_begin + it * SPAN) // GROUP_SIZE) * stride_sg).to(tl.float32)
         part = tl.zeros_like(acc)
@@ -340,8 +345,6 @@ def packed_quant_kernel(
             acc += part * scale[None, :]
         if PREFETCH:
             words = upcoming
-        else:
-            words = tl.load(next_ptrs)
         w_ptrs += 16 * stride_wr
         x_ptrs += SPAN * stride_xk
 
@@ -418,6 +421,7 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
         "BLOCK_N": BLOCK_N,
         "SPLIT_K": SPLIT_K,
         "UNROLL": UNROLL,
+        "STAGES": num_stages,
         "num_warps": num_warps,
         "num_stages": num_stages,
     }

@@ -245,9 +245,9 @@ def packed_candidates(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]
     if m == 1:
         grid = itertools.product((1,), (64, 128), (2, 4, 8, 16), ((0, 1), (1, 1)))
     elif m <= 16:
-        grid = itertools.product((16,), (64, 128, 256), (2, 4, 8), ((0, 2), (0, 3)))
+        grid = itertools.product((16,), (128, 256), (2, 4, 8), ((0, 3), (0, 4)))
     else:
-        grid = itertools.product((32, 64), (64, 128), (1, 2, 4, 8), ((0, 3),))
+        grid = itertools.product((32, 64), (128,), (1, 2, 4, 8), ((0, 3), (0, 4)))
     span = 16 * (32 // bits)
     tiles = [
         {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": 4, "num_stages": st, "PREFETCH": pf}
@@ -321,20 +321,19 @@ def _device_smem_bytes(device: torch.device) -> int:
 
 def packed_tile(m: int, n: int, k: int, bits: int) -> dict[str, int]:
     """The ``packed_matmul`` tile for an (M, K) x (K, N) product: the fastest tiles measured on an H200
-    (``bench/results/int4-roofline-h200.json``) generalised by shape. M = 1: the GEMV with 64 columns
-    per program and K split until about 4 programs per SM; more rows: tensor-core tiles (BLOCK_M 16 up to
-    16 rows, 64 above), split-K for the same occupancy."""
+    (``bench/results/int4-roofline-pipelined-h200.json``) generalised by shape. M = 1: the GEMV with 64
+    columns per program and K split until about 4 programs per SM; more rows: tensor-core tiles (BLOCK_M
+    16 and 256 columns up to 16 rows, 32 x 128 above) with the K loop pipelined 3 deep, split-K for the
+    same occupancy."""
     span = 16 * (32 // bits)
-    block_m = 1 if m == 1 else 16 if m <= 16 else 64
-    block_n = 64 if m == 1 else 128
+    block_m = 1 if m == 1 else 16 if m <= 16 else 32
+    block_n = 64 if m == 1 else 256 if m <= 16 else 128
     programs = -(-m // block_m) * -(-n // block_n)
     split_k = 1
     while split_k < 16 and programs * split_k < 4 * TARGET_PROGRAMS and k % (2 * split_k * span) == 0:
         split_k *= 2
     tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SPLIT_K": split_k, "num_warps": 4}
-    if m == 1:
-        return {**tile, "num_stages": 1, "PREFETCH": 1}
-    return {**tile, "num_stages": 2 if block_m == 16 else 3, "PREFETCH": 0}
+    return {**tile, "num_stages": 1 if m == 1 else 3, "PREFETCH": 0}
 
 
 class QuantLinear(nn.Module):

@@ -129,14 +129,16 @@ for job in json.loads(sys.argv[1]):
     ptx = kernel.asm["ptx"]
     print(json.dumps({**job, "shared": kernel.metadata.shared, "lop3": "0x000F000F" in ptx,
                       "mma": "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else None,
-                      "vector_loads": "ld.global.v4" in ptx or "cp.async" in ptx}), flush=True)
+                      "vector_loads": "ld.global.v4" in ptx or "cp.async" in ptx,
+                      "cp_async": "cp.async.cg.shared.global" in ptx}), flush=True)
 """
 
 
 @pytest.mark.timeout(240)
 def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> None:
     """GEMV and tensor-core tiles compile for an H200: the int4 decode is the packed lop3 + fma PTX, the
-    weights load as 16-byte vectors, M = 64 tiles use wgmma, and shared memory fits."""
+    weights load as 16-byte vectors, M = 64 tiles use wgmma, ``num_stages`` > 1 pipelines the GEMV's weight
+    loads through shared memory (one (16, BLOCK_N) word tile per stage ahead), and shared memory fits."""
     base = {"precision": "bf16", "group_size": 128, "num_warps": 4}
     jobs = [
         {"shape": [1, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 8}},
@@ -145,12 +147,18 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
          "config": {**base, "bits": 4, "BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 8, "PREFETCH": 0, "num_stages": 3}},
         {"shape": [64, 14336, 4096],
          "config": {**base, "bits": 4, "BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 2, "precision": "fp16"}},
+        {"shape": [1, 14336, 4096], "config": {**base, "bits": 4, "BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 4,
+                                               "PREFETCH": 0, "num_stages": 4}},
+        {"shape": [1, 14336, 4096], "config": {**base, "bits": 4, "BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 4,
+                                               "PREFETCH": 1, "num_stages": 1}},
     ]  # fmt: skip
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
     assert len(lines) == len(jobs), lines
-    gemv4, gemv8, dot16, dot64 = lines
+    gemv4, gemv8, dot16, dot64, piped, prefetched = lines
     assert gemv4["lop3"] and gemv4["mma"] is None and gemv4["vector_loads"], gemv4
     assert not gemv8["lop3"] and gemv8["vector_loads"], gemv8
     assert dot16["lop3"] and dot16["mma"] is not None, dot16
     assert dot64["lop3"] and dot64["mma"] == "wgmma", dot64
+    assert piped["cp_async"] and piped["shared"] >= 3 * 16 * 64 * 4, piped  # 3 word tiles in flight
+    assert not prefetched["cp_async"] and prefetched["vector_loads"], prefetched  # one span ahead, in registers
     assert all(line["shared"] <= 227 * 1024 for line in lines), lines
