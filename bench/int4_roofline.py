@@ -45,7 +45,17 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
         ):
             out.append({**base, "BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
                         "num_stages": st})  # fmt: skip
-        out += [{**c, "FAST_DECODE": 0} for c in out if c["BLOCK_N"] == 64 and c["num_warps"] == 4]
+        plain = [{**c, "FAST_DECODE": 0} for c in out if c["BLOCK_N"] == 64 and c["num_warps"] == 4]
+        out += plain + [{**c, "FAST_DECODE": 2} for c in out]  # fp32 pairs, biases off once per span
+        if bits == 4:  # fp32 pairs with K cut finer (1-2 spans per program) and the K loop unrolled
+            for bn, sk, w, unroll, (pf, st) in itertools.product(
+                (32, 64, 128), (32, 64), (2, 4), (1, 2, 4), ((0, 1), (1, 1), (0, 3))
+            ):
+                out.append({"UNROLL": unroll, "BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w,
+                            "PREFETCH": pf, "num_stages": st, "FAST_DECODE": 2})  # fmt: skip
+            for bn, sk, w, unroll in itertools.product((32, 64, 128), (8, 16), (2, 4), (2, 4)):
+                out.append({"UNROLL": unroll, "BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w,
+                            "PREFETCH": 0, "num_stages": 1, "FAST_DECODE": 2})  # fmt: skip
     elif m < 32:
         pipelines = ((1, 1), (0, 2), (0, 3), (0, 4))
         for bn, sk, w, (pf, st) in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), pipelines):

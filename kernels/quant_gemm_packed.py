@@ -22,6 +22,10 @@ costs a shift, a masked OR and one subtraction (an int-to-float conversion runs 
 With ``FAST_DECODE`` (int4, compiled kernels) a few lines of inline PTX decode two nibbles per
 instruction into 16-bit floats instead (``lop3`` under the exponent of 128.0 or 1024.0, then one
 packed ``fma``), about one instruction per weight; the interpreter runs the fp32 decode.
+``FAST_DECODE=2`` (the int4 GEMV with one scale per span) goes further: the same masked OR read as two
+fp32 values ``q + bias`` (no 16-bit subtraction, no conversion to fp32), multiplied by X, and the biases
+taken off once per span as ``bias * sum(x)``: a shift, an OR, a shift and two FMAs per two weights
+(the default where it applies; other tiles take the 16-bit pairs).
 
 Paths (``BLOCK_M`` picks): ``BLOCK_M == 1`` is the GEMV path: one row of X per program, the
 decoded weights multiplied on the CUDA cores into a (16, BLOCK_N) fp32 accumulator reduced over
@@ -244,6 +248,23 @@ def _slot_pair_asm(words, p: tl.constexpr, dtype: tl.constexpr):
             return _pair(words, PAIR_FP16_3, False)
 
 
+#: Biases of :func:`_slot_pair_f32`'s values over q: ``128 + 8`` (the exponent's 128.0 and the storage offset),
+#: and for the high value also the low half's bits 0x4300 read as the fraction ``0x4300 / 2**16``.
+PAIR_F32_LO_BIAS: tl.constexpr = tl.constexpr(136.0)
+PAIR_F32_HI_BIAS: tl.constexpr = tl.constexpr(136.0 + 0x4300 / 65536)
+
+
+@triton.jit
+def _slot_pair_f32(words, p: tl.constexpr):
+    """Slots ``p`` and ``p + 4`` of int4 words as fp32 ``q + 136`` (low) and ``q + 136.26...`` (high), in
+    about one instruction per value: one masked OR puts both nibbles under the exponent of 128.0 in the two
+    16-bit halves of a word; the word read as fp32 is the high value (its low half adds 0x4300 / 2**16 and at
+    most 15 / 2**16, below a bf16 rounding of any product), and shifted up 16 bits the low one (exact). The
+    caller subtracts the biases once per span (one scalar per K row), not once per weight."""
+    t = ((words >> (4 * p)) & 0x000F000F) | 0x43004300
+    return (t << 16).to(tl.float32, bitcast=True), t.to(tl.float32, bitcast=True)
+
+
 @triton.jit
 def _slice_product(q, x_ptrs, part, acc, s_ptrs, stride_sg, k0, dtype: tl.constexpr, USE_DOT: tl.constexpr,
                    ONE_SCALE: tl.constexpr, GROUP_SIZE: tl.constexpr):  # fmt: skip
@@ -318,7 +339,17 @@ def packed_quant_kernel(
         if ONE_SCALE:  # issued before the decode, so that its latency hides behind it
             scale = tl.load(s_ptrs + ((k_begin + it * SPAN) // GROUP_SIZE) * stride_sg).to(tl.float32)
         part = tl.zeros_like(acc)
-        for p in tl.static_range(PACK // 2):
+        if FAST_DECODE == 2:  # GEMV, int4, one scale per span: raw fp32 values, offsets removed once per span
+            corr = tl.zeros((16,), dtype=tl.float32)
+            for p in tl.static_range(4):
+                v_lo, v_hi = _slot_pair_f32(words, p)
+                x_lo = tl.load(x_ptrs + p * 16 * stride_xk).to(tl.float32)
+                x_hi = tl.load(x_ptrs + (p + 4) * 16 * stride_xk).to(tl.float32)
+                part += x_lo[:, None] * v_lo  # two accumulations: one FMA per weight
+                part += x_hi[:, None] * v_hi
+                corr += x_lo * PAIR_F32_LO_BIAS + x_hi * PAIR_F32_HI_BIAS
+            part -= corr[:, None]
+        for p in tl.static_range(0 if FAST_DECODE == 2 else PACK // 2):
             # Slots p and p + PACK / 2 of every word: K rows 16 p and 16 (p + PACK / 2) of the span.
             if FAST_DECODE:
                 q_lo, q_hi = _slot_pair_asm(words, p, dtype)
@@ -412,9 +443,13 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
     """Constexprs and launch options; FAST_DECODE (inline PTX) only for int4 and only when compiling;
     ``MAXNREG`` > 0 caps the registers per thread (more programs per SM keep more loads in flight)."""
     extra = {"maxnreg": MAXNREG} if MAXNREG and not interpreter_active() else {}
+    if FAST_DECODE == 2 and bits == 4 and BLOCK_M == 1 and group_size >= span(bits):
+        decode = 2  # plain Triton bit operations: the interpreter runs it too
+    else:
+        decode = int(bool(FAST_DECODE) and bits == 4 and not interpreter_active())
     return extra | {
         "PREFETCH": bool(PREFETCH),
-        "FAST_DECODE": bool(FAST_DECODE) and bits == 4 and not interpreter_active(),
+        "FAST_DECODE": decode,
         "BITS": bits,
         "GROUP_SIZE": group_size,
         "BLOCK_M": BLOCK_M,
@@ -438,7 +473,7 @@ def packed_matmul(
     num_stages: int = 2,
     UNROLL: int = 1,
     PREFETCH: int = 1,
-    FAST_DECODE: int = 1,
+    FAST_DECODE: int = 2,
     MAXNREG: int = 0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -512,7 +547,7 @@ def compile_only(
     num_stages: int = 2,
     UNROLL: int = 1,
     PREFETCH: int = 1,
-    FAST_DECODE: int = 1,
+    FAST_DECODE: int = 2,
     MAXNREG: int = 0,
     scale_dtype: torch.dtype | None = None,
 ) -> Any | None:
@@ -538,7 +573,7 @@ def compile_only(
 
 def compile_for_target(
     m: int, n: int, k: int, *, precision: str, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int,
-    num_warps: int, num_stages: int = 2, UNROLL: int = 1, PREFETCH: int = 1, FAST_DECODE: int = 1,
+    num_warps: int, num_stages: int = 2, UNROLL: int = 1, PREFETCH: int = 1, FAST_DECODE: int = 2,
     MAXNREG: int = 0, capability: int = 90,
 ) -> Any:  # fmt: skip
     """``triton.compile`` for ``GPUTarget("cuda", capability, 32)`` with no GPU (ahead-of-time checks on a CPU)."""

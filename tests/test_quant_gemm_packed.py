@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import compiled_gpu
 
 from kernels.quant_gemm import quantize_weights
 from kernels.quant_gemm_packed import (
@@ -95,6 +96,47 @@ def test_kernel_matches_dequantized_reference(interpreter: None, bits: int, case
     assert not workspace.any() and not counters.any()
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", [(1, 32, 1, 128), (2, 16, 4, 256)], ids=["sk1-g128", "sk4-g256"])
+def test_fp32_pair_decode_matches_the_reference(interpreter: None, case: tuple[int, ...]) -> None:
+    """FAST_DECODE=2 (GEMV, int4: raw fp32 values q + bias, biases removed once per span) gives the product
+    of the plain decode; with groups smaller than the span it falls back to the per-slice decode."""
+    m, block_n, split_k, group = case
+    gen = torch.Generator().manual_seed(11 + m)
+    weights = quantize_packed(torch.randn(1024, 40, generator=gen), 4, group, torch.bfloat16)
+    x = (torch.randn(m, 1024, generator=gen) * 4).to(torch.bfloat16)
+    reference = x.float() @ weights.dequantize()
+    tile = {"BLOCK_M": 1, "BLOCK_N": block_n, "SPLIT_K": split_k, "num_warps": 4, "PREFETCH": 0}
+    y = packed_matmul(x, weights, **tile, FAST_DECODE=2)
+    plain = packed_matmul(x, weights, **tile, FAST_DECODE=0)
+    assert float((y.float() - reference).abs().max() / reference.abs().max()) < 4e-3
+    assert float((y.float() - plain.float()).abs().max() / reference.abs().max()) < 4e-3
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("shape", [(1, 4096, 1000), (3, 2048, 4104)], ids=["m1-n1000", "m3-n4104"])
+def test_gpu_decodes_and_pipelines_agree(shape: tuple[int, int, int]) -> None:
+    """On the GPU every int4 decode (fp32, inline-PTX 16-bit pairs, fp32 pairs) and pipeline (prefetch in
+    registers, ``num_stages`` 1-4 through shared memory) gives the dequantized product at ragged N."""
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(k + n)
+    weights = quantize_packed(torch.randn(k, n, generator=gen) * 0.02, 4, 128, torch.bfloat16)
+    weights = type(weights)(weights.qweight.cuda(), weights.scales.cuda(), 4, 128)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).cuda()
+    reference = x.float() @ weights.dequantize()
+    for decode in (0, 1, 2):
+        for prefetch, stages in ((1, 1), (0, 1), (0, 2), (0, 4)):
+            for block_n, split_k in ((64, 4), (32, 16)):
+                y = packed_matmul(x, weights, BLOCK_M=1, BLOCK_N=block_n, SPLIT_K=split_k, num_warps=4,
+                                  num_stages=stages, PREFETCH=prefetch, FAST_DECODE=decode)  # fmt: skip
+                error = float((y.float() - reference).abs().max() / reference.abs().max())
+                assert error < 4e-3, (decode, prefetch, stages, block_n, split_k, error)
+    y = packed_matmul(x, weights, BLOCK_M=16, BLOCK_N=256, SPLIT_K=4, num_warps=4, num_stages=3, PREFETCH=0)
+    assert float((y.float() - reference).abs().max() / reference.abs().max()) < 4e-3
+
+
 @pytest.mark.timeout(30)
 def test_bad_operands_and_tiles_are_rejected_naming_the_argument(interpreter: None) -> None:
     weights = quantize_packed(torch.randn(256, 32), 4, 128, torch.float16)
@@ -141,7 +183,8 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
     loads through shared memory (one (16, BLOCK_N) word tile per stage ahead), and shared memory fits."""
     base = {"precision": "bf16", "group_size": 128, "num_warps": 4}
     jobs = [
-        {"shape": [1, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 8}},
+        {"shape": [1, 4096, 14336],
+         "config": {**base, "bits": 4, "BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 8, "FAST_DECODE": 1}},
         {"shape": [1, 4096, 14336], "config": {**base, "bits": 8, "BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 8}},
         {"shape": [16, 4096, 14336],
          "config": {**base, "bits": 4, "BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 8, "PREFETCH": 0, "num_stages": 3}},
