@@ -151,8 +151,8 @@ class Ours:
     """The engine on one study, run in segments: each segment resumes the study with a larger budget
     (the startup of each, Ray actors and the rebuild of the sampler's study, is reported apart)."""
 
-    def __init__(self, url: str, sampler_name: str, seed: int, workers: int) -> None:
-        self.url, self.sampler_name, self.seed, self.workers = url, sampler_name, seed, workers
+    def __init__(self, url: str, sampler_name: str, seed: int, workers: int, slots: int | None = None) -> None:
+        self.url, self.sampler_name, self.seed, self.workers, self.slots = url, sampler_name, seed, workers, slots
         self.name = f"ours-{uuid.uuid4().hex[:8]}"
         self.seconds = self.startup_s = self.sampler_s = 0.0
         self.intervals_ms: list[float] = []
@@ -165,7 +165,9 @@ class Ours:
         progress = lambda _p: stamps.append(time.perf_counter())  # noqa: E731
         clock = SamplerClock()
         with clock.installed():
-            summary = Orchestrator(compiled, db, workers=self.workers, progress=progress).run()
+            summary = Orchestrator(
+                compiled, db, workers=self.workers, trials_per_worker=self.slots, progress=progress
+            ).run()
         run_end = time.perf_counter()
         assert summary.counts.get("ok") == upto, summary.counts
         durable = sum(t.status == "ok" for t in db.trials(summary.study_id))
@@ -202,6 +204,9 @@ def main() -> None:
     parser.add_argument("--sampler", default="tpe", choices=["tpe", "optuna_tpe", "random", "nsga2"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--slots", type=int, default=None, help="trials in flight per worker (default: the workload's, 1 on a CPU)"
+    )
     parser.add_argument("--segments", type=int, default=4, help="turns each side takes (1: one run each)")
     parser.add_argument("--db", help="SQLite file to use (default: a fresh temporary file)")
     parser.add_argument("--db-url", help="a database URL instead (PostgreSQL: both sides on that database)")
@@ -219,7 +224,7 @@ def main() -> None:
     db.dispose()
     ensure_ray(None, min_cpus=args.workers)
     # The sides take turns, segment by segment, so a change in the machine's load hits them alike.
-    ours = Ours(url, args.sampler, args.seed, args.workers)
+    ours = Ours(url, args.sampler, args.seed, args.workers, args.slots)
     baseline = PLAIN_SAMPLER.get(args.sampler, args.sampler)
     plains = {"plain": Plain(optuna_url, args.trials, baseline, args.seed)}
     if baseline != args.sampler:
@@ -246,6 +251,7 @@ def main() -> None:
         "trials": args.trials,
         "sampler": args.sampler,
         "workers": args.workers,
+        "trials_per_worker": args.slots or 1,
         "segments": args.segments,
         "ours_ms_per_trial": round(ours_ms, 3),
         "ours_p95_ms": round(ours_p95, 3),

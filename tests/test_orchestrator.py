@@ -468,3 +468,28 @@ def test_dispatch_order_runs_turns_by_number_and_passes_on_after_a_failure() -> 
     with order.turn(10):
         ran.append(10)
     assert ran[-1] == 10
+
+
+def test_results_that_end_together_are_taken_one_at_a_time() -> None:
+    """Two trials done before the pool is polled come back one per poll (the loop commits, tells and refills
+    a slot before taking the next result)."""
+    import ray
+
+    from tuner.worker_pool import Work, WorkerPool
+
+    compiled = load_spec(noop_spec("one-at-a-time", args={"sleep_ms": 0}))
+    pool = WorkerPool(compiled, compiled.workload_cls(**compiled.spec.args), workers=2, trials_per_worker=None)
+    pool.start()
+    try:
+        config = {"x": 0.5, "tile": 32, "stages": 2, "mode": "fast"}
+        for number in (0, 1):
+            pool.dispatch(Work(number=number, config=config), pool.free_worker())
+        ray.wait(list(pool.inflight), num_returns=2, timeout=60)  # both done before the first poll
+        first, second = pool.poll(5.0), pool.poll(5.0)
+        assert first is not None and second is not None
+        assert len(first) == 1 and len(second) == 1
+        assert {first[0].work.number, second[0].work.number} == {0, 1}
+        assert [o.result["status"] for o in first + second] == ["ok", "ok"]
+        assert not pool.busy()
+    finally:
+        pool.kill_all()

@@ -236,9 +236,10 @@ class WorkerPool:
         refs = list(self.inflight) + [w.ready_ref for w in self.workers if not w.ready]
         if not refs:
             return None
+        # One at a time: the loop commits, tells and refills that trial's slot before it takes the next
+        # result (others already done come back at once on the next poll), so a result waits on one
+        # trial's bookkeeping, not on a batch's.
         ready, _ = ray.wait(refs, num_returns=1, timeout=self._wait_timeout(timeout_s))
-        if ready:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         outcomes: list[Outcome] = []
         for ref in ready:
             self._handle_ready(ref, outcomes)
