@@ -406,7 +406,7 @@ class Orchestrator:
         self._report(status)
 
     def _settle(self) -> None:
-        """Commit the pending rows in one transaction (several results and proposals at once), then tell
+        """Commit the pending rows in one transaction (a result, or the proposals of a refill), then tell
         the sampler the results among them: a told result is always in the table."""
         if self._pending:
             self.db.apply(self._pending)
