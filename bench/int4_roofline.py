@@ -38,6 +38,7 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
     """Tiles of the packed kernel for M rows: the GEMV path at M = 1, tensor cores above."""
     out: list[dict[str, int]] = []
     base = {"UNROLL": 1}
+    pipelines = ((1, 1), (0, 2), (0, 3), (0, 4))  # (PREFETCH, num_stages) of the tensor-core tiles
     if m == 1:
         # PREFETCH keeps one span in flight in registers; num_stages > 1 pipelines the loop through shared memory.
         for bn, sk, w, (pf, st) in itertools.product(
@@ -57,12 +58,10 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
                 out.append({"UNROLL": unroll, "BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w,
                             "PREFETCH": 0, "num_stages": 1, "FAST_DECODE": 2})  # fmt: skip
     elif m < 32:
-        pipelines = ((1, 1), (0, 2), (0, 3), (0, 4))
         for bn, sk, w, (pf, st) in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), pipelines):
             out.append({**base, "BLOCK_M": 16, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
                         "num_stages": st})  # fmt: skip
     else:
-        pipelines = ((1, 1), (0, 2), (0, 3), (0, 4))
         for bm, bn, sk, w, (pf, st) in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4, 8), pipelines):
             out.append({**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
                         "num_stages": st})  # fmt: skip

@@ -266,6 +266,21 @@ def _slot_pair_f32(words, p: tl.constexpr):
 
 
 @triton.jit
+def _span_fp32_pairs(words, x_ptrs, stride_xk, part):
+    """One int4 span of the GEMV with :func:`_slot_pair_f32`: ``part`` (16, BLOCK_N) plus X times the span's
+    values, less the biases times X (one (16,) correction per span, not one subtraction per weight)."""
+    corr = tl.zeros((16,), dtype=tl.float32)
+    for p in tl.static_range(4):
+        v_lo, v_hi = _slot_pair_f32(words, p)
+        x_lo = tl.load(x_ptrs + p * 16 * stride_xk).to(tl.float32)
+        x_hi = tl.load(x_ptrs + (p + 4) * 16 * stride_xk).to(tl.float32)
+        part += x_lo[:, None] * v_lo  # two accumulations: one FMA per weight
+        part += x_hi[:, None] * v_hi
+        corr += x_lo * PAIR_F32_LO_BIAS + x_hi * PAIR_F32_HI_BIAS
+    return part - corr[:, None]
+
+
+@triton.jit
 def _slice_product(q, x_ptrs, part, acc, s_ptrs, stride_sg, k0, dtype: tl.constexpr, USE_DOT: tl.constexpr,
                    ONE_SCALE: tl.constexpr, GROUP_SIZE: tl.constexpr):  # fmt: skip
     """Multiply one decoded 16-row slice (K rows k0 .. k0 + 16) into the span's partial, or, when the span
@@ -340,38 +355,21 @@ def packed_quant_kernel(
             scale = tl.load(s_ptrs + ((k_begin + it * SPAN) // GROUP_SIZE) * stride_sg).to(tl.float32)
         part = tl.zeros_like(acc)
         if FAST_DECODE == 2:  # GEMV, int4, one scale per span: raw fp32 values, offsets removed once per span
-            corr = tl.zeros((16,), dtype=tl.float32)
-            for p in tl.static_range(4):
-                v_lo, v_hi = _slot_pair_f32(words, p)
-                x_lo = tl.load(x_ptrs + p * 16 * stride_xk).to(tl.float32)
-                x_hi = tl.load(x_ptrs + (p + 4) * 16 * stride_xk).to(tl.float32)
-                part += x_lo[:, None] * v_lo  # two accumulations: one FMA per weight
-                part += x_hi[:, None] * v_hi
-                corr += x_lo * PAIR_F32_LO_BIAS + x_hi * PAIR_F32_HI_BIAS
-            part -= corr[:, None]
-        for p in tl.static_range(0 if FAST_DECODE == 2 else PACK // 2):
-            # Slots p and p + PACK / 2 of every word: K rows 16 p and 16 (p + PACK / 2) of the span.
-            if FAST_DECODE:
-                q_lo, q_hi = _slot_pair_asm(words, p, dtype)
-            else:
-                q_lo = _slot(words, p, BITS)
-                q_hi = _slot(words, p + PACK // 2, BITS)
-            part, acc = _slice_product(
-                q_lo,
-                x_ptrs + p * 16 * stride_xk,
-                part,
-                acc,
-                s_ptrs,
-                stride_sg,
-                k_begin + it * SPAN + p * 16,
-                dtype,
-                USE_DOT,
-                ONE_SCALE,
-                GROUP_SIZE,
-            )
-            part, acc = _slice_product(q_hi, x_ptrs + (p + PACK // 2) * 16 * stride_xk, part, acc, s_ptrs,
-                                       stride_sg, k_begin + it * SPAN + (p + PACK // 2) * 16, dtype, USE_DOT,
-                                       ONE_SCALE, GROUP_SIZE)  # fmt: skip
+            part = _span_fp32_pairs(words, x_ptrs, stride_xk, part)
+        else:
+            for p in tl.static_range(PACK // 2):
+                # Slots p and p + PACK / 2 of every word: K rows 16 p and 16 (p + PACK / 2) of the span.
+                if FAST_DECODE:
+                    q_lo, q_hi = _slot_pair_asm(words, p, dtype)
+                else:
+                    q_lo = _slot(words, p, BITS)
+                    q_hi = _slot(words, p + PACK // 2, BITS)
+                part, acc = _slice_product(q_lo, x_ptrs + p * 16 * stride_xk, part, acc, s_ptrs, stride_sg,
+                                           k_begin + it * SPAN + p * 16, dtype, USE_DOT, ONE_SCALE,
+                                           GROUP_SIZE)  # fmt: skip
+                part, acc = _slice_product(q_hi, x_ptrs + (p + PACK // 2) * 16 * stride_xk, part, acc, s_ptrs,
+                                           stride_sg, k_begin + it * SPAN + (p + PACK // 2) * 16, dtype, USE_DOT,
+                                           ONE_SCALE, GROUP_SIZE)  # fmt: skip
         if ONE_SCALE:
             acc += part * scale[None, :]
         if PREFETCH:

@@ -97,7 +97,9 @@ def test_kernel_matches_dequantized_reference(interpreter: None, bits: int, case
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", [(1, 32, 1, 128), (2, 16, 4, 256)], ids=["sk1-g128", "sk4-g256"])
+@pytest.mark.parametrize(
+    "case", [(1, 32, 1, 128), (2, 16, 4, 256), (1, 32, 2, 64)], ids=["sk1-g128", "sk4-g256", "g64-fallback"]
+)
 def test_fp32_pair_decode_matches_the_reference(interpreter: None, case: tuple[int, ...]) -> None:
     """FAST_DECODE=2 (GEMV, int4: raw fp32 values q + bias, biases removed once per span) gives the product
     of the plain decode; with groups smaller than the span it falls back to the per-slice decode."""
