@@ -80,6 +80,8 @@ def gemm_candidates(precision: str, landscapes: Path, top: int) -> list[dict[str
     else:
         persistent = _landscape_best(landscapes / "gemm_tma-8192-bf16.jsonl", top)
         persistent += refinements(persistent[:3])
+    # The stream-K tail (split the last partial wave by K) on the strongest tiles.
+    persistent += [{**c, "STREAM_K": True} for c in persistent[:4] + persistent[-4:]]
     configs = [{**c, "kernel": "tutorial"} for c in tutorial] + persistent
     return [{**c, "precision": precision, "pad_k": False} for c in configs]
 
@@ -194,9 +196,12 @@ def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int
     best = swept[0][1]
     fast = bool(best.get("FP8_FAST_ACCUM", True))
     baseline_name = "torch._scaled_mm" + (" (use_fast_accum)" if fast else "") if precision == "fp8" else "torch.matmul"
-    values = interleaved(
-        {"tuned": _tuned(workload, device, best), "baseline": baseline_fn(m, n, k, precision, fast)}, rounds
-    )
+    measurers = {"tuned": _tuned(workload, device, best), "baseline": baseline_fn(m, n, k, precision, fast)}
+    twin = None
+    if best.get("kernel", "tutorial") != "tutorial":  # the same config with the stream-K tail flipped, side by side
+        twin = {**best, "STREAM_K": not best.get("STREAM_K", False)}
+        measurers["stream_k_flipped"] = _tuned(workload, device, twin)
+    values = interleaved(measurers, rounds)
     row = _target_row(f"GEMM {precision} {shape} vs {baseline_name}", median(values["tuned"]),
                       median(values["baseline"]), 1.0)  # fmt: skip
     print(f"  {row}", flush=True)
@@ -206,6 +211,7 @@ def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int
         "baseline": baseline_name,
         "sweep": [{"tflops": round(t, 1), "config": c} for t, c in swept],
         "winner": best,
+        "stream_k_flipped": twin,
         "interleaved_tflops": values,
         "seconds": round(time.time() - started, 1),
         "target": row,

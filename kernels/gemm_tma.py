@@ -18,6 +18,18 @@ fp32 scales (B K-major, as Hopper's 8-bit wgmma reads it), output bf16.
 BLOCK_K (cuBLAS's default); True lets the tensor cores accumulate the whole K in their
 reduced-precision accumulator (``torch._scaled_mm(use_fast_accum=True)``).
 
+``STREAM_K`` splits the last, partial wave of tiles by K iterations instead of by tiles
+(stream-K, Osama et al. 2023): when ``num_tiles % NUM_SMS`` tiles are left after the full
+waves, their ``tiles * k_tiles`` iterations are dealt out evenly, so every program does the
+same work instead of a third of the SMs idling while the rest finish a whole tile (at
+8192x4096x4096 with 128x256 tiles: 7 full waves and 100 tiles for 132 SMs). A tile whose
+iterations span several programs is finished by the one holding its first iterations: the
+others store fp32 partials into a per-program slot and raise a flag (release); the owner
+waits for each flag (acquire, resetting it), adds the partials and stores the tile. Programs
+take their shares in reverse order of program id, so an owner only waits for programs with
+lower ids (which the interpreter, running programs in order, has finished). The slots and
+flags are cached per device: launches on one device must not overlap.
+
 TMA needs 16-byte aligned row strides: K * element bytes for A (and K-major B),
 N * element bytes for row-major B and for C. :func:`tma_strides_aligned` says whether a
 shape qualifies; :func:`matmul_persistent` raises otherwise.
@@ -68,12 +80,87 @@ def _tile_coords(tile_id, num_pid_in_group, num_pid_m, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _k_loop(a_desc, b_desc, accumulator, offs_am, offs_bn, k_lo, k_hi, BLOCK_K: tl.constexpr,
+            B_K_MAJOR: tl.constexpr, FP8_FAST_ACCUM: tl.constexpr):  # fmt: skip
+    """Accumulate the K iterations ``k_lo .. k_hi-1`` of one tile."""
+    for ki in range(k_lo, k_hi):
+        offs_k = ki * BLOCK_K
+        a = a_desc.load([offs_am, offs_k])
+        if B_K_MAJOR:
+            b = b_desc.load([offs_bn, offs_k]).T
+        else:
+            b = b_desc.load([offs_k, offs_bn])
+        if FP8_FAST_ACCUM:
+            accumulator = tl.dot(a, b, accumulator)
+        else:
+            accumulator = tl.dot(a, b, accumulator, max_num_imprecise_acc=BLOCK_K)
+    return accumulator
+
+
+@triton.jit
+def _store_tile(c_desc, accumulator, offs_cm, offs_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                EPILOGUE_SUBTILE: tl.constexpr):  # fmt: skip
+    dtype = c_desc.dtype
+    if EPILOGUE_SUBTILE:
+        acc = tl.reshape(accumulator, (BLOCK_M, 2, BLOCK_N // 2))
+        acc = tl.permute(acc, (0, 2, 1))
+        acc0, acc1 = tl.split(acc)
+        c_desc.store([offs_cm, offs_cn], acc0.to(dtype))
+        c_desc.store([offs_cm, offs_cn + BLOCK_N // 2], acc1.to(dtype))
+    else:
+        c_desc.store([offs_cm, offs_cn], accumulator.to(dtype))
+
+
+@triton.jit
+def _stream_k_tail(a_desc, b_desc, c_desc, partials_ptr, flags_ptr, scale, first_tile, sk_tiles, k_tiles,
+                   num_pid_in_group, num_pid_m, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, NUM_SMS: tl.constexpr,
+                   EPILOGUE_SUBTILE: tl.constexpr, B_K_MAJOR: tl.constexpr, HAS_SCALE: tl.constexpr,
+                   FP8_FAST_ACCUM: tl.constexpr):  # fmt: skip
+    """The tiles ``first_tile ..`` (``sk_tiles`` of them) split by K iterations over all programs."""
+    pid = tl.program_id(axis=0)
+    rank = NUM_SMS - 1 - pid  # owners wait only for lower program ids
+    total = sk_tiles * k_tiles
+    share = tl.cdiv(total, NUM_SMS)
+    it = rank * share
+    it_end = tl.minimum(it + share, total)
+    tile_offs = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    while it < it_end:
+        tile = it // k_tiles
+        t_start = tile * k_tiles
+        t_end = t_start + k_tiles
+        seg_end = tl.minimum(it_end, t_end)
+        pid_m, pid_n = _tile_coords(first_tile + tile, num_pid_in_group, num_pid_m, GROUP_M)
+        accumulator = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        accumulator = _k_loop(a_desc, b_desc, accumulator, pid_m * BLOCK_M, pid_n * BLOCK_N, it - t_start,
+                              seg_end - t_start, BLOCK_K, B_K_MAJOR, FP8_FAST_ACCUM)  # fmt: skip
+        if it == t_start:  # the owner: add the partials of the ranks whose shares start inside the tile
+            for r in range(t_start // share + 1, (t_end - 1) // share + 1):
+                src = NUM_SMS - 1 - r
+                flag = tl.atomic_cas(flags_ptr + src, 1, 0, sem="acquire")
+                while flag != 1:
+                    flag = tl.atomic_cas(flags_ptr + src, 1, 0, sem="acquire")
+                part = tl.load(partials_ptr + src * BLOCK_M * BLOCK_N + tile_offs, cache_modifier=".cg")
+                accumulator += part
+            if HAS_SCALE:
+                accumulator = accumulator * scale
+            _store_tile(c_desc, accumulator, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+        else:  # a share's first segment, inside a tile another program owns: publish it
+            tl.store(partials_ptr + pid * BLOCK_M * BLOCK_N + tile_offs, accumulator)
+            tl.debug_barrier()
+            tl.atomic_xchg(flags_ptr + pid, 1, sem="release")
+        it = seg_end
+
+
+@triton.jit
 def matmul_tma_persistent_kernel(
     a_desc,
     b_desc,
     c_desc,
     scale_a_ptr,
     scale_b_ptr,
+    partials_ptr,
+    flags_ptr,
     M,
     N,
     K,
@@ -88,51 +175,41 @@ def matmul_tma_persistent_kernel(
     FP8_FAST_ACCUM: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     FLATTEN: tl.constexpr,
+    STREAM_K: tl.constexpr,
 ):
-    """Programs ``0 .. NUM_SMS-1`` each compute the C tiles ``pid, pid + NUM_SMS, ...``."""
-    dtype = c_desc.dtype
+    """Programs ``0 .. NUM_SMS-1`` each compute the C tiles ``pid, pid + NUM_SMS, ...`` (with ``STREAM_K``,
+    those of the full waves; then the remaining tiles' K iterations are shared out)."""
     start_pid = tl.program_id(axis=0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     num_tiles = num_pid_m * num_pid_n
     num_pid_in_group = GROUP_M * num_pid_n
+    scale = 1.0
     if HAS_SCALE:
         scale = tl.load(scale_a_ptr) * tl.load(scale_b_ptr)
+    dp_tiles = num_tiles
+    if STREAM_K:
+        if num_tiles > NUM_SMS:
+            dp_tiles = num_tiles - num_tiles % NUM_SMS
     # The epilogue recomputes its tile from its own counter: one value used by both the
     # prologue and the epilogue of the flattened loop defeats the pipeliner.
     tile_id_c = start_pid - NUM_SMS
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
+    for tile_id in tl.range(start_pid, dp_tiles, NUM_SMS, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile_id, num_pid_in_group, num_pid_m, GROUP_M)
-        offs_am = pid_m * BLOCK_M
-        offs_bn = pid_n * BLOCK_N
         accumulator = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in range(k_tiles):
-            offs_k = ki * BLOCK_K
-            a = a_desc.load([offs_am, offs_k])
-            if B_K_MAJOR:
-                b = b_desc.load([offs_bn, offs_k]).T
-            else:
-                b = b_desc.load([offs_k, offs_bn])
-            if FP8_FAST_ACCUM:
-                accumulator = tl.dot(a, b, accumulator)
-            else:
-                accumulator = tl.dot(a, b, accumulator, max_num_imprecise_acc=BLOCK_K)
+        accumulator = _k_loop(a_desc, b_desc, accumulator, pid_m * BLOCK_M, pid_n * BLOCK_N, 0, k_tiles, BLOCK_K,
+                              B_K_MAJOR, FP8_FAST_ACCUM)  # fmt: skip
         if HAS_SCALE:
             accumulator = accumulator * scale
-
         tile_id_c += NUM_SMS
         pid_m, pid_n = _tile_coords(tile_id_c, num_pid_in_group, num_pid_m, GROUP_M)
-        offs_cm = pid_m * BLOCK_M
-        offs_cn = pid_n * BLOCK_N
-        if EPILOGUE_SUBTILE:
-            acc = tl.reshape(accumulator, (BLOCK_M, 2, BLOCK_N // 2))
-            acc = tl.permute(acc, (0, 2, 1))
-            acc0, acc1 = tl.split(acc)
-            c_desc.store([offs_cm, offs_cn], acc0.to(dtype))
-            c_desc.store([offs_cm, offs_cn + BLOCK_N // 2], acc1.to(dtype))
-        else:
-            c_desc.store([offs_cm, offs_cn], accumulator.to(dtype))
+        _store_tile(c_desc, accumulator, pid_m * BLOCK_M, pid_n * BLOCK_N, BLOCK_M, BLOCK_N, EPILOGUE_SUBTILE)
+    if STREAM_K:
+        if dp_tiles < num_tiles:
+            _stream_k_tail(a_desc, b_desc, c_desc, partials_ptr, flags_ptr, scale, dp_tiles, num_tiles - dp_tiles,
+                           k_tiles, num_pid_in_group, num_pid_m, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, NUM_SMS,
+                           EPILOGUE_SUBTILE, B_K_MAJOR, HAS_SCALE, FP8_FAST_ACCUM)  # fmt: skip
 
 
 def _check_precision(precision: str) -> None:
@@ -175,6 +252,7 @@ def _meta_args(
     warp_specialize: bool,
     fp8_fast_accum: bool,
     flatten: bool,
+    stream_k: bool,
 ) -> dict[str, Any]:
     """The kernel's constexpr and launch arguments for one config (shared by launch and compile-ahead)."""
     return {
@@ -190,6 +268,7 @@ def _meta_args(
         "FP8_FAST_ACCUM": precision != "fp8" or bool(fp8_fast_accum),
         "WARP_SPECIALIZE": bool(warp_specialize),
         "FLATTEN": bool(flatten),
+        "STREAM_K": bool(stream_k),
         "num_warps": num_warps,
         "num_stages": num_stages,
     }
@@ -198,6 +277,21 @@ def _meta_args(
 def num_programs(m: int, n: int, BLOCK_M: int, BLOCK_N: int, num_sms: int) -> int:
     """Programs launched: one per SM (``num_sms``), or fewer when there are fewer tiles."""
     return max(1, min(num_sms, triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)))
+
+
+#: (device, programs, BLOCK_M, BLOCK_N) -> the stream-K tail's fp32 partial slots and flags (left zero by launches).
+_STREAM_K_BUFFERS: dict[tuple[str, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def stream_k_buffers(
+    device: torch.device, programs: int, BLOCK_M: int, BLOCK_N: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One BLOCK_M x BLOCK_N fp32 slot and one flag per program, allocated once per device and tile."""
+    key = (str(device), programs, BLOCK_M, BLOCK_N)
+    if key not in _STREAM_K_BUFFERS:
+        partials = torch.empty((programs, BLOCK_M, BLOCK_N), device=device, dtype=torch.float32)
+        _STREAM_K_BUFFERS[key] = (partials, torch.zeros(programs, device=device, dtype=torch.int32))
+    return _STREAM_K_BUFFERS[key]
 
 
 def matmul_persistent(
@@ -216,6 +310,7 @@ def matmul_persistent(
     warp_specialize: bool = False,
     fp8_fast_accum: bool = True,
     flatten: bool = True,
+    stream_k: bool = False,
     scale_a: torch.Tensor | None = None,
     scale_b: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
@@ -225,7 +320,8 @@ def matmul_persistent(
     ``a`` (M, K) row-major and ``b`` (K, N) either row-major or K-major (the transpose of a
     contiguous (N, K); required for fp8), in ``INPUT_DTYPES[precision]``; ``out`` (M, N)
     contiguous in ``OUTPUT_DTYPES[precision]``. ``num_sms`` programs are launched (the
-    device's multiprocessor count is the natural value). Launches asynchronously.
+    device's multiprocessor count is the natural value; with ``stream_k`` they must all be resident
+    at once, as one per SM is). Launches asynchronously.
     """
     _check_precision(precision)
     m, n, k = check_operands(a, b, precision, scale_a, scale_b)
@@ -248,10 +344,11 @@ def matmul_persistent(
     meta = _meta_args(
         precision, b_k_major, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
         num_warps=num_warps, num_stages=num_stages, num_sms=num_sms, epilogue_subtile=epilogue_subtile,
-        warp_specialize=warp_specialize, fp8_fast_accum=fp8_fast_accum, flatten=flatten,
+        warp_specialize=warp_specialize, fp8_fast_accum=fp8_fast_accum, flatten=flatten, stream_k=stream_k,
     )  # fmt: skip
-    grid = (num_programs(m, n, BLOCK_M, BLOCK_N, num_sms),)
-    matmul_tma_persistent_kernel[grid](*descs, scale_a_arg, scale_b_arg, m, n, k, **meta)
+    programs = num_programs(m, n, BLOCK_M, BLOCK_N, num_sms)
+    partials, flags = stream_k_buffers(a.device, programs, BLOCK_M, BLOCK_N) if stream_k else (out, out)
+    matmul_tma_persistent_kernel[(programs,)](*descs, scale_a_arg, scale_b_arg, partials, flags, m, n, k, **meta)
     return out
 
 
@@ -266,7 +363,8 @@ def _mock_args(m: int, n: int, k: int, precision: str, tile: dict[str, Any]) -> 
         a, b, c, m, n, k, b_k_major, tile["BLOCK_M"], tile["BLOCK_N"], tile["BLOCK_K"], tile["epilogue_subtile"]
     )
     scale = strided_mock(torch.float32, [1], (1,))
-    return (*descs, scale, scale, m, n, k), b_k_major
+    flags = strided_mock(torch.int32, [1], (1,))
+    return (*descs, scale, scale, scale, flags, m, n, k), b_k_major
 
 
 def compile_only(m: int, n: int, k: int, *, precision: str, **tile: Any) -> Any | None:
@@ -304,5 +402,11 @@ def compile_for_target(m: int, n: int, k: int, *, precision: str, capability: in
 
 
 def _with_defaults(tile: dict[str, Any]) -> dict[str, Any]:
-    defaults = {"epilogue_subtile": False, "warp_specialize": False, "fp8_fast_accum": True, "flatten": True}
+    defaults = {
+        "epilogue_subtile": False,
+        "warp_specialize": False,
+        "fp8_fast_accum": True,
+        "flatten": True,
+        "stream_k": False,
+    }
     return {**defaults, **tile}

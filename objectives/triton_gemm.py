@@ -4,7 +4,8 @@ Knobs: ``kernel`` (the variant: ``tutorial``, the tile-per-program kernel of
 ``kernels/gemm.py``; ``persistent_tma`` and ``persistent_tma_ws``, the persistent TMA
 kernel of ``kernels/gemm_tma.py`` without and with warp specialization), BLOCK_M,
 BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, precision (fp32, tf32, bf16, fp16,
-fp8), and for the persistent variants EPILOGUE_SUBTILE and FP8_FAST_ACCUM. Metrics: TFLOP/s, latency and the
+fp8), and for the persistent variants EPILOGUE_SUBTILE, FP8_FAST_ACCUM and STREAM_K (the last partial
+wave of tiles split by K iterations over every SM). Metrics: TFLOP/s, latency and the
 maximum relative error against an fp32 reference of the fp32 master inputs,
 so the error includes input quantization and precision trades against speed.
 
@@ -228,7 +229,7 @@ class TritonGemm(KernelWorkload):
         kernel = config.get("kernel", "tutorial")
         if kernel not in KERNELS:
             return f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}"
-        for flag in ("EPILOGUE_SUBTILE", "FP8_FAST_ACCUM"):
+        for flag in ("EPILOGUE_SUBTILE", "FP8_FAST_ACCUM", "STREAM_K"):
             if not isinstance(config.get(flag, False), bool):
                 return f"{flag} must be true or false, got {config[flag]!r}"
         if kernel == "tutorial":
@@ -285,6 +286,7 @@ class TritonGemm(KernelWorkload):
                 EPILOGUE_SUBTILE=bool(config.get("EPILOGUE_SUBTILE", False)),
                 WARP_SPECIALIZE=kernel == "persistent_tma_ws",
                 FP8_FAST_ACCUM=bool(config.get("FP8_FAST_ACCUM", True)),
+                STREAM_K=bool(config.get("STREAM_K", False)),
             )
         return {
             "kwargs": kwargs,
@@ -325,6 +327,7 @@ class TritonGemm(KernelWorkload):
             "epilogue_subtile": kw["EPILOGUE_SUBTILE"],
             "warp_specialize": kw["WARP_SPECIALIZE"],
             "fp8_fast_accum": kw["FP8_FAST_ACCUM"],
+            "stream_k": kw["STREAM_K"],
         }
         lines = "".join(f"    {name}={value!r},\n" for name, value in call.items())
         return (
@@ -398,6 +401,7 @@ class TritonGemm(KernelWorkload):
                 epilogue_subtile=bool(config.get("EPILOGUE_SUBTILE", False)),
                 warp_specialize=kernel == "persistent_tma_ws",
                 fp8_fast_accum=bool(config.get("FP8_FAST_ACCUM", True)),
+                stream_k=bool(config.get("STREAM_K", False)),
             )
         return kwargs
 

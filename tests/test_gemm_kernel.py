@@ -181,10 +181,12 @@ def test_default_space_seeds_pass_static_check() -> None:
     space_file = Path(__file__).resolve().parents[1] / "search_spaces" / TritonGemm.space_file
     space = yaml.safe_load(space_file.read_text())
     assert space["workloads"] == [TritonGemm.name]
-    assert set(space["params"]) == {*TILE_PARAMS, "precision", "pad_k", "kernel", "EPILOGUE_SUBTILE", "FP8_FAST_ACCUM"}
+    assert set(space["params"]) == {
+        *TILE_PARAMS, "precision", "pad_k", "kernel", "EPILOGUE_SUBTILE", "FP8_FAST_ACCUM", "STREAM_K"
+    }  # fmt: skip
     workload = TritonGemm(m=4096, n=4096, k=4096)
     for seed in space["seeds"]:
-        persistent = {"EPILOGUE_SUBTILE"} | ({"FP8_FAST_ACCUM"} if seed["precision"] == "fp8" else set())
+        persistent = {"EPILOGUE_SUBTILE", "STREAM_K"} | ({"FP8_FAST_ACCUM"} if seed["precision"] == "fp8" else set())
         expected = {*TILE_PARAMS, "precision", "pad_k", "kernel"}
         expected |= persistent if seed["kernel"] != "tutorial" else set()
         assert set(seed) == expected, seed

@@ -49,17 +49,40 @@ def _attention(kernel: str, precision: str, split_m: bool, block_m: int = 32, bl
 def test_persistent_gemm_trial_is_ok_on_ragged_shapes(
     interpreter: None, kernel: str, precision: str, shape: tuple[int, int, int]
 ) -> None:
-    """M and N not multiples of the tiles (TMA clips the edges); more tiles than programs (persistence)."""
+    """M and N not multiples of the tiles (TMA clips the edges); more tiles than programs (persistence);
+    with STREAM_K at 33x40x96 the fourth tile of three programs is split by K over all three."""
     from objectives.triton_gemm import TritonGemm
 
     m, n, k = shape
     workload = TritonGemm(m=m, n=n, k=k, seed=3)
-    for subtile in (False, True):
-        config = _gemm(kernel, precision, subtile)
+    for subtile, stream_k in ((False, False), (True, True)):
+        config = _gemm(kernel, precision, subtile, STREAM_K=stream_k)
         result = workload.run(config, CPU, TrialContext(trial_number=1))
         assert result.status is TrialStatus.OK, result.error
         assert result.metrics["max_rel_error"] < (0.05 if precision == "fp8" else 2e-3), result.metrics
         assert result.extra["operand_rel_error"] < (0.02 if precision == "fp8" else 5e-3), result.extra
+
+
+@pytest.mark.timeout(120)
+def test_stream_k_tail_sums_the_partials_of_every_program_sharing_a_tile(interpreter: None) -> None:
+    """4 programs, 6 tiles of 32x32, 7 K iterations each: 4 tiles in the full wave, then 14 iterations in
+    shares of 4. Tile 4 is owned by rank 0 with rank 1's partial; tile 5 by rank 1 (its second segment)
+    with the partials of ranks 2 and 3. A missing or doubled partial is off by a whole segment's sum."""
+    import torch
+
+    from kernels.gemm_tma import matmul_persistent, stream_k_buffers
+
+    gen = torch.Generator().manual_seed(7)
+    a = torch.randn(80, 224, generator=gen).half()
+    b = torch.randn(224, 48, generator=gen).half()
+    tile = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
+    expected = a.float() @ b.float()
+    out = matmul_persistent(a, b, precision="fp16", num_sms=4, stream_k=True, **tile)
+    assert (out.float() - expected).abs().max() / expected.abs().max() < 2e-3
+    _, flags = stream_k_buffers(a.device, 4, 32, 32)
+    assert flags.tolist() == [0, 0, 0, 0], "every published partial's flag is consumed (and reset) by its owner"
+    again = matmul_persistent(a, b, precision="fp16", num_sms=4, stream_k=True, **tile)
+    assert torch.equal(again, out), "a second launch finds the flags reset and gives the same result"
 
 
 @pytest.mark.timeout(60)
@@ -75,6 +98,7 @@ def test_persistent_gemm_refuses_unaligned_rows_and_tutorial_only_precisions() -
     assert "compute capability" in (aligned.static_check(_gemm("persistent_tma_ws", "fp16", False), A100) or "")
     assert "kernel" in (aligned.static_check(_gemm("cublas", "fp16", False), H200) or "")
     assert "EPILOGUE_SUBTILE" in (aligned.static_check(_gemm("persistent_tma", "fp16", "yes"), H200) or "")
+    assert "STREAM_K" in (aligned.static_check(_gemm("persistent_tma", "fp16", False, STREAM_K=1), H200) or "")
 
 
 @pytest.mark.timeout(300)
@@ -129,7 +153,7 @@ def test_persistent_attention_static_checks() -> None:
 def test_gemm_python_export_of_a_persistent_variant_names_its_function_and_runs() -> None:
     from objectives.triton_gemm import TritonGemm
 
-    config = _gemm("persistent_tma_ws", "fp8", True, (128, 256, 128), fast=False)
+    config = _gemm("persistent_tma_ws", "fp8", True, (128, 256, 128), fast=False, STREAM_K=True)
     workload = TritonGemm(m=8192, n=8192, k=8192)
     exported = workload.export_config(config)
     assert exported["function"] == "kernels.gemm_tma.matmul_persistent" and exported["kernel"] == "persistent_tma_ws"
@@ -141,6 +165,7 @@ def test_gemm_python_export_of_a_persistent_variant_names_its_function_and_runs(
     assert namespace["GEMM_CONFIG"] == {
         "precision": "fp8", "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 2, "num_warps": 4,
         "num_stages": 2, "epilogue_subtile": True, "warp_specialize": True, "fp8_fast_accum": False,
+        "stream_k": True,
     }  # fmt: skip
     assert callable(namespace["matmul_persistent"])
     json.dumps(exported)
@@ -195,6 +220,7 @@ def _gemm_kwargs(seed: dict[str, Any]) -> dict[str, Any]:
         "epilogue_subtile": seed["EPILOGUE_SUBTILE"],
         "warp_specialize": seed["kernel"] == "persistent_tma_ws",
         "fp8_fast_accum": seed.get("FP8_FAST_ACCUM", True),
+        "stream_k": seed.get("STREAM_K", False),
     }
 
 
@@ -211,6 +237,9 @@ def test_persistent_seeds_compile_for_sm90_within_the_shared_memory_rule(aot_chi
     jobs: list[dict[str, Any]] = [
         {"family": "gemm", "shape": [8192, 8192, 8192], "config": _gemm_kwargs(s), "seed": s} for s in seeds
     ]
+    if not any(s.get("STREAM_K") for s in seeds):  # the stream-K tail compiles too (wgmma + TMA in both loops)
+        streamed = {**seeds[0], "STREAM_K": True}
+        jobs.append({"family": "gemm", "shape": [8192, 4096, 4096], "config": _gemm_kwargs(streamed), "seed": streamed})
     for split_m, warps in ((False, 4), (True, 8)):
         config = {"precision": "bf16", "BLOCK_M": 128 * (1 + split_m), "BLOCK_N": 64, "num_warps": warps,
                   "num_stages": 2, "split_m": split_m, "warp_specialize": False}  # fmt: skip
@@ -239,8 +268,12 @@ def test_persistent_seeds_compile_for_sm90_within_the_shared_memory_rule(aot_chi
 @compiled_gpu
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("precision", ["bf16", "fp16", "fp8"])
-@pytest.mark.parametrize("shape", [(1000, 1032, 528), (4096, 4096, 4096)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(
+    "shape", [(1000, 1032, 528), (4096, 4096, 4096), (2000, 3000, 1008)], ids=lambda s: "x".join(map(str, s))
+)
 def test_gpu_persistent_gemm_numerics(precision: str, shape: tuple[int, int, int]) -> None:
+    """With STREAM_K, 4096^3 (512 tiles) leaves 116 tiles to share out; 2000x3000x1008 (192 tiles, ragged M, N
+    and K) 60 tiles of 16 K iterations, each split between two programs."""
     from objectives.triton_gemm import TritonGemm
     from tuner.fingerprint import device_info
 
@@ -249,9 +282,11 @@ def test_gpu_persistent_gemm_numerics(precision: str, shape: tuple[int, int, int
     workload = TritonGemm(m=m, n=n, k=k, seed=4)
     block_k = 128 if precision == "fp8" else 64
     for kernel in ("persistent_tma", "persistent_tma_ws"):
-        config = {**_gemm(kernel, precision, True, (128, 256, block_k)), "num_warps": 8, "num_stages": 3}
-        result = workload.run(config, device, TrialContext(trial_number=1))
-        assert result.status is TrialStatus.OK, (config, result.error)
+        for stream_k in (False, True):
+            config = {**_gemm(kernel, precision, True, (128, 256, block_k), STREAM_K=stream_k), "num_warps": 8,
+                      "num_stages": 3}  # fmt: skip
+            result = workload.run(config, device, TrialContext(trial_number=1))
+            assert result.status is TrialStatus.OK, (config, result.error)
 
 
 @pytest.mark.gpu
