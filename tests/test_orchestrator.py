@@ -493,3 +493,51 @@ def test_results_that_end_together_are_taken_one_at_a_time() -> None:
         assert not pool.busy()
     finally:
         pool.kill_all()
+
+
+def test_a_result_commits_the_rows_of_the_trials_dispatched_before_it(sqlite_url: str, monkeypatch) -> None:
+    """One transaction per trial, not two: the running rows of trials just dispatched wait for the next
+    result's commit (long enough here never to go alone), and every told result is already in the table."""
+    import tuner.orchestrator as orchestrator_module
+
+    monkeypatch.setattr(orchestrator_module, "RUNNING_ROWS_WAIT_S", 60.0)
+    db = StudyDB(sqlite_url)
+    transactions: list[list[TrialWrite]] = []
+    apply = db.apply
+    monkeypatch.setattr(db, "apply", lambda writes: (transactions.append(list(writes)), apply(writes))[1])
+    spec = noop_spec("rows-ride-along", args={"sleep_ms": 0}, budget={"trials": 16, "trial_timeout_s": 30})
+    summary = run(spec, db, workers=2)
+    assert summary.status == "completed"
+    dispatched = [t for t in transactions for w in t if w.kind == "insert" and w.values["status"] == "running"]
+    alone = [t for t in transactions if all(w.kind == "insert" and w.values["status"] == "running" for w in t)]
+    assert len(dispatched) == 16 and not alone, [[(w.kind, w.number) for w in t] for t in transactions]
+    assert len(transactions) <= 16 + sum(t.status == "infeasible_static" for t in db.trials(summary.study_id))
+    db.dispose()
+
+
+def test_a_long_trial_is_in_the_table_as_running_while_it_runs(sqlite_url: str) -> None:
+    """With no result to ride with, a dispatched trial's row is committed alone after a short wait."""
+    import threading
+    import time
+
+    import sqlalchemy.exc
+
+    db = StudyDB(sqlite_url)
+    spec = noop_spec("long-trial", args={"sleep_ms": 4000}, budget={"trials": 1, "trial_timeout_s": 60})
+    orchestrator = Orchestrator(load_spec(spec), db, workers=1)
+    runner = threading.Thread(target=orchestrator.run)
+    runner.start()
+    seen: list[str] = []
+    while runner.is_alive():
+        try:
+            study = db.find_study("long-trial")
+        except sqlalchemy.exc.OperationalError:  # the run has not made the tables yet
+            study = None
+        seen += [t.status for t in db.trials(study.id)] if study else []
+        if "running" in seen:
+            break
+        time.sleep(0.05)
+    runner.join(120)
+    assert "running" in seen, seen
+    assert [t.status for t in db.trials(db.find_study("long-trial").id)][-1:] == ["ok"]
+    db.dispose()

@@ -53,6 +53,10 @@ DUPLICATE_LIMIT = 200  # consecutive proposals of measured configs: the space is
 # A repeated config reuses the earlier result when that result does not depend on luck.
 REUSABLE = frozenset({"ok", "compile_error", "out_of_resources", "numerics_fail"})
 ELAPSED_SAVE_EVERY_S = 5.0
+#: The rows of just-dispatched trials (status running) wait at most this long for the next commit: a result
+#: that comes sooner takes them into its transaction (one commit per trial, not two); otherwise they are
+#: committed alone. Nothing finished waits: a result is committed (with its own row) before it is told.
+RUNNING_ROWS_WAIT_S = 0.2
 
 
 @dataclass
@@ -264,9 +268,10 @@ class Orchestrator:
             exhausted = self._fill()
             if (exhausted or self._stop) and not self.pool.busy():
                 return
-            self._settle()  # every dispatched trial has its row before we block
-            outcomes = self.pool.poll(self.poll_s)
+            # The dispatched trials' rows ride with the next result's commit, or go alone after a short wait.
+            outcomes = self.pool.poll(min(self.poll_s, RUNNING_ROWS_WAIT_S) if self._pending else self.poll_s)
             if outcomes is None:  # nothing in flight, no worker starting
+                self._settle()
                 if exhausted or self._stop:
                     return
                 continue
