@@ -20,6 +20,22 @@ from pathlib import Path
 
 import pytest
 
+
+def _import_kernels() -> None:
+    """Import every kernel module (and Gluon) now: a kernel is interpreted or compiled as TRITON_INTERPRET says
+    when its module is first imported, and a test that sets TRITON_INTERPRET=0 for a while (as on a GPU, for
+    static checks) must not be the one that first imports it."""
+    import importlib
+    import pkgutil
+
+    import kernels
+
+    for module in pkgutil.iter_modules(kernels.__path__):
+        importlib.import_module(f"kernels.{module.name}")
+
+
+_import_kernels()
+
 PG_URL = os.environ.get("TUNER_TEST_PG_URL", "")
 REPO = Path(__file__).resolve().parent.parent
 
