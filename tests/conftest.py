@@ -151,12 +151,29 @@ def interpreter() -> None:
         pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: kernels compile, not interpret")
 
 
+#: Put before every ``aot_child`` script: ``compile_or_skip(compile)`` returns ``compile()``'s kernel, or, when
+#: this Triton cannot compile ahead of time (its internals, no ptxas), prints ``{"skip": reason}`` and ends the child.
+AOT_PRELUDE = """
+import json as _json, sys as _sys
+def compile_or_skip(compile):
+    try:
+        return compile()
+    except NotImplementedError as exc:
+        reason = str(exc)
+    except (FileNotFoundError, PermissionError) as exc:
+        reason = f"no ptxas to run: {exc}"
+    print(_json.dumps({"skip": reason}), flush=True)
+    _sys.exit(0)
+"""
+
+
 @pytest.fixture
 def aot_child() -> Callable[..., list[dict]]:
     """Run a Python script in a child process without TRITON_INTERPRET (kernels compile, not interpret).
 
-    The script prints one JSON object per line; a first line ``{"skip": reason}`` (this Triton cannot
-    compile ahead of time, no ptxas) skips the test. Returns the parsed lines once the child exited 0.
+    The script (after :data:`AOT_PRELUDE`) prints one JSON object per line; a first line ``{"skip": reason}``
+    (this Triton cannot compile ahead of time, no ptxas) skips the test. Returns the parsed lines once the
+    child exited 0.
     """
     import json
     import subprocess
@@ -166,7 +183,7 @@ def aot_child() -> Callable[..., list[dict]]:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when unset; 1 is the default
         proc = subprocess.run(
-            [sys.executable, "-c", script, *args],
+            [sys.executable, "-c", AOT_PRELUDE + script, *args],
             cwd=Path(__file__).resolve().parent.parent,
             env=env,
             capture_output=True,

@@ -275,16 +275,10 @@ for job in jobs:
     if config.pop("kernel", "tutorial") != "tutorial":
         continue  # the persistent variants have their own compile test
     try:
-        kernel = compile_for_target(*shape, causal=job["causal"], **config, capability=90)
-    except NotImplementedError as exc:
-        print(json.dumps({"skip": str(exc)}))
-        break
-    except Exception as exc:
-        if not isinstance(exc, (FileNotFoundError, PermissionError)):
-            print(json.dumps({**job, "error": f"{type(exc).__name__}: {exc}"[:2000]}))
-            continue
-        print(json.dumps({"skip": f"no ptxas to run: {exc}"}))
-        break
+        kernel = compile_or_skip(lambda: compile_for_target(*shape, causal=job["causal"], **config, capability=90))
+    except Exception as exc:  # a compile error of this config, reported as its line
+        print(json.dumps({**job, "error": f"{type(exc).__name__}: {exc}"[:2000]}))
+        continue
     ptx = kernel.asm["ptx"]
     print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": "wgmma.mma_async" in ptx,
                       "tma": "cp.async.bulk.tensor" in ptx}), flush=True)

@@ -89,14 +89,7 @@ if not attention_ws.available():
     print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
     sys.exit(0)
 for job in json.loads(sys.argv[1]):
-    try:
-        kernel = attention_ws.compile_for_target(*job["shape"], precision="bf16", **job["config"])
-    except NotImplementedError as exc:
-        print(json.dumps({"skip": str(exc)}))
-        break
-    except (FileNotFoundError, PermissionError) as exc:
-        print(json.dumps({"skip": f"no ptxas to run: {exc}"}))
-        break
+    kernel = compile_or_skip(lambda: attention_ws.compile_for_target(*job["shape"], precision="bf16", **job["config"]))
     ptx = kernel.asm["ptx"]
     budgets = re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)
     print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),

@@ -30,14 +30,8 @@ if not gemm_ws.available():
     print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
     sys.exit(0)
 for job in json.loads(sys.argv[1]):
-    try:
-        kernel = gemm_ws.compile_for_target(8192, 4096, 4096, precision=job["precision"], **job["knobs"])
-    except NotImplementedError as exc:
-        print(json.dumps({"skip": str(exc)}))
-        break
-    except (FileNotFoundError, PermissionError) as exc:
-        print(json.dumps({"skip": f"no ptxas to run: {exc}"}))
-        break
+    kernel = compile_or_skip(
+        lambda: gemm_ws.compile_for_target(8192, 4096, 4096, precision=job["precision"], **job["knobs"]))
     ptx = kernel.asm["ptx"]
     budgets = re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)
     print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),

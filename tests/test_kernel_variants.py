@@ -193,19 +193,11 @@ _AOT_SCRIPT = """
 import json, sys
 jobs = json.loads(sys.argv[1])
 for job in jobs:
-    try:
-        if job["family"] == "gemm":
-            from kernels.gemm_tma import compile_for_target
-            kernel = compile_for_target(*job["shape"], **job["config"], capability=90)
-        else:
-            from kernels.attention_persistent import compile_for_target
-            kernel = compile_for_target(*job["shape"], **job["config"], capability=90)
-    except NotImplementedError as exc:
-        print(json.dumps({"skip": str(exc)}))
-        break
-    except (FileNotFoundError, PermissionError) as exc:
-        print(json.dumps({"skip": f"no ptxas to run: {exc}"}))
-        break
+    if job["family"] == "gemm":
+        from kernels.gemm_tma import compile_for_target
+    else:
+        from kernels.attention_persistent import compile_for_target
+    kernel = compile_or_skip(lambda: compile_for_target(*job["shape"], **job["config"], capability=90))
     ptx = kernel.asm["ptx"]
     print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": "wgmma.mma_async" in ptx,
                       "tma": "cp.async.bulk.tensor" in ptx}), flush=True)

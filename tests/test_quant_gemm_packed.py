@@ -163,14 +163,7 @@ _AOT_SCRIPT = """
 import json, sys
 from kernels.quant_gemm_packed import compile_for_target
 for job in json.loads(sys.argv[1]):
-    try:
-        kernel = compile_for_target(*job["shape"], **job["config"], capability=90)
-    except NotImplementedError as exc:
-        print(json.dumps({"skip": str(exc)}))
-        break
-    except (FileNotFoundError, PermissionError) as exc:
-        print(json.dumps({"skip": f"no ptxas to run: {exc}"}))
-        break
+    kernel = compile_or_skip(lambda: compile_for_target(*job["shape"], **job["config"], capability=90))
     ptx = kernel.asm["ptx"]
     print(json.dumps({**job, "shared": kernel.metadata.shared, "lop3": "0x000F000F" in ptx,
                       "mma": "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else None,
