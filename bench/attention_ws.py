@@ -26,7 +26,7 @@ import math
 import time
 from typing import Any
 
-from bench.common import interleaved, median, verdict, write_result
+from bench.common import interleaved, median, tflops_measurer, verdict, write_result
 
 CONFIGS: list[dict[str, Any]] = [
     {"BLOCK_N": bn, "NUM_BUFFERS": nb, "OVERLAP": ov}
@@ -90,23 +90,16 @@ def _measurers(shape: dict[str, Any], configs: list[dict[str, Any]]) -> dict[str
     from bench.kernel_variants import _sdpa_baselines
     from kernels.attention import attention_flops
     from kernels.attention_ws import attention_ws
-    from tuner.fingerprint import device_info
-    from tuner.measure import GPU_TIMING, time_fn
 
-    device = device_info()
     b, h, s, d, causal = (shape[k] for k in ("batch", "heads", "seq_len", "head_dim", "causal"))
     q, k, v = _inputs(b, h, s, d)
     out = torch.empty_like(q)
     lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
     flops = attention_flops(b, h, s, d, causal)
-
-    def tflops(call: Any) -> float:
-        return flops / (time_fn(call, device, **GPU_TIMING).median_ms * 1e-3) / 1e12
-
     measurers: dict[str, Any] = {}
     for i, config in enumerate(configs):
-        measurers[f"ws{i}"] = lambda c=config: tflops(lambda: attention_ws(q, k, v, causal=causal, out=out, lse=lse,
-                                                                           **c))  # fmt: skip
+        call = lambda c=config: attention_ws(q, k, v, causal=causal, out=out, lse=lse, **c)  # noqa: E731
+        measurers[f"ws{i}"] = tflops_measurer(call, flops)
     measurers.update(_sdpa_baselines(shape))  # SDPA's cuDNN and flash backends, on their own seed-0 inputs
     return measurers
 

@@ -114,6 +114,16 @@ def gang_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def tflops_measurer(call: Callable[[], Any], flops: float) -> Callable[[], float]:
+    """A function that times ``call`` on this machine's GPU (``time_fn`` with ``GPU_TIMING``: CUDA events, L2
+    flushed, adaptive repetitions) and returns its TFLOP/s for ``flops`` operations a call."""
+    from tuner.fingerprint import device_info
+    from tuner.measure import GPU_TIMING, time_fn
+
+    device = device_info()
+    return lambda: flops / (time_fn(call, device, **GPU_TIMING).median_ms * 1e-3) / 1e12
+
+
 def interleaved(candidates: dict[str, Callable[[], float]], rounds: int = 3) -> dict[str, list[float]]:
     """Call each candidate in turn, ``rounds`` times (A B C A B C ...); every value it returned, by name."""
     values: dict[str, list[float]] = {name: [] for name in candidates}

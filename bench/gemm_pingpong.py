@@ -14,7 +14,7 @@ import argparse
 import time
 from typing import Any
 
-from bench.common import interleaved, median, verdict, write_result
+from bench.common import interleaved, median, tflops_measurer, verdict, write_result
 from bench.gemm_targets import baseline_fn
 from bench.kernel_variants import GEMM_SHAPES
 
@@ -42,14 +42,6 @@ def _operands(m: int, n: int, k: int, precision: str) -> tuple[Any, Any, Any]:
     a = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
     b = torch.randn(k, n, device="cuda", generator=gen).to(dtype)
     return a, b, torch.empty(m, n, device="cuda", dtype=dtype)
-
-
-def _tflops(call: Any, flops: float) -> Any:
-    from tuner.fingerprint import device_info
-    from tuner.measure import GPU_TIMING, time_fn
-
-    device = device_info()
-    return lambda: flops / (time_fn(call, device, **GPU_TIMING).median_ms * 1e-3) / 1e12
 
 
 def run_target(shape: str, precision: str, rounds: int) -> dict[str, Any]:
@@ -80,7 +72,8 @@ def run_target(shape: str, precision: str, rounds: int) -> dict[str, Any]:
         error = ((out.float() - reference).abs().max() / scale).item()
         entry: dict[str, Any] = {"config": knobs, "max_rel_error": error}
         if error < (1e-2 if precision == "bf16" else 2e-3):
-            entry["tflops"] = round(_tflops(lambda knobs=knobs: matmul_pingpong(a, b, out=out, **knobs), flops)(), 1)
+            call = lambda knobs=knobs: matmul_pingpong(a, b, out=out, **knobs)  # noqa: E731
+            entry["tflops"] = round(tflops_measurer(call, flops)(), 1)
         sweep.append(entry)
         print(f"    {entry}", flush=True)
     timed = [e for e in sweep if "tflops" in e]
@@ -90,9 +83,9 @@ def run_target(shape: str, precision: str, rounds: int) -> dict[str, Any]:
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     values = interleaved(
         {
-            "pingpong": _tflops(lambda: matmul_pingpong(a, b, out=out, **best), flops),
+            "pingpong": tflops_measurer(lambda: matmul_pingpong(a, b, out=out, **best), flops),
             "baseline": baseline_fn(m, n, k, precision),
-            "persistent_tma_ws": _tflops(
+            "persistent_tma_ws": tflops_measurer(
                 lambda: matmul_persistent(a, b, precision=precision, num_sms=num_sms, out=out, **PERSISTENT), flops
             ),
         },

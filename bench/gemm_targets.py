@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from bench.common import interleaved, median, run_study, verdict, write_result
+from bench.common import interleaved, median, run_study, tflops_measurer, verdict, write_result
 
 #: name -> (m, n, k, precision, target ratio, strictly greater, baseline)
 TARGETS: dict[str, tuple[int, int, int, str, float, bool, str]] = {
@@ -36,10 +36,6 @@ def baseline_fn(m: int, n: int, k: int, precision: str, fast_accum: bool = False
     (fp8: ``torch._scaled_mm``, with ``use_fast_accum=fast_accum``)."""
     import torch
 
-    from tuner.fingerprint import device_info
-    from tuner.measure import GPU_TIMING, time_fn
-
-    device = device_info()
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(m, k, device="cuda", generator=gen)
     b = torch.randn(k, n, device="cuda", generator=gen)
@@ -62,12 +58,7 @@ def baseline_fn(m: int, n: int, k: int, precision: str, fast_accum: bool = False
             return torch.matmul(a_t, b_t)
 
     del a, b
-
-    def measure() -> float:
-        timing = time_fn(call, device, **GPU_TIMING)
-        return 2 * m * n * k / (timing.median_ms * 1e-3) / 1e12
-
-    return measure
+    return tflops_measurer(call, 2 * m * n * k)
 
 
 def tuned_fn(m: int, n: int, k: int, config: dict[str, Any]) -> Any:

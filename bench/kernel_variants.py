@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import interleaved, median, verdict, write_result
+from bench.common import interleaved, median, tflops_measurer, verdict, write_result
 from bench.gemm_targets import baseline_fn
 
 #: name -> (m, n, k): 8192^3 and two Llama-style projections with 8192 tokens (4096 -> 14336, 4096 -> 4096).
@@ -136,10 +136,7 @@ def _sdpa_baselines(shape: dict[str, Any]) -> dict[str, Any]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from kernels.attention import attention_flops
-    from tuner.fingerprint import device_info
-    from tuner.measure import GPU_TIMING, time_fn
 
-    device = device_info()
     b, h, s, d, causal = (shape[k] for k in ("batch", "heads", "seq_len", "head_dim", "causal"))
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))
@@ -157,7 +154,7 @@ def _sdpa_baselines(shape: dict[str, Any]) -> dict[str, Any]:
         except Exception as exc:
             print(f"    SDPA {name} unavailable: {exc}"[:200], flush=True)
             continue
-        out[name] = lambda call=call: flops / (time_fn(call, device, **GPU_TIMING).median_ms * 1e-3) / 1e12
+        out[name] = tflops_measurer(call, flops)
     return out
 
 
