@@ -411,8 +411,9 @@ class Orchestrator:
         self._report(status)
 
     def _settle(self) -> None:
-        """Commit the pending rows in one transaction (a result, or the proposals of a refill), then tell
-        the sampler the results among them: a told result is always in the table."""
+        """Commit the pending rows in one transaction (a result with the rows of the trials dispatched since the
+        last commit, or those rows alone), then tell the sampler the results among them: a told result is always
+        in the table."""
         if self._pending:
             self.db.apply(self._pending)
             self._pending.clear()
