@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import triton
 
+from kernels import gemm_tma
 from tuner.workload import interpreter_active
 
 try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
@@ -73,16 +74,8 @@ def available() -> bool:
 
 
 if gluon is not None:
-
-    @gluon.jit
-    def _tile_coords(tile, num_pid_m, num_pid_in_group, GROUP_M: gl.constexpr):
-        """(pid_m, pid_n) of a linear tile index, GROUP_M row-tiles sharing each column-tile."""
-        group_id = tile // num_pid_in_group
-        first_pid_m = group_id * GROUP_M
-        group_size_m = gl.minimum(num_pid_m - first_pid_m, GROUP_M)
-        pid_m = first_pid_m + (tile % group_size_m)
-        pid_n = (tile % num_pid_in_group) // group_size_m
-        return pid_m, pid_n
+    #: The Triton kernels' GROUP_M tile order, compiled by Gluon's front end.
+    _tile_coords = gluon.jit(gemm_tma._tile_coords.fn)
 
     @gluon.jit
     def _loader(a_desc, b_desc, a_smem, b_smem, ready, empty, M, N, K, BLOCK_M: gl.constexpr,
@@ -95,7 +88,7 @@ if gluon is not None:
         num_pid_in_group = GROUP_M * num_pid_n
         it = 0
         for tile in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
-            pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_in_group, GROUP_M)
+            pid_m, pid_n = _tile_coords(tile, num_pid_in_group, num_pid_m, GROUP_M)
             for ki in range(k_tiles):
                 stage = it % NUM_STAGES
                 # A fresh barrier's "previous phase" (parity 1) counts as complete: the first lap does not wait.
@@ -120,7 +113,7 @@ if gluon is not None:
         c_buf = c_smem.index(c)
         local = c  # the tile's index among the program's tiles: its K blocks start at ring slot local * k_tiles
         for tile in range(gl.program_id(0) + c * programs, num_pid_m * num_pid_n, 2 * programs):
-            pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_in_group, GROUP_M)
+            pid_m, pid_n = _tile_coords(tile, num_pid_in_group, num_pid_m, GROUP_M)
             base = local * k_tiles
             if local > 0:  # the other consumer's main loop of the tile before is done (see the module docstring)
                 mbarrier.wait(order.index(1 - c), ((local - 1) // 2) & 1)
