@@ -57,17 +57,45 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
             for bn, sk, w, unroll in itertools.product((32, 64, 128), (8, 16), (2, 4), (2, 4)):
                 out.append({"UNROLL": unroll, "BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w,
                             "PREFETCH": 0, "num_stages": 1, "FAST_DECODE": 2})  # fmt: skip
+        # the words by bulk tensor copies (TMA), num_stages - 1 spans in flight per program
+        for bn, sk, w, st in itertools.product((32, 64, 128, 256), (2, 4, 8, 16), (2, 4), (3, 4, 6)):
+            tma = {**base, "BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": 0,
+                   "num_stages": st, "TMA": 1}  # fmt: skip
+            out.append({**tma, "FAST_DECODE": 2} if bits == 4 else {**tma, "num_warps": 2 * w})
+        out += swapped(16, (64, 128, 256), (2, 4, 8, 16), (4, 8), (3, 4, 6))  # tensor cores, X padded to 16 rows
     elif m < 32:
         for bn, sk, w, (pf, st) in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), pipelines):
             out.append({**base, "BLOCK_M": 16, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
                         "num_stages": st})  # fmt: skip
+        for bn, sk, w, st in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), (3, 4, 6)):
+            out.append({**base, "BLOCK_M": 16, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": 0,
+                        "num_stages": st, "TMA": 1})  # fmt: skip
+        out += swapped(16, (64, 128, 256), (2, 4, 8, 16), (4, 8), (3, 4, 6))
     else:
         for bm, bn, sk, w, (pf, st) in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4, 8), pipelines):
             out.append({**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
                         "num_stages": st})  # fmt: skip
+        for bm, bn, sk, w, st in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4, 8), (3, 4)):
+            out.append({**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": 0,
+                        "num_stages": st, "TMA": 1})  # fmt: skip
+        for bm in (32, 64):
+            out += swapped(bm, (64, 128, 256), (1, 2, 4, 8), (4, 8), (3, 4))
     if bits == 8:
         out = [c for c in out if c["num_warps"] >= 4 and "FAST_DECODE" not in c]
     return out
+
+
+def swapped(block_m: int, bns: tuple[int, ...], splits: tuple[int, ...], warps: tuple[int, ...],
+            stages: tuple[int, ...]) -> list[dict[str, int]]:  # fmt: skip
+    """Tensor-core tiles computing Y's tile transposed (``SWAP``: the decoded weights as the A operand, held in
+    registers; X through shared memory), the words by TMA; ``SWAP`` 1 multiplies 16-row slices, 2 whole spans,
+    3 whole spans with the scales folded into the weights (the product accumulated across spans)."""
+    return [
+        {"UNROLL": 1, "BLOCK_M": block_m, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": 0,
+         "num_stages": st, "TMA": 1, "SWAP": swap}
+        for bn, sk, w, st, swap in itertools.product(bns, splits, warps, stages, (1, 2, 3))
+        if not (w == 8 and bn < 128)  # a warpgroup's wgmma takes 64 rows of the weights' tile
+    ]  # fmt: skip
 
 
 def old_candidates(m: int, bits: int) -> list[dict[str, int]]:
@@ -268,6 +296,28 @@ def precompile(plan: list[tuple[int, int, int, int]], workers: int) -> dict[str,
     return failed
 
 
+def read_floor(bench: Bench) -> dict[str, Any]:
+    """The fastest pure read of the packed words (:mod:`bench.stream_floor`), rotating over the same copies."""
+    import torch
+
+    from bench.stream_floor import candidates, rotating_reader
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    words = [w.qweight for w in bench.packed]
+    rows = []
+    for config in candidates(sms):
+        try:
+            us = graph_time_us(rotating_reader(words, config), len(words) * max(2, 24 // len(words)))
+        except Exception as exc:  # a box the TMA cannot take, a compile error: reported, not fatal
+            rows.append({"config": config, "status": f"{type(exc).__name__}: {exc}"[:200]})
+            continue
+        rows.append({"config": config, "us": us, "tb_s": words[0].numel() * 4 / (us * 1e-6) / 1e12, "status": "ok"})
+    ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["us"])
+    best_of = {kind: next((r for r in ok if r["config"]["kind"] == kind), None) for kind in ("flat", "tma")}
+    return {"word_bytes": words[0].numel() * 4, "best": ok[0] if ok else None, "best_of_kind": best_of,
+            "failures": [r for r in rows if r["status"] != "ok"][:8]}  # fmt: skip
+
+
 def interleaved_us(fns: dict[str, tuple[Any, int]], rounds: int) -> dict[str, float]:
     values: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
@@ -283,6 +333,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 2))
     parser.add_argument("--ms", default="1,16,64")
     parser.add_argument("--quick", action="store_true", help="one shape, fewer candidates (smoke run)")
+    parser.add_argument("--floor", action="store_true", help="also measure the pure-read floor of every weight set")
     args = parser.parse_args()
     import torch
 
@@ -297,6 +348,7 @@ def main() -> None:
     for bits in (4, 8):
         for n, k in shapes:
             bench = Bench(n, k, bits)
+            floor = read_floor(bench) if args.floor else None
             for m in ms if bits == 4 else [1]:
                 rows = sweep(bench, m, failed, ("packed", "old"))
                 ok = [r for r in rows if r["status"] == "ok"]
@@ -317,6 +369,9 @@ def main() -> None:
                     if best else None,
                     "top": ok[:12], "failures": [r for r in rows if r["status"] != "ok"][:20],
                 }  # fmt: skip
+                if floor is not None and floor["best"] and best:
+                    entry["read_floor"] = floor
+                    entry["packed_over_read_floor"] = final["packed"] / floor["best"]["us"]
                 shapes_out.append(entry)
                 print(f"int{bits} M={m} N={n} K={k}: {final}  x{entry['speedup_vs_bf16']}", flush=True)
                 save(shapes_out, bandwidth, failed, started, args.out)

@@ -25,7 +25,8 @@ packed ``fma``), about one instruction per weight; the interpreter runs the fp32
 ``FAST_DECODE=2`` (the int4 GEMV with one scale per span) goes further: the same masked OR read as two
 fp32 values ``q + bias`` (no 16-bit subtraction, no conversion to fp32), multiplied by X, and the biases
 taken off once per span as ``bias * sum(x)``: a shift, an OR, a shift and two FMAs per two weights
-(the default where it applies; other tiles take the 16-bit pairs).
+(the default where it applies; other tiles take the 16-bit pairs). The decodes live in
+:mod:`kernels.quant_decode`.
 
 Paths (``BLOCK_M`` picks): ``BLOCK_M == 1`` is the GEMV path: one row of X per program, the
 decoded weights multiplied on the CUDA cores into a (16, BLOCK_N) fp32 accumulator reduced over
@@ -36,6 +37,16 @@ words before decoding the current one, so every program keeps a load in flight; 
 pipelines the K loop itself (the loads of ``num_stages - 1`` spans ahead go through shared memory by
 ``cp.async``), so a program keeps several spans in flight with few registers: a GEMV at M = 1 is
 bound by the bytes in flight per SM, not by the decode.
+
+Hopper options: ``TMA`` reads the words by bulk tensor copies ((16, BLOCK_N) boxes; the pipeliner keeps
+``num_stages - 1`` in flight, one instruction each) instead of per-thread loads. ``SWAP`` (tensor-core
+tiles) computes Y's tile transposed, ``Y^T = dequant(W)^T X^T``: the decoded weights become the MMA's
+first operand, which wgmma reads from registers, so they are never staged through shared memory (X is).
+``SWAP=1`` multiplies 16-row slices; ``SWAP=2`` joins a span's slices into one (BLOCK_N, SPAN) operand, one
+wgmma chain and one wait per span instead of one per slice (on an H200 1.16-1.18x bf16 at M = 64 against
+0.70-0.86x without it); ``SWAP=3`` also folds the scales into the weights (rounded to X's dtype), so the
+product accumulates across spans and the next span decodes while the last one's wgmmas run. Both need
+one scale row per span (``group_size >= SPAN``); with smaller groups they take ``SWAP=1``'s slices.
 
 Split-K without extra launches (``SPLIT_K > 1``): program ``(tile, s)`` covers K rows
 ``[s K / SPLIT_K, (s + 1) K / SPLIT_K)``, adds its partial into an fp32 workspace with atomics,
@@ -56,6 +67,14 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.quant_decode import (
+    PAIR_F32_HI_BIAS,
+    PAIR_F32_LO_BIAS,
+    slot,
+    slot_pair_asm,
+    slot_pair_f32,
+    span_decoded_t,
+)
 from kernels.quant_gemm import ACT_DTYPES, QMAX, _is_pow2, dequantize_groups, quantize_groups
 from tuner.workload import interpreter_active
 
@@ -176,102 +195,12 @@ def repack(qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: i
 
 
 @triton.jit
-def _slot(words, i: tl.constexpr, BITS: tl.constexpr):
-    """Slot ``i`` of every word as exact fp32 integers q (the exponent trick; offset removed)."""
-    u = (words >> (BITS * i)) & ((1 << BITS) - 1)
-    OFF: tl.constexpr = 8388608.0 + (1 << (BITS - 1))  # 2**23 + the storage offset
-    return (u | 0x4B000000).to(tl.float32, bitcast=True) - OFF
-
-
-#: PTX decoding two nibbles of an int4 word to 16-bit floats in three instructions (Marlin's trick):
-#: ``lop3`` puts nibbles ``p`` and ``p + 4`` (bits 4p and 16 + 4p, after the shift) under the exponent
-#: of 128.0 (bf16) or 1024.0 (fp16) in the two halves of a register, and one packed ``fma`` subtracts
-#: 128 + 8 (1024 + 8), leaving q exactly. One call per pair keeps few decoded values live (registers).
-_PAIR_ASM = """
-{
-.reg .b32 t, one, neg;
-mov.b32 one, ONE;
-mov.b32 neg, NEG;
-shr.u32 t, $2, SHIFT;
-lop3.b32 t, t, 0x000F000F, MAGIC, 0xEA;
-fma.rn.TYPE t, t, one, neg;
-mov.b32 {$0, $1}, t;
-}
-"""
-
-
-def _pair_asm(dtype: str, pair: int) -> tl.constexpr:
-    magic, one, neg, kind = {
-        "bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
-        "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2"),
-    }[dtype]
-    text = _PAIR_ASM.replace("MAGIC", magic).replace("ONE", one).replace("NEG", neg).replace("TYPE", kind)
-    # One line: torch.compile (Inductor) re-emits a user kernel's source, and a newline inside this string
-    # constant would end its literal there.
-    return tl.constexpr(" ".join(text.replace("SHIFT", str(4 * pair)).split()))
-
-
-PAIR_BF16_0, PAIR_BF16_1, PAIR_BF16_2, PAIR_BF16_3 = (_pair_asm("bf16", p) for p in range(4))
-PAIR_FP16_0, PAIR_FP16_1, PAIR_FP16_2, PAIR_FP16_3 = (_pair_asm("fp16", p) for p in range(4))
-
-
-@triton.jit
-def _pair(words, asm: tl.constexpr, IS_BF16: tl.constexpr):
-    if IS_BF16:
-        return tl.inline_asm_elementwise(
-            asm, "=h,=h,r", [words], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=1
-        )
-    else:
-        return tl.inline_asm_elementwise(asm, "=h,=h,r", [words], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
-
-
-@triton.jit
-def _slot_pair_asm(words, p: tl.constexpr, dtype: tl.constexpr):
-    """Slots ``p`` and ``p + 4`` of int4 words as exact 16-bit floats (bf16 or fp16), by inline PTX (GPU only)."""
-    if dtype == tl.bfloat16:
-        if p == 0:
-            return _pair(words, PAIR_BF16_0, True)
-        elif p == 1:
-            return _pair(words, PAIR_BF16_1, True)
-        elif p == 2:
-            return _pair(words, PAIR_BF16_2, True)
-        else:
-            return _pair(words, PAIR_BF16_3, True)
-    else:
-        if p == 0:
-            return _pair(words, PAIR_FP16_0, False)
-        elif p == 1:
-            return _pair(words, PAIR_FP16_1, False)
-        elif p == 2:
-            return _pair(words, PAIR_FP16_2, False)
-        else:
-            return _pair(words, PAIR_FP16_3, False)
-
-
-#: Biases of :func:`_slot_pair_f32`'s values over q: ``128 + 8`` (the exponent's 128.0 and the storage offset),
-#: and for the high value also the low half's bits 0x4300 read as the fraction ``0x4300 / 2**16``.
-PAIR_F32_LO_BIAS: tl.constexpr = tl.constexpr(136.0)
-PAIR_F32_HI_BIAS: tl.constexpr = tl.constexpr(136.0 + 0x4300 / 65536)
-
-
-@triton.jit
-def _slot_pair_f32(words, p: tl.constexpr):
-    """Slots ``p`` and ``p + 4`` of int4 words as fp32 ``q + 136`` (low) and ``q + 136.26...`` (high), in
-    about one instruction per value: one masked OR puts both nibbles under the exponent of 128.0 in the two
-    16-bit halves of a word; the word read as fp32 is the high value (its low half adds 0x4300 / 2**16 and at
-    most 15 / 2**16, below a bf16 rounding of any product), and shifted up 16 bits the low one (exact). The
-    caller subtracts the biases once per span (one scalar per K row), not once per weight."""
-    t = ((words >> (4 * p)) & 0x000F000F) | 0x43004300
-    return (t << 16).to(tl.float32, bitcast=True), t.to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _span_fp32_pairs(words, x_ptrs, stride_xk, part):
-    """One int4 span of the GEMV with :func:`_slot_pair_f32`: ``part`` (16, BLOCK_N) plus X times the span's
-    values, less the biases times X (one (16,) correction per span, not one subtraction per weight)."""
+    """One int4 span of the GEMV with :func:`~kernels.quant_decode.slot_pair_f32`: ``part`` (16, BLOCK_N) plus X
+    times the span's values, less the biases times X (one (16,) correction per span, not one per weight)."""
     corr = tl.zeros((16,), dtype=tl.float32)
     for p in tl.static_range(4):
-        v_lo, v_hi = _slot_pair_f32(words, p)
+        v_lo, v_hi = slot_pair_f32(words, p)
         x_lo = tl.load(x_ptrs + p * 16 * stride_xk).to(tl.float32)
         x_hi = tl.load(x_ptrs + (p + 4) * 16 * stride_xk).to(tl.float32)
         part += x_lo[:, None] * v_lo  # two accumulations: one FMA per weight
@@ -282,16 +211,21 @@ def _span_fp32_pairs(words, x_ptrs, stride_xk, part):
 
 @triton.jit
 def _slice_product(q, x_ptrs, part, acc, s_ptrs, stride_sg, k0, dtype: tl.constexpr, USE_DOT: tl.constexpr,
-                   ONE_SCALE: tl.constexpr, GROUP_SIZE: tl.constexpr):  # fmt: skip
+                   ONE_SCALE: tl.constexpr, GROUP_SIZE: tl.constexpr, SWAP: tl.constexpr):  # fmt: skip
     """Multiply one decoded 16-row slice (K rows k0 .. k0 + 16) into the span's partial, or, when the span
-    holds several groups, scale it by its group's scales into the accumulator; returns (part, acc)."""
+    holds several groups, scale it by its group's scales into the accumulator; returns (part, acc).
+    ``SWAP``: the transposed product (BLOCK_N, BLOCK_M) += q^T x^T, the weights as the A operand."""
     x = tl.load(x_ptrs)
-    if USE_DOT:
+    if SWAP:
+        product = tl.dot(tl.trans(q.to(dtype)), tl.trans(x))
+    elif USE_DOT:
         product = tl.dot(x, q.to(dtype))
     else:
         product = x.to(tl.float32)[:, None] * q.to(tl.float32)
     if ONE_SCALE:
         part += product
+    elif SWAP:
+        acc += product * tl.load(s_ptrs + (k0 // GROUP_SIZE) * stride_sg).to(tl.float32)[:, None]
     else:
         acc += product * tl.load(s_ptrs + (k0 // GROUP_SIZE) * stride_sg).to(tl.float32)[None, :]
     return part, acc
@@ -316,13 +250,17 @@ def packed_quant_kernel(
     stride_xm, stride_xk, stride_wr, stride_wn, stride_sg, stride_sn, stride_ym, stride_yn,
     BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, FAST_DECODE: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, TMA: tl.constexpr, SWAP: tl.constexpr,
 ):  # fmt: skip
     """One (BLOCK_M, BLOCK_N) tile of Y over one K split (layout and paths: the module docstring)."""
     PACK: tl.constexpr = 32 // BITS
     SPAN: tl.constexpr = 16 * PACK
     USE_DOT: tl.constexpr = BLOCK_M > 1
     ONE_SCALE: tl.constexpr = GROUP_SIZE >= SPAN  # one scale row per span, applied once per span
+    WIDE: tl.constexpr = SWAP >= 2 and ONE_SCALE and BLOCK_M > 1  # one transposed product of K = SPAN per span
+    # SWAP 3: the scales folded into the decoded weights (rounded to X's dtype), the product accumulated in acc
+    # across spans, so the pipeliner can keep one span's wgmma in flight while the next span decodes
+    FOLD: tl.constexpr = SWAP == 3 and WIDE
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     pid_m = pid % num_pid_m  # M tiles fastest: the programs reading one weight tile run together
@@ -334,12 +272,18 @@ def packed_quant_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_j = tl.arange(0, 16)
-    w_ptrs = w_ptr + (k_begin // PACK + offs_j)[:, None] * stride_wr + (offs_n % N)[None, :] * stride_wn
+    if TMA:  # w_ptr is a tensor descriptor of the words, (16, BLOCK_N) boxes; columns past N read zeros
+        w_row = k_begin // PACK
+    else:
+        w_ptrs = w_ptr + (k_begin // PACK + offs_j)[:, None] * stride_wr + (offs_n % N)[None, :] * stride_wn
     s_ptrs = s_ptr + (offs_n % N) * stride_sn
     dtype = x_ptr.dtype.element_ty
-    if USE_DOT:
+    if WIDE:
+        x_ptrs = x_ptr + (offs_m % M)[:, None] * stride_xm + (k_begin + tl.arange(0, SPAN))[None, :] * stride_xk
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    elif USE_DOT:
         x_ptrs = x_ptr + (offs_m % M)[:, None] * stride_xm + (k_begin + offs_j)[None, :] * stride_xk
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
     else:
         x_ptrs = x_ptr + pid_m * stride_xm + (k_begin + offs_j) * stride_xk
         acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
@@ -347,34 +291,48 @@ def packed_quant_kernel(
     if PREFETCH:
         words = tl.load(w_ptrs)
     for it in tl.range(0, n_iter, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        if PREFETCH:  # the next span's words (this span's again on the last iteration: in bounds, unused)
+        if TMA:  # one bulk copy per span; num_stages > 1 keeps num_stages - 1 spans in flight
+            words = w_ptr.load([w_row + it * 16, pid_n * BLOCK_N])
+        elif PREFETCH:  # the next span's words (this span's again on the last iteration: in bounds, unused)
             upcoming = tl.load(w_ptrs + (tl.minimum(it + 1, n_iter - 1) - it) * 16 * stride_wr)
         else:  # loaded at the top of the iteration, where the pipeliner (num_stages > 1) issues it ahead
             words = tl.load(w_ptrs)
         if ONE_SCALE:  # issued before the decode, so that its latency hides behind it
-            scale = tl.load(s_ptrs + ((k_begin + it * SPAN) // GROUP_SIZE) * stride_sg).to(tl.float32)
+            scale = tl.load(s_ptrs + ((k_begin + it * SPAN) // GROUP_SIZE) * stride_sg)
+            if not FOLD:
+                scale = scale.to(tl.float32)
         part = tl.zeros_like(acc)
-        if FAST_DECODE == 2:  # GEMV, int4, one scale per span: raw fp32 values, offsets removed once per span
+        if FOLD:
+            weights_t = span_decoded_t(words, dtype, BITS, FAST_DECODE) * scale.to(dtype)[:, None]
+            acc = tl.dot(weights_t, tl.trans(tl.load(x_ptrs)), acc)
+        elif WIDE:
+            part = tl.dot(span_decoded_t(words, dtype, BITS, FAST_DECODE), tl.trans(tl.load(x_ptrs)))
+        elif FAST_DECODE == 2:  # GEMV, int4, one scale per span: raw fp32 values, offsets removed once per span
             part = _span_fp32_pairs(words, x_ptrs, stride_xk, part)
         else:
             for p in tl.static_range(PACK // 2):
                 # Slots p and p + PACK / 2 of every word: K rows 16 p and 16 (p + PACK / 2) of the span.
                 if FAST_DECODE:
-                    q_lo, q_hi = _slot_pair_asm(words, p, dtype)
+                    q_lo, q_hi = slot_pair_asm(words, p, dtype)
                 else:
-                    q_lo = _slot(words, p, BITS)
-                    q_hi = _slot(words, p + PACK // 2, BITS)
+                    q_lo = slot(words, p, BITS)
+                    q_hi = slot(words, p + PACK // 2, BITS)
                 part, acc = _slice_product(q_lo, x_ptrs + p * 16 * stride_xk, part, acc, s_ptrs, stride_sg,
                                            k_begin + it * SPAN + p * 16, dtype, USE_DOT, ONE_SCALE,
-                                           GROUP_SIZE)  # fmt: skip
+                                           GROUP_SIZE, SWAP)  # fmt: skip
                 part, acc = _slice_product(q_hi, x_ptrs + (p + PACK // 2) * 16 * stride_xk, part, acc, s_ptrs,
                                            stride_sg, k_begin + it * SPAN + (p + PACK // 2) * 16, dtype, USE_DOT,
-                                           ONE_SCALE, GROUP_SIZE)  # fmt: skip
-        if ONE_SCALE:
+                                           ONE_SCALE, GROUP_SIZE, SWAP)  # fmt: skip
+        if FOLD:
+            pass
+        elif ONE_SCALE and SWAP:
+            acc += part * scale[:, None]
+        elif ONE_SCALE:
             acc += part * scale[None, :]
         if PREFETCH:
             words = upcoming
-        w_ptrs += 16 * stride_wr
+        if not TMA:
+            w_ptrs += 16 * stride_wr
         x_ptrs += SPAN * stride_xk
 
     if USE_DOT:
@@ -383,12 +341,17 @@ def packed_quant_kernel(
     else:
         out = tl.sum(acc, axis=0)[None, :]
         rows = pid_m + tl.arange(0, 1)
-    mask = (rows[:, None] < M) & (offs_n[None, :] < N)
-    y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    if SWAP:  # out is (BLOCK_N, BLOCK_M): Y's tile transposed
+        mask = (rows[None, :] < M) & (offs_n[:, None] < N)
+        y_ptrs = y_ptr + rows[None, :] * stride_ym + offs_n[:, None] * stride_yn
+        ws_ptrs = ws_ptr + rows[None, :] * N + offs_n[:, None]
+    else:
+        mask = (rows[:, None] < M) & (offs_n[None, :] < N)
+        y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :] * stride_yn
+        ws_ptrs = ws_ptr + rows[:, None] * N + offs_n[None, :]
     if SPLIT_K == 1:
         tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        ws_ptrs = ws_ptr + rows[:, None] * N + offs_n[None, :]
         _reduce_split(out, y_ptrs, ws_ptrs, cnt_ptr, pid, mask, SPLIT_K)
 
 
@@ -437,16 +400,21 @@ def scratch(device: torch.device, elements: int, tiles: int) -> tuple[torch.Tens
 
 
 def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, UNROLL: int, num_warps: int,
-          num_stages: int, PREFETCH: int, FAST_DECODE: int, MAXNREG: int = 0) -> dict[str, Any]:  # fmt: skip
+          num_stages: int, PREFETCH: int, FAST_DECODE: int, MAXNREG: int = 0, TMA: int = 0,
+          SWAP: int = 0) -> dict[str, Any]:  # fmt: skip
     """Constexprs and launch options; FAST_DECODE (inline PTX) only for int4 and only when compiling;
-    ``MAXNREG`` > 0 caps the registers per thread (more programs per SM keep more loads in flight)."""
+    ``MAXNREG`` > 0 caps the registers per thread (more programs per SM keep more loads in flight);
+    ``TMA`` loads the words through a tensor descriptor (``PREFETCH`` then has nothing to do: off);
+    ``SWAP`` (tensor-core tiles only) computes Y's tile transposed, the decoded weights as the MMA's A operand."""
     extra = {"maxnreg": MAXNREG} if MAXNREG and not interpreter_active() else {}
     if FAST_DECODE == 2 and bits == 4 and BLOCK_M == 1 and group_size >= span(bits):
         decode = 2  # plain Triton bit operations: the interpreter runs it too
     else:
         decode = int(bool(FAST_DECODE) and bits == 4 and not interpreter_active())
     return extra | {
-        "PREFETCH": bool(PREFETCH),
+        "PREFETCH": bool(PREFETCH) and not TMA,
+        "TMA": bool(TMA),
+        "SWAP": int(SWAP) if BLOCK_M > 1 else 0,
         "FAST_DECODE": decode,
         "BITS": bits,
         "GROUP_SIZE": group_size,
@@ -473,12 +441,15 @@ def packed_matmul(
     PREFETCH: int = 1,
     FAST_DECODE: int = 2,
     MAXNREG: int = 0,
+    TMA: int = 0,
+    SWAP: int = 0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``Y = X @ dequant(weights)`` with one tile config, one kernel launch; returns Y (``out`` if given).
 
     ``x`` (M, K) bf16/fp16 with unit stride along K or not; ``out`` (M, N) in x's dtype. Launches
     asynchronously on the current stream; split-K's scratch is this module's (:func:`scratch`).
+    ``TMA``: the words are read by bulk tensor copies (Hopper; contiguous words, N a multiple of 4).
     """
     if x.dtype not in ACT_DTYPES.values():
         raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
@@ -500,18 +471,39 @@ def packed_matmul(
         raise ValueError(f"out must be ({m}, {n}) {x.dtype}, got {tuple(out.shape)} {out.dtype}")
     grid = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)
     ws, cnt = scratch(x.device, m * n, grid[0]) if SPLIT_K > 1 else (out, out)
+    if TMA:
+        check_tma(n, BLOCK_N)
+        if not qweight.is_contiguous():
+            raise ValueError("TMA needs contiguous words (qweight)")
+    w_arg = _word_descriptor(qweight, BLOCK_N) if TMA else qweight
     packed_quant_kernel[grid](
-        x, qweight, scales, out, ws, cnt, m, n, k,
+        x, w_arg, scales, out, ws, cnt, m, n, k,
         x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
         out.stride(0), out.stride(1),
         **_meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                MAXNREG),
+                MAXNREG, TMA, SWAP),
     )  # fmt: skip
     return out
 
 
+def check_tma(n: int, BLOCK_N: int) -> None:
+    """Raise ValueError where a tensor descriptor of the words cannot exist (16-byte row stride, box <= 256)."""
+    if (n * 4) % 16:
+        raise ValueError(f"TMA needs N a multiple of 4 (16-byte rows of int32 words), got N={n}")
+    if BLOCK_N > 256:
+        raise ValueError(f"TMA boxes are at most 256 words wide: BLOCK_N={BLOCK_N}")
+
+
+def _word_descriptor(words: Any, BLOCK_N: int) -> Any:
+    """Host-side descriptor of the (K // PACK, N) words, one (16, BLOCK_N) box per span of a tile."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    rows, n = words.shape
+    return TensorDescriptor(words, [rows, n], [n, 1], [SLICE, BLOCK_N])
+
+
 def _mock_launch(m: int, n: int, k: int, precision: str, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int,
-                 SPLIT_K: int, scale_dtype: torch.dtype | None) -> tuple[Any, ...]:  # fmt: skip
+                 SPLIT_K: int, scale_dtype: torch.dtype | None, TMA: int = 0) -> tuple[Any, ...]:  # fmt: skip
     """Placeholder tensors with the dtypes, shapes and row-major strides of a contiguous launch, and the ints."""
     from kernels.gemm import strided_mock
 
@@ -527,7 +519,8 @@ def _mock_launch(m: int, n: int, k: int, precision: str, bits: int, group_size: 
     y = row_major(dtype, [m, n])
     ws = row_major(torch.float32, [m * n, 1]) if SPLIT_K > 1 else y
     cnt = row_major(torch.int32, [_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0], 1]) if SPLIT_K > 1 else y
-    return (x, w, s, y, ws, cnt, m, n, k, *x.stride(), *w.stride(), *s.stride(), *y.stride())
+    w_arg = _word_descriptor(w, BLOCK_N) if TMA else w
+    return (x, w_arg, s, y, ws, cnt, m, n, k, *x.stride(), *w.stride(), *s.stride(), *y.stride())
 
 
 def compile_only(
@@ -547,6 +540,8 @@ def compile_only(
     PREFETCH: int = 1,
     FAST_DECODE: int = 2,
     MAXNREG: int = 0,
+    TMA: int = 0,
+    SWAP: int = 0,
     scale_dtype: torch.dtype | None = None,
 ) -> Any | None:
     """Compile the kernel :func:`packed_matmul` launches for contiguous operands on this GPU, without launching.
@@ -555,15 +550,16 @@ def compile_only(
     raises ``OutOfResources`` past the device's shared memory and Triton's compile errors as they are.
     """
     check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
-    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, scale_dtype)
+    if TMA:
+        check_tma(n, BLOCK_N)
+    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, scale_dtype, TMA)
     warmup = getattr(packed_quant_kernel, "warmup", None)
     if interpreter_active() or warmup is None:
         return None
     from kernels.gemm import raise_if_over_shared_memory
 
-    meta = _meta(
-        bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE, MAXNREG
-    )
+    meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
+                 MAXNREG, TMA, SWAP)  # fmt: skip
     kernel = warmup(*args, **meta, grid=_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K))
     raise_if_over_shared_memory(kernel)
     return kernel
@@ -572,16 +568,17 @@ def compile_only(
 def compile_for_target(
     m: int, n: int, k: int, *, precision: str, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int,
     num_warps: int, num_stages: int = 2, UNROLL: int = 1, PREFETCH: int = 1, FAST_DECODE: int = 2,
-    MAXNREG: int = 0, capability: int = 90,
+    MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0, capability: int = 90,
 ) -> Any:  # fmt: skip
     """``triton.compile`` for ``GPUTarget("cuda", capability, 32)`` with no GPU (ahead-of-time checks on a CPU)."""
     from kernels.attention import compile_jit_for_target
 
     check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
-    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, None)
-    meta = _meta(
-        bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE, MAXNREG
-    )
+    if TMA:
+        check_tma(n, BLOCK_N)
+    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, None, TMA)
+    meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
+                 MAXNREG, TMA, SWAP)  # fmt: skip
     return compile_jit_for_target(packed_quant_kernel, args, meta, capability)
 
 
@@ -590,6 +587,7 @@ __all__ = [
     "QMAX",
     "PackedWeights",
     "check_layout",
+    "check_tma",
     "compile_for_target",
     "compile_only",
     "pack_weights",

@@ -253,6 +253,19 @@ def packed_candidates(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]
         {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": 4, "num_stages": st, "PREFETCH": pf}
         for bm, bn, sk, (pf, st) in grid
     ]
+    # Hopper: the words by TMA and Y's tile transposed (the decoded weights as wgmma's register operand), the
+    # fastest tiles at 16 and 64 rows on an H200 (bench/results/int4-roofline-swap-h200.json); a GPU without
+    # TMA fails to compile them and :func:`tune_packed_tile` drops them.
+    if m <= 16:
+        swapped = itertools.product((16,), (128, 256), (2, 4, 8), (3, 4), (1, 2))
+    else:
+        swapped = itertools.product((32, 64), (64, 128), (1, 2, 4), (3, 4), (2, 3))
+    tiles += [
+        {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": 4, "num_stages": st, "PREFETCH": 0, "TMA": 1,
+         "SWAP": swap}
+        for bm, bn, sk, st, swap in swapped
+        if n % 4 == 0
+    ]  # fmt: skip
     return [t for t in tiles if k % (t["SPLIT_K"] * span) == 0 and t["BLOCK_N"] <= max(16, n)]
 
 

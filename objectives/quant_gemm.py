@@ -307,8 +307,17 @@ class QuantGemm(KernelWorkload):
         span = PACKED_SPAN[bits]
         if values["SPLIT_K"] < 1 or self.k % (values["SPLIT_K"] * span):
             return f"SPLIT_K * {span} (the int{bits} span) = {values['SPLIT_K'] * span} must divide k={self.k}"
-        if config.get("PREFETCH", 1) not in (0, 1, False, True):
-            return f"PREFETCH must be 0 or 1, got {config.get('PREFETCH')!r}"
+        for flag in ("PREFETCH", "TMA", "SWAP_AB"):
+            if config.get(flag, 0) not in (0, 1, False, True, None):
+                return f"{flag} must be 0 or 1, got {config.get(flag)!r}"
+        if config.get("SWAP_AB") and block_m == 1:
+            return "SWAP_AB applies to tensor-core tiles (BLOCK_M >= 16), not the GEMV (BLOCK_M = 1)"
+        if config.get("TMA"):
+            if (self.n * 4) % 16:
+                return f"TMA needs n a multiple of 4 (16-byte rows of int32 words), got n={self.n}"
+            cc = device.compute_capability
+            if device.is_gpu and cc is not None and tuple(cc) < (9, 0):
+                return f"TMA needs compute capability >= 9.0 (Hopper), {device.name} has {cc}"
         reason = _precision_reason(config["precision"], device)
         if reason:
             return reason
@@ -398,7 +407,7 @@ class QuantGemm(KernelWorkload):
             return {
                 "kernel": "packed",
                 "function": "kernels.quant_gemm_packed.packed_matmul",
-                "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "SPLIT_K", "PREFETCH")},
+                "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "SPLIT_K", "PREFETCH", "TMA", "SWAP")},
                 "num_warps": tile["num_warps"],
                 "num_stages": tile["num_stages"],
                 "bits": int(config["bits"]),
@@ -439,8 +448,15 @@ class QuantGemm(KernelWorkload):
 
     @staticmethod
     def _packed_tile(config: dict[str, Any]) -> dict[str, int]:
-        """The packed kernel's tile kwargs; ``PREFETCH`` is on when absent."""
-        return {**{p: int(config[p]) for p in PACKED_PARAMS}, "PREFETCH": int(config.get("PREFETCH", 1))}
+        """The packed kernel's tile kwargs; ``PREFETCH`` is on when absent, ``TMA`` and ``SWAP`` (the space's
+        ``SWAP_AB``: Y's tile transposed, the decoded weights as the MMA's register operand) off."""
+        tile = {p: int(config[p]) for p in PACKED_PARAMS}
+        return {
+            **tile,
+            "PREFETCH": int(config.get("PREFETCH", 1)),
+            "TMA": int(config.get("TMA") or 0),
+            "SWAP": int(config.get("SWAP_AB") or 0) if tile["BLOCK_M"] > 1 else 0,
+        }
 
     def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
         """Operands, references and buffers for the config's quantization, precision and kernel's weight

@@ -96,6 +96,45 @@ def test_kernel_matches_dequantized_reference(interpreter: None, bits: int, case
     assert not workspace.any() and not counters.any()
 
 
+#: (M, BLOCK_M, BLOCK_N, SPLIT_K, group, TMA, SWAP): the words by tensor descriptor on both paths, and the
+#: transposed tensor-core product (weights as the A operand) with one and several groups per span, split-K;
+#: SWAP 2 multiplies a whole span at once, SWAP 3 also folds the scales into the weights (several groups per
+#: span: 16-row slices, as SWAP 1).
+VARIANT_CASES = [
+    (1, 1, 32, 2, 128, 1, 0),
+    (20, 16, 32, 2, 128, 1, 0),
+    (17, 16, 32, 2, 128, 1, 1),
+    (5, 16, 16, 1, 32, 0, 1),
+    (64, 64, 32, 1, 128, 1, 1),
+    (37, 32, 32, 2, 128, 1, 2),
+    (16, 16, 64, 1, 256, 0, 2),
+    (9, 16, 32, 2, 32, 1, 2),
+    (64, 64, 32, 2, 128, 1, 3),
+    (21, 16, 16, 1, 32, 1, 3),
+]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(
+    "case", VARIANT_CASES, ids=[f"m{c[0]}-bm{c[1]}-bn{c[2]}-sk{c[3]}-g{c[4]}-tma{c[5]}-sw{c[6]}" for c in VARIANT_CASES]
+)
+def test_tma_and_swapped_variants_match_the_reference(interpreter: None, bits: int, case: tuple[int, ...]) -> None:
+    """``TMA`` (words by bulk tensor copies; columns past N read as zeros) and ``SWAP`` (Y's tile computed
+    transposed and stored back) give the dequantized product at ragged M and N, split-K included."""
+    m, block_m, block_n, split_k, group, tma, swap = case
+    k, n = 512, 40
+    gen = torch.Generator().manual_seed(m * 11 + bits)
+    weights = quantize_packed(torch.randn(k, n, generator=gen), bits, group, torch.float16)
+    x = torch.randn(m, k, generator=gen).to(torch.float16)
+    reference = x.float() @ weights.dequantize()
+    y = packed_matmul(x, weights, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k, num_warps=4, num_stages=3,
+                      TMA=tma, SWAP=swap)  # fmt: skip
+    assert tuple(y.shape) == (m, n)
+    error = float((y.float() - reference).abs().max() / reference.abs().max())
+    assert error < 2e-3, error
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "case", [(1, 32, 1, 128), (2, 16, 4, 256), (1, 32, 2, 64)], ids=["sk1-g128", "sk4-g256", "g64-fallback"]
@@ -140,6 +179,37 @@ def test_gpu_decodes_and_pipelines_agree(shape: tuple[int, int, int]) -> None:
     assert float((y.float() - reference).abs().max() / reference.abs().max()) < 4e-3
 
 
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("shape", [(1, 4096, 1000), (37, 2048, 4104), (64, 4096, 1024)], ids=["m1", "m37", "m64"])
+def test_gpu_tma_and_swapped_tiles_agree(shape: tuple[int, int, int]) -> None:
+    """On the GPU the TMA word loads (GEMV and tensor cores) and the swapped wgmma tiles (weights in registers
+    as the A operand) give the dequantized product at ragged M and N, int4 and int8."""
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(k + n + m)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).cuda()
+    for bits in (4, 8):
+        weights = quantize_packed(torch.randn(k, n, generator=gen) * 0.02, bits, 128, torch.bfloat16)
+        weights = type(weights)(weights.qweight.cuda(), weights.scales.cuda(), bits, 128)
+        reference = x.float() @ weights.dequantize()
+        tiles = [
+            {"BLOCK_M": 16, "BLOCK_N": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3, "SWAP": 1},
+            {"BLOCK_M": 32, "BLOCK_N": 128, "SPLIT_K": 2, "num_warps": 8, "num_stages": 4, "SWAP": 1},
+            {"BLOCK_M": 64, "BLOCK_N": 64, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3, "SWAP": 1},
+            {"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4, "SWAP": 2},
+            {"BLOCK_M": 16, "BLOCK_N": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3, "SWAP": 2},
+            {"BLOCK_M": 64, "BLOCK_N": 64, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4, "SWAP": 3},
+            {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4, "SWAP": 0},
+        ]
+        if m == 1:
+            tiles.append({"BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 8, "num_warps": 4, "num_stages": 4, "SWAP": 0})
+        for tile in tiles:
+            y = packed_matmul(x, weights, **tile, PREFETCH=0, TMA=1)
+            error = float((y.float() - reference).abs().max() / reference.abs().max())
+            assert error < 4e-3, (bits, tile, error)
+
+
 @pytest.mark.timeout(30)
 def test_bad_operands_and_tiles_are_rejected_naming_the_argument(interpreter: None) -> None:
     weights = quantize_packed(torch.randn(256, 32), 4, 128, torch.float16)
@@ -157,6 +227,9 @@ def test_bad_operands_and_tiles_are_rejected_naming_the_argument(interpreter: No
         quantize_packed(torch.randn(256, 32), 4, 8)
     with pytest.raises(ValueError, match="multiple of 128"):
         pack_weights(torch.zeros(64, 4, dtype=torch.int8), 4)
+    odd = quantize_packed(torch.randn(256, 30), 4, 128, torch.float16)
+    with pytest.raises(ValueError, match="TMA needs N a multiple of 4"):
+        packed_matmul(x, odd, **tile, TMA=1)
 
 
 _AOT_SCRIPT = """
@@ -168,7 +241,8 @@ for job in json.loads(sys.argv[1]):
     print(json.dumps({**job, "shared": kernel.metadata.shared, "lop3": "0x000F000F" in ptx,
                       "mma": "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else None,
                       "vector_loads": "ld.global.v4" in ptx or "cp.async" in ptx,
-                      "cp_async": "cp.async.cg.shared.global" in ptx}), flush=True)
+                      "cp_async": "cp.async.cg.shared.global" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
+                      "waits": ptx.count("wgmma.wait_group")}), flush=True)
 """
 
 
@@ -190,14 +264,22 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
                                                "PREFETCH": 0, "num_stages": 4}},
         {"shape": [1, 14336, 4096], "config": {**base, "bits": 4, "BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 4,
                                                "PREFETCH": 1, "num_stages": 1}},
+        {"shape": [64, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 2,
+                                                "PREFETCH": 0, "num_stages": 4, "TMA": 1, "SWAP": 1}},
+        {"shape": [64, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 2,
+                                                "PREFETCH": 0, "num_stages": 4, "TMA": 1, "SWAP": 2}},
     ]  # fmt: skip
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
     assert len(lines) == len(jobs), lines
-    gemv4, gemv8, dot16, dot64, piped, prefetched = lines
+    gemv4, gemv8, dot16, dot64, piped, prefetched, swapped, wide = lines
     assert gemv4["lop3"] and gemv4["mma"] is None and gemv4["vector_loads"], gemv4
     assert not gemv8["lop3"] and gemv8["vector_loads"], gemv8
     assert dot16["lop3"] and dot16["mma"] is not None, dot16
     assert dot64["lop3"] and dot64["mma"] == "wgmma", dot64
     assert piped["cp_async"] and piped["shared"] >= 3 * 16 * 64 * 4, piped  # 3 word tiles in flight
     assert not prefetched["cp_async"] and prefetched["vector_loads"], prefetched  # one span ahead, in registers
+    # the words by bulk tensor copies (X by cp.async), decoded into wgmma's register A operand
+    assert swapped["tma"] and swapped["mma"] == "wgmma" and swapped["lop3"], swapped
+    # a whole span per product: one wgmma chain (one wait) per span instead of one per 16-row slice
+    assert wide["tma"] and wide["mma"] == "wgmma" and wide["waits"] * 4 <= swapped["waits"], (wide, swapped)
     assert all(line["shared"] <= 227 * 1024 for line in lines), lines
