@@ -40,6 +40,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # small matrices: threads on
 import argparse
 import json
 import math
+import random
 import statistics
 import time
 from pathlib import Path
@@ -194,6 +195,18 @@ def quantile(needed: list[int | None], q: float) -> int | None:
     return None if value == math.inf else int(value)
 
 
+def bootstrap_interval(needed: list[int | None], q: float, resamples: int = 2000) -> list[int | None]:
+    """95% interval of the ``q`` quantile of trials needed, by resampling the seeds with replacement (a fixed
+    generator, so a summary is reproducible); None bounds lie beyond the budget."""
+    rng = random.Random(0)
+    values = sorted(
+        math.inf if v is None else v
+        for v in (quantile(rng.choices(needed, k=len(needed)), q) for _ in range(resamples))
+    )
+    low, high = values[int(0.025 * resamples)], values[int(0.975 * resamples) - 1]
+    return [None if low == math.inf else int(low), None if high == math.inf else int(high)]
+
+
 def summarise(runs: list[dict[str, Any]], best: float, maximize: bool, budget: int) -> dict[str, Any]:
     entry: dict[str, Any] = {}
     for name, share in (("2pct", 0.98), ("5pct", 0.95), ("best", 1.0), ("95pct", 0.95), ("99pct", 0.99)):
@@ -208,6 +221,8 @@ def summarise(runs: list[dict[str, Any]], best: float, maximize: bool, budget: i
         entry[f"trials_to_{name}_p90"] = quantile(needed, 0.9)
         if name == "2pct":
             entry["reach_2pct_fraction"] = sum(n is not None for n in needed) / len(runs)
+            entry["trials_to_2pct_median_ci95"] = bootstrap_interval(needed, 0.5)
+            entry["trials_to_2pct_p90_ci95"] = bootstrap_interval(needed, 0.9)
     for n in (10, 20, budget):
         values = [c[min(n, len(c)) - 1] for c in (r["curve"] for r in runs) if c]
         values = [v / best if maximize else best / v for v in values if v == v]
