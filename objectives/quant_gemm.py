@@ -312,6 +312,10 @@ class QuantGemm(KernelWorkload):
                 return f"{flag} must be 0 or 1, got {config.get(flag)!r}"
         if config.get("SWAP_AB") and block_m == 1:
             return "SWAP_AB applies to tensor-core tiles (BLOCK_M >= 16), not the GEMV (BLOCK_M = 1)"
+        if config.get("SPAN_DOT", 0) not in (0, 1, 2, None):
+            return f"SPAN_DOT must be 0, 1 or 2, got {config.get('SPAN_DOT')!r}"
+        if config.get("SPAN_DOT") and not config.get("SWAP_AB"):
+            return "SPAN_DOT applies to swapped tiles (SWAP_AB = 1)"
         if config.get("TMA"):
             if (self.n * 4) % 16:
                 return f"TMA needs n a multiple of 4 (16-byte rows of int32 words), got n={self.n}"
@@ -448,14 +452,16 @@ class QuantGemm(KernelWorkload):
 
     @staticmethod
     def _packed_tile(config: dict[str, Any]) -> dict[str, int]:
-        """The packed kernel's tile kwargs; ``PREFETCH`` is on when absent, ``TMA`` and ``SWAP`` (the space's
-        ``SWAP_AB``: Y's tile transposed, the decoded weights as the MMA's register operand) off."""
+        """The packed kernel's tile kwargs; ``PREFETCH`` is on when absent, ``TMA`` and ``SWAP`` off. The kernel's
+        ``SWAP`` is the space's ``SWAP_AB`` (Y's tile transposed, the decoded weights as the MMA's register
+        operand) plus ``SPAN_DOT`` (0 slices, 1 one product per span, 2 with the scales folded in)."""
         tile = {p: int(config[p]) for p in PACKED_PARAMS}
+        swapped = tile["BLOCK_M"] > 1 and bool(config.get("SWAP_AB"))
         return {
             **tile,
             "PREFETCH": int(config.get("PREFETCH", 1)),
             "TMA": int(config.get("TMA") or 0),
-            "SWAP": int(config.get("SWAP_AB") or 0) if tile["BLOCK_M"] > 1 else 0,
+            "SWAP": 1 + int(config.get("SPAN_DOT") or 0) if swapped else 0,
         }
 
     def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:

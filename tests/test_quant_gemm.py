@@ -303,7 +303,7 @@ def test_default_space_loads_and_matches_static_check(monkeypatch: pytest.Monkey
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     raw = load_space_file(QuantGemm.space_file)
     assert raw["workloads"] == [QuantGemm.name]
-    assert set(raw["params"]) == {*PARAMS, "SWAP_AB", "kernel", "PREFETCH", "TMA"}
+    assert set(raw["params"]) == {*PARAMS, "SWAP_AB", "kernel", "PREFETCH", "TMA", "SPAN_DOT"}
     space = compile_space(raw)
     assert len(space.seeds) == len(raw["seeds"])  # every seed is a point of the space
     device = H200.to_dict()
@@ -317,7 +317,7 @@ def test_default_space_loads_and_matches_static_check(monkeypatch: pytest.Monkey
               "num_stages": {"type": "int", "low": 2, "high": 6}}  # fmt: skip
     tiled = {**raw, "params": params, "seeds": []}
     rule = next(r for r in space.rules if r.name == "shared_memory")
-    for config in compile_space(tiled).grid(limit=1_000_000)[::13]:  # bound 900,000 (TMA counted), 202,500 points
+    for config in compile_space(tiled).grid(limit=3_000_000)[::13]:  # bound 2.7M (packed knobs counted), 202,500 points
         assert bool(rule.expression.evaluate(config, device)) == (shared_memory_bytes(config) <= 232448), config
 
 
@@ -405,7 +405,8 @@ def test_packed_kernel_runs_as_a_variant_with_the_same_checks(interpreter: None,
     base = {"kernel": "packed", "bits": bits, "group_size": 64, "precision": "fp16", "BLOCK_N": 32,
             "num_warps": 4, "num_stages": 1, "PREFETCH": 1}  # fmt: skip
     for tile in ({"BLOCK_M": 1, "SPLIT_K": 2}, {"BLOCK_M": 16, "SPLIT_K": 1},
-                 {"BLOCK_M": 16, "SPLIT_K": 2, "TMA": 1, "SWAP_AB": 1, "num_stages": 3}):  # fmt: skip
+                 {"BLOCK_M": 16, "SPLIT_K": 2, "TMA": 1, "SWAP_AB": 1, "num_stages": 3},
+                 {"BLOCK_M": 16, "SPLIT_K": 1, "TMA": 1, "SWAP_AB": 1, "SPAN_DOT": 1, "num_stages": 3}):  # fmt: skip
         result = workload.run({**base, **tile}, CPU, TrialContext(trial_number=0))
         assert result.status == TrialStatus.OK, result.error
         assert 0 <= result.extra["dequant_rel_error"] <= 1e-3
@@ -417,6 +418,10 @@ def test_packed_kernel_runs_as_a_variant_with_the_same_checks(interpreter: None,
                                                                         H200) or "")  # fmt: skip
     swapped = workload.export_config({**base, "BLOCK_M": 16, "SPLIT_K": 2, "TMA": 1, "SWAP_AB": 1})
     assert swapped["kwargs"] == {"BLOCK_M": 16, "BLOCK_N": 32, "SPLIT_K": 2, "PREFETCH": 1, "TMA": 1, "SWAP": 1}
+    wide = workload.export_config({**base, "BLOCK_M": 16, "SPLIT_K": 2, "TMA": 1, "SWAP_AB": 1, "SPAN_DOT": 2})
+    assert wide["kwargs"]["SWAP"] == 3
+    unswapped = {**base, "BLOCK_M": 16, "SPLIT_K": 1, "SPAN_DOT": 1}
+    assert "SPAN_DOT applies" in (workload.static_check(unswapped, H200) or "")
     exported = workload.export_config({**base, "BLOCK_M": 1, "SPLIT_K": 2})
     assert exported["function"] == "kernels.quant_gemm_packed.packed_matmul"
     assert exported["kwargs"] == {"BLOCK_M": 1, "BLOCK_N": 32, "SPLIT_K": 2, "PREFETCH": 1, "TMA": 0, "SWAP": 0}
