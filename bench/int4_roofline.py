@@ -13,7 +13,10 @@ bandwidth is a device-to-device ``copy_`` of a 2 GiB buffer (bytes read plus wri
 measured the same way in the same run; the bandwidth target is the bytes of packed weights plus
 scales over the time, divided by it.
 
-    PYTHONPATH=. python bench/int4_roofline.py --out bench/results/int4-roofline-h200.json
+``--floor`` also measures, per weight set, the fastest pure read of the packed words
+(:mod:`bench.stream_floor`), and each entry then says how many times that floor the GEMM takes.
+
+    PYTHONPATH=. python bench/int4_roofline.py --floor --out bench/results/int4-roofline-h200.json
 """
 
 from __future__ import annotations
