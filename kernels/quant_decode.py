@@ -121,7 +121,7 @@ def span_decoded_t(words, dtype: tl.constexpr, BITS: tl.constexpr, FAST_DECODE: 
             q1, q5 = slot(words, 1, 4).to(dtype), slot(words, 5, 4).to(dtype)
             q2, q6 = slot(words, 2, 4).to(dtype), slot(words, 6, 4).to(dtype)
             q3, q7 = slot(words, 3, 4).to(dtype), slot(words, 7, 4).to(dtype)
-        low = tl.join(tl.join(q0, q1), tl.join(q2, q3))  # (16, BN, 2, 2): slot bits 1, 0
+        low = tl.join(tl.join(q0, q1), tl.join(q2, q3))  # (j, n, bit0, bit1) of slots 0-3
         high = tl.join(tl.join(q4, q5), tl.join(q6, q7))
         q = tl.join(low, high)  # (j, n, bit0, bit1, bit2) of slot 4 bit2 + 2 bit1 + bit0 -> (n, bit2, bit1, bit0, j)
         return tl.reshape(tl.permute(q, (1, 4, 3, 2, 0)), (q.shape[1], 128))

@@ -301,34 +301,33 @@ def packed_quant_kernel(
             scale = tl.load(s_ptrs + ((k_begin + it * SPAN) // GROUP_SIZE) * stride_sg)
             if not FOLD:
                 scale = scale.to(tl.float32)
-        part = tl.zeros_like(acc)
-        if FOLD:
+        if FOLD:  # the scaled weights straight into the accumulator: no per-span partial
             weights_t = span_decoded_t(words, dtype, BITS, FAST_DECODE) * scale.to(dtype)[:, None]
             acc = tl.dot(weights_t, tl.trans(tl.load(x_ptrs)), acc)
-        elif WIDE:
-            part = tl.dot(span_decoded_t(words, dtype, BITS, FAST_DECODE), tl.trans(tl.load(x_ptrs)))
-        elif FAST_DECODE == 2:  # GEMV, int4, one scale per span: raw fp32 values, offsets removed once per span
-            part = _span_fp32_pairs(words, x_ptrs, stride_xk, part)
         else:
-            for p in tl.static_range(PACK // 2):
-                # Slots p and p + PACK / 2 of every word: K rows 16 p and 16 (p + PACK / 2) of the span.
-                if FAST_DECODE:
-                    q_lo, q_hi = slot_pair_asm(words, p, dtype)
-                else:
-                    q_lo = slot(words, p, BITS)
-                    q_hi = slot(words, p + PACK // 2, BITS)
-                part, acc = _slice_product(q_lo, x_ptrs + p * 16 * stride_xk, part, acc, s_ptrs, stride_sg,
-                                           k_begin + it * SPAN + p * 16, dtype, USE_DOT, ONE_SCALE,
-                                           GROUP_SIZE, SWAP)  # fmt: skip
-                part, acc = _slice_product(q_hi, x_ptrs + (p + PACK // 2) * 16 * stride_xk, part, acc, s_ptrs,
-                                           stride_sg, k_begin + it * SPAN + (p + PACK // 2) * 16, dtype, USE_DOT,
-                                           ONE_SCALE, GROUP_SIZE, SWAP)  # fmt: skip
-        if FOLD:
-            pass
-        elif ONE_SCALE and SWAP:
-            acc += part * scale[:, None]
-        elif ONE_SCALE:
-            acc += part * scale[None, :]
+            part = tl.zeros_like(acc)
+            if WIDE:
+                part = tl.dot(span_decoded_t(words, dtype, BITS, FAST_DECODE), tl.trans(tl.load(x_ptrs)))
+            elif FAST_DECODE == 2:  # GEMV, int4, one scale per span: raw fp32 values, offsets removed once per span
+                part = _span_fp32_pairs(words, x_ptrs, stride_xk, part)
+            else:
+                for p in tl.static_range(PACK // 2):
+                    # Slots p and p + PACK / 2 of every word: K rows 16 p and 16 (p + PACK / 2) of the span.
+                    if FAST_DECODE:
+                        q_lo, q_hi = slot_pair_asm(words, p, dtype)
+                    else:
+                        q_lo = slot(words, p, BITS)
+                        q_hi = slot(words, p + PACK // 2, BITS)
+                    part, acc = _slice_product(q_lo, x_ptrs + p * 16 * stride_xk, part, acc, s_ptrs, stride_sg,
+                                               k_begin + it * SPAN + p * 16, dtype, USE_DOT, ONE_SCALE,
+                                               GROUP_SIZE, SWAP)  # fmt: skip
+                    part, acc = _slice_product(q_hi, x_ptrs + (p + PACK // 2) * 16 * stride_xk, part, acc, s_ptrs,
+                                               stride_sg, k_begin + it * SPAN + (p + PACK // 2) * 16, dtype,
+                                               USE_DOT, ONE_SCALE, GROUP_SIZE, SWAP)  # fmt: skip
+            if ONE_SCALE and SWAP:  # part is (BLOCK_N, BLOCK_M): one scale per row
+                acc += part * scale[:, None]
+            elif ONE_SCALE:
+                acc += part * scale[None, :]
         if PREFETCH:
             words = upcoming
         if not TMA:
