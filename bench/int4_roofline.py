@@ -41,7 +41,7 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
     """Tiles of the packed kernel for M rows: the GEMV path at M = 1, tensor cores above."""
     out: list[dict[str, int]] = []
     base = {"UNROLL": 1}
-    pipelines = ((1, 1), (0, 2), (0, 3), (0, 4))  # (PREFETCH, num_stages) of the tensor-core tiles
+    pipelines = ((1, 1, 0), (0, 2, 0), (0, 3, 0), (0, 4, 0))  # (PREFETCH, num_stages, TMA) of tensor-core tiles
     if m == 1:
         # PREFETCH keeps one span in flight in registers; num_stages > 1 pipelines the loop through shared memory.
         for bn, sk, w, (pf, st) in itertools.product(
@@ -67,20 +67,16 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
             out.append({**tma, "FAST_DECODE": 2} if bits == 4 else {**tma, "num_warps": 2 * w})
         out += swapped(16, (64, 128, 256), (2, 4, 8, 16), (4, 8), (3, 4, 6))  # tensor cores, X padded to 16 rows
     elif m < 32:
-        for bn, sk, w, (pf, st) in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), pipelines):
+        tma = ((0, 3, 1), (0, 4, 1), (0, 6, 1))  # the words by TMA, num_stages - 1 spans in flight
+        for bn, sk, w, (pf, st, t) in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), pipelines + tma):
             out.append({**base, "BLOCK_M": 16, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
-                        "num_stages": st})  # fmt: skip
-        for bn, sk, w, st in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), (3, 4, 6)):
-            out.append({**base, "BLOCK_M": 16, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": 0,
-                        "num_stages": st, "TMA": 1})  # fmt: skip
+                        "num_stages": st, **({"TMA": 1} if t else {})})  # fmt: skip
         out += swapped(16, (64, 128, 256), (2, 4, 8, 16), (4, 8), (3, 4, 6))
     else:
-        for bm, bn, sk, w, (pf, st) in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4, 8), pipelines):
+        tma = ((0, 3, 1), (0, 4, 1))
+        for bm, bn, sk, w, (pf, st, t) in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4, 8), pipelines + tma):
             out.append({**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
-                        "num_stages": st})  # fmt: skip
-        for bm, bn, sk, w, st in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4, 8), (3, 4)):
-            out.append({**base, "BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": 0,
-                        "num_stages": st, "TMA": 1})  # fmt: skip
+                        "num_stages": st, **({"TMA": 1} if t else {})})  # fmt: skip
         for bm in (32, 64):
             out += swapped(bm, (64, 128, 256), (1, 2, 4, 8), (4, 8), (3, 4))
     if bits == 8:
@@ -307,6 +303,7 @@ def read_floor(bench: Bench) -> dict[str, Any]:
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     words = [w.qweight for w in bench.packed]
+    word_bytes = words[0].numel() * 4
     rows = []
     for config in candidates(sms):
         try:
@@ -314,10 +311,10 @@ def read_floor(bench: Bench) -> dict[str, Any]:
         except Exception as exc:  # a box the TMA cannot take, a compile error: reported, not fatal
             rows.append({"config": config, "status": f"{type(exc).__name__}: {exc}"[:200]})
             continue
-        rows.append({"config": config, "us": us, "tb_s": words[0].numel() * 4 / (us * 1e-6) / 1e12, "status": "ok"})
+        rows.append({"config": config, "us": us, "tb_s": word_bytes / (us * 1e-6) / 1e12, "status": "ok"})
     ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: r["us"])
     best_of = {kind: next((r for r in ok if r["config"]["kind"] == kind), None) for kind in ("flat", "tma")}
-    return {"word_bytes": words[0].numel() * 4, "best": ok[0] if ok else None, "best_of_kind": best_of,
+    return {"word_bytes": word_bytes, "best": ok[0] if ok else None, "best_of_kind": best_of,
             "failures": [r for r in rows if r["status"] != "ok"][:8]}  # fmt: skip
 
 
