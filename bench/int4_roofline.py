@@ -299,7 +299,7 @@ def read_floor(bench: Bench) -> dict[str, Any]:
     """The fastest pure read of the packed words (:mod:`bench.stream_floor`), rotating over the same copies."""
     import torch
 
-    from bench.stream_floor import candidates, rotating_reader
+    from bench.stream_floor import candidates, reader
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     words = [w.qweight for w in bench.packed]
@@ -307,7 +307,7 @@ def read_floor(bench: Bench) -> dict[str, Any]:
     rows = []
     for config in candidates(sms):
         try:
-            us = graph_time_us(rotating_reader(words, config), len(words) * max(2, 24 // len(words)))
+            us = graph_time_us(*bench.rotating([reader(w, config) for w in words], lambda read: read()))
         except Exception as exc:  # a box the TMA cannot take, a compile error: reported, not fatal
             rows.append({"config": config, "status": f"{type(exc).__name__}: {exc}"[:200]})
             continue

@@ -87,16 +87,4 @@ def reader(words: Any, config: dict[str, Any]) -> Any:
     return lambda d=desc: read_tma_kernel[(programs,)](d, out, rows, cols, BOX_R=box[0], BOX_N=box[1], **meta)
 
 
-def rotating_reader(copies: list[Any], config: dict[str, Any]) -> Any:
-    """One call reads the next copy (the copies together exceed the L2, so every read comes from HBM)."""
-    readers = [reader(c, config) for c in copies]
-    state = {"i": 0}
-
-    def fn() -> None:
-        state["i"] = (state["i"] + 1) % len(readers)
-        readers[state["i"]]()
-
-    return fn
-
-
-__all__ = ["candidates", "read_flat_kernel", "read_tma_kernel", "reader", "rotating_reader"]
+__all__ = ["candidates", "read_flat_kernel", "read_tma_kernel", "reader"]
