@@ -187,23 +187,25 @@ if gluon is not None:
                        row0 + start_m * 128, row0, n_blocks, 0, 1, BLOCK_N, NUM_BUFFERS)  # fmt: skip
 
     @gluon.jit
-    def _scores(qk, keys, rows, qk_scale, SEQ_LEN, MASK: gl.constexpr, CAUSAL: gl.constexpr):
-        """Scaled (base-2) scores, masked where ``MASK``: keys past SEQ_LEN, and with CAUSAL keys past the row."""
-        qk = qk * qk_scale
+    def _masked(s, keys, rows, SEQ_LEN, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+        """Raw scores, masked where ``MASK``: keys past SEQ_LEN, and with CAUSAL keys past the row."""
         if MASK:
             valid = gl.expand_dims(keys, 0) < SEQ_LEN
             if CAUSAL:
                 valid = valid & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1))
-            qk = gl.where(valid, qk, MASKED_SCORE)
-        return qk
+            s = gl.where(valid, s, MASKED_SCORE)
+        return s
 
     @gluon.jit
     def _online_softmax(s, m_i, l_i, keys, rows, qk_scale, SEQ_LEN, MASK: gl.constexpr, CAUSAL: gl.constexpr):
-        """One block's step of the online softmax: P, the rescale of what came before, the new max and sum."""
-        qk = _scores(s, keys, rows, qk_scale, SEQ_LEN, MASK, CAUSAL)
-        m_new = gl.maximum(m_i, gl.max(qk, 1))
+        """One block's step of the online softmax: P, the rescale of what came before, the new max and sum.
+
+        The row maximum is taken over the raw scores and scaled once per row (``qk_scale > 0``), so each score
+        costs one fused multiply-add before its ``exp2`` instead of a multiply and a subtraction."""
+        s = _masked(s, keys, rows, SEQ_LEN, MASK, CAUSAL)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(qk - gl.expand_dims(m_new, 1))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
         l_i = l_i * alpha + gl.sum(p, 1)
         return p, alpha, m_new, l_i
 
