@@ -66,12 +66,19 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
                    "num_stages": st, "TMA": 1}  # fmt: skip
             out.append({**tma, "FAST_DECODE": 2} if bits == 4 else {**tma, "num_warps": 2 * w})
         out += swapped(16, (64, 128, 256), (2, 4, 8, 16), (4, 8), (3, 4, 6))  # tensor cores, X padded to 16 rows
+        # STREAM: programs per SM, each an equal run of (tile, span) steps in one pipelined loop
+        for bn, w, st, t, sm in itertools.product((128, 256), (4,), (3, 6), (0, 1), (2, 3, 4)):
+            gemv = {**base, "BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": 1, "num_warps": w, "PREFETCH": 0,
+                    "num_stages": st, "TMA": t, "STREAM": sm}  # fmt: skip
+            out.append({**gemv, "FAST_DECODE": 2} if bits == 4 else gemv)
+        out += streamed(16, (128, 256), (4,), (3, 4, 6), (1, 2), (2, 3, 4))
     elif m < 32:
         tma = ((0, 3, 1), (0, 4, 1), (0, 6, 1))  # the words by TMA, num_stages - 1 spans in flight
         for bn, sk, w, (pf, st, t) in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), pipelines + tma):
             out.append({**base, "BLOCK_M": 16, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": pf,
                         "num_stages": st, **({"TMA": 1} if t else {})})  # fmt: skip
         out += swapped(16, (64, 128, 256), (2, 4, 8, 16), (4, 8), (3, 4, 6))
+        out += streamed(16, (128, 256), (4, 8), (3, 4), (1, 2), (2, 3))
     else:
         tma = ((0, 3, 1), (0, 4, 1))
         for bm, bn, sk, w, (pf, st, t) in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4, 8), pipelines + tma):
@@ -79,6 +86,7 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
                         "num_stages": st, **({"TMA": 1} if t else {})})  # fmt: skip
         for bm in (32, 64):
             out += swapped(bm, (64, 128, 256), (1, 2, 4, 8), (4, 8), (3, 4))
+            out += streamed(bm, (128,), (4, 8), (3, 4), (2, 3), (2, 3))
     if bits == 8:
         out = [c for c in out if c["num_warps"] >= 4 and "FAST_DECODE" not in c]
     return out
@@ -95,6 +103,18 @@ def swapped(block_m: int, bns: tuple[int, ...], splits: tuple[int, ...], warps: 
         for bn, sk, w, st, swap in itertools.product(bns, splits, warps, stages, (1, 2, 3))
         if not (w == 8 and bn < 128)  # a warpgroup's wgmma takes 64 rows of the weights' tile
     ]  # fmt: skip
+
+
+def streamed(block_m: int, bns: tuple[int, ...], warps: tuple[int, ...], stages: tuple[int, ...],
+             swaps: tuple[int, ...], programs: tuple[int, ...]) -> list[dict[str, int]]:  # fmt: skip
+    """Swapped tensor-core tiles on the ``STREAM`` grid (``programs`` per SM, each an equal share of every
+    tile's spans, the loads pipelined across tiles), the words by TMA."""
+    return [
+        {**c, "SPLIT_K": 1, "STREAM": sm}
+        for c in swapped(block_m, bns, (1,), warps, stages)
+        for sm in programs
+        if c["SWAP"] in swaps
+    ]
 
 
 def old_candidates(m: int, bits: int) -> list[dict[str, int]]:

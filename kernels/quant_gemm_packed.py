@@ -232,12 +232,18 @@ def _slice_product(q, x_ptrs, part, acc, s_ptrs, stride_sg, k0, dtype: tl.conste
 
 
 @triton.jit
-def _reduce_split(acc, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, SPLIT_K: tl.constexpr):
-    """Add this split's partial tile; the last split of the tile to arrive writes Y and re-zeroes."""
+def _reduce_split(acc, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, parts, COMPILED: tl.constexpr):
+    """Add this part's partial tile; the last of the tile's ``parts`` to arrive writes Y and re-zeroes."""
     tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
-    tl.debug_barrier()  # every thread's partial is issued before the arrival is counted
+    # Every thread's partial is issued before the arrival is counted. Compiled, the CTA barrier is written as PTX:
+    # the pipeliner leaves a loop that holds tl.debug_barrier unpipelined, and STREAM's loop holds this reduction.
+    if COMPILED:
+        tile = tl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [tile], dtype=tl.int32,
+                                         is_pure=False, pack=1)  # fmt: skip
+    else:
+        tl.debug_barrier()
     arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-    if arrived == SPLIT_K - 1:
+    if arrived == parts - 1:
         total = tl.load(ws_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
         tl.store(y_ptrs, total.to(y_ptrs.dtype.element_ty), mask=mask)
         tl.store(ws_ptrs, tl.zeros_like(total), mask=mask, cache_modifier=".cg")
@@ -245,95 +251,66 @@ def _reduce_split(acc, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, SPLIT_K: tl.constex
 
 
 @triton.jit
-def packed_quant_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
-    stride_xm, stride_xk, stride_wr, stride_wn, stride_sg, stride_sn, stride_ym, stride_yn,
-    BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, FAST_DECODE: tl.constexpr,
-    STAGES: tl.constexpr, TMA: tl.constexpr, SWAP: tl.constexpr,
-):  # fmt: skip
-    """One (BLOCK_M, BLOCK_N) tile of Y over one K split (layout and paths: the module docstring)."""
+def _span_product(words, x_ptrs, s_ptrs, acc, k0, stride_xk, stride_sg, dtype: tl.constexpr, BITS: tl.constexpr,
+                  GROUP_SIZE: tl.constexpr, FAST_DECODE: tl.constexpr, USE_DOT: tl.constexpr,
+                  ONE_SCALE: tl.constexpr, WIDE: tl.constexpr, FOLD: tl.constexpr, SWAP: tl.constexpr):  # fmt: skip
+    """Fold one span (K rows ``k0 .. k0 + 16 * PACK``, its words already loaded) into the accumulator."""
     PACK: tl.constexpr = 32 // BITS
-    SPAN: tl.constexpr = 16 * PACK
-    USE_DOT: tl.constexpr = BLOCK_M > 1
-    ONE_SCALE: tl.constexpr = GROUP_SIZE >= SPAN  # one scale row per span, applied once per span
-    WIDE: tl.constexpr = SWAP >= 2 and ONE_SCALE and BLOCK_M > 1  # one transposed product of K = SPAN per span
-    # SWAP 3: the scales folded into the decoded weights (rounded to X's dtype), the product accumulated in acc
-    # across spans, so the pipeliner can keep one span's wgmma in flight while the next span decodes
-    FOLD: tl.constexpr = SWAP == 3 and WIDE
-    pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    pid_m = pid % num_pid_m  # M tiles fastest: the programs reading one weight tile run together
-    pid_n = pid // num_pid_m
-    k_per_split = K // SPLIT_K
-    k_begin = tl.program_id(1) * k_per_split
-    n_iter = k_per_split // SPAN
+    if ONE_SCALE:  # issued before the decode, so that its latency hides behind it
+        scale = tl.load(s_ptrs + (k0 // GROUP_SIZE) * stride_sg)
+        if not FOLD:
+            scale = scale.to(tl.float32)
+    if FOLD:  # the scaled weights straight into the accumulator: no per-span partial
+        weights_t = span_decoded_t(words, dtype, BITS, FAST_DECODE) * scale.to(dtype)[:, None]
+        acc = tl.dot(weights_t, tl.trans(tl.load(x_ptrs)), acc)
+    else:
+        part = tl.zeros_like(acc)
+        if WIDE:
+            part = tl.dot(span_decoded_t(words, dtype, BITS, FAST_DECODE), tl.trans(tl.load(x_ptrs)))
+        elif FAST_DECODE == 2:  # GEMV, int4, one scale per span: raw fp32 values, offsets removed once per span
+            part = _span_fp32_pairs(words, x_ptrs, stride_xk, part)
+        else:
+            for p in tl.static_range(PACK // 2):
+                # Slots p and p + PACK / 2 of every word: K rows 16 p and 16 (p + PACK / 2) of the span.
+                if FAST_DECODE:
+                    q_lo, q_hi = slot_pair_asm(words, p, dtype)
+                else:
+                    q_lo = slot(words, p, BITS)
+                    q_hi = slot(words, p + PACK // 2, BITS)
+                part, acc = _slice_product(q_lo, x_ptrs + p * 16 * stride_xk, part, acc, s_ptrs, stride_sg,
+                                           k0 + p * 16, dtype, USE_DOT, ONE_SCALE, GROUP_SIZE, SWAP)  # fmt: skip
+                part, acc = _slice_product(q_hi, x_ptrs + (p + PACK // 2) * 16 * stride_xk, part, acc, s_ptrs,
+                                           stride_sg, k0 + (p + PACK // 2) * 16, dtype, USE_DOT, ONE_SCALE,
+                                           GROUP_SIZE, SWAP)  # fmt: skip
+        if ONE_SCALE and SWAP:  # part is (BLOCK_N, BLOCK_M): one scale per row
+            acc += part * scale[:, None]
+        elif ONE_SCALE:
+            acc += part * scale[None, :]
+    return acc
 
+
+@triton.jit
+def _tile_offsets(tile, M, N, k0, x_ptr, s_ptr, stride_xm, stride_xk, stride_sn, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, SPAN: tl.constexpr, USE_DOT: tl.constexpr, WIDE: tl.constexpr):  # fmt: skip
+    """Tile ``tile``'s rows and columns and its X and scale pointers at K row ``k0`` (M tiles fastest)."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    pid_m = tile % num_pid_m  # M tiles fastest: the programs reading one weight tile run together
+    pid_n = tile // num_pid_m
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_j = tl.arange(0, 16)
-    if TMA:  # w_ptr is a tensor descriptor of the words, (16, BLOCK_N) boxes; columns past N read zeros
-        w_row = k_begin // PACK
-    else:
-        w_ptrs = w_ptr + (k_begin // PACK + offs_j)[:, None] * stride_wr + (offs_n % N)[None, :] * stride_wn
-    s_ptrs = s_ptr + (offs_n % N) * stride_sn
-    dtype = x_ptr.dtype.element_ty
     if WIDE:
-        x_ptrs = x_ptr + (offs_m % M)[:, None] * stride_xm + (k_begin + tl.arange(0, SPAN))[None, :] * stride_xk
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        x_ptrs = x_ptr + (offs_m % M)[:, None] * stride_xm + (k0 + tl.arange(0, SPAN))[None, :] * stride_xk
     elif USE_DOT:
-        x_ptrs = x_ptr + (offs_m % M)[:, None] * stride_xm + (k_begin + offs_j)[None, :] * stride_xk
-        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+        x_ptrs = x_ptr + (offs_m % M)[:, None] * stride_xm + (k0 + tl.arange(0, 16))[None, :] * stride_xk
     else:
-        x_ptrs = x_ptr + pid_m * stride_xm + (k_begin + offs_j) * stride_xk
-        acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+        x_ptrs = x_ptr + pid_m * stride_xm + (k0 + tl.arange(0, 16)) * stride_xk
+    return pid_m, pid_n, offs_m, offs_n, x_ptrs, s_ptr + (offs_n % N) * stride_sn
 
-    if PREFETCH:
-        words = tl.load(w_ptrs)
-    for it in tl.range(0, n_iter, num_stages=STAGES, loop_unroll_factor=UNROLL):
-        if TMA:  # one bulk copy per span; num_stages > 1 keeps num_stages - 1 spans in flight
-            words = w_ptr.load([w_row + it * 16, pid_n * BLOCK_N])
-        elif PREFETCH:  # the next span's words (this span's again on the last iteration: in bounds, unused)
-            upcoming = tl.load(w_ptrs + (tl.minimum(it + 1, n_iter - 1) - it) * 16 * stride_wr)
-        else:  # loaded at the top of the iteration, where the pipeliner (num_stages > 1) issues it ahead
-            words = tl.load(w_ptrs)
-        if ONE_SCALE:  # issued before the decode, so that its latency hides behind it
-            scale = tl.load(s_ptrs + ((k_begin + it * SPAN) // GROUP_SIZE) * stride_sg)
-            if not FOLD:
-                scale = scale.to(tl.float32)
-        if FOLD:  # the scaled weights straight into the accumulator: no per-span partial
-            weights_t = span_decoded_t(words, dtype, BITS, FAST_DECODE) * scale.to(dtype)[:, None]
-            acc = tl.dot(weights_t, tl.trans(tl.load(x_ptrs)), acc)
-        else:
-            part = tl.zeros_like(acc)
-            if WIDE:
-                part = tl.dot(span_decoded_t(words, dtype, BITS, FAST_DECODE), tl.trans(tl.load(x_ptrs)))
-            elif FAST_DECODE == 2:  # GEMV, int4, one scale per span: raw fp32 values, offsets removed once per span
-                part = _span_fp32_pairs(words, x_ptrs, stride_xk, part)
-            else:
-                for p in tl.static_range(PACK // 2):
-                    # Slots p and p + PACK / 2 of every word: K rows 16 p and 16 (p + PACK / 2) of the span.
-                    if FAST_DECODE:
-                        q_lo, q_hi = slot_pair_asm(words, p, dtype)
-                    else:
-                        q_lo = slot(words, p, BITS)
-                        q_hi = slot(words, p + PACK // 2, BITS)
-                    part, acc = _slice_product(q_lo, x_ptrs + p * 16 * stride_xk, part, acc, s_ptrs, stride_sg,
-                                               k_begin + it * SPAN + p * 16, dtype, USE_DOT, ONE_SCALE,
-                                               GROUP_SIZE, SWAP)  # fmt: skip
-                    part, acc = _slice_product(q_hi, x_ptrs + (p + PACK // 2) * 16 * stride_xk, part, acc, s_ptrs,
-                                               stride_sg, k_begin + it * SPAN + (p + PACK // 2) * 16, dtype,
-                                               USE_DOT, ONE_SCALE, GROUP_SIZE, SWAP)  # fmt: skip
-            if ONE_SCALE and SWAP:  # part is (BLOCK_N, BLOCK_M): one scale per row
-                acc += part * scale[:, None]
-            elif ONE_SCALE:
-                acc += part * scale[None, :]
-        if PREFETCH:
-            words = upcoming
-        if not TMA:
-            w_ptrs += 16 * stride_wr
-        x_ptrs += SPAN * stride_xk
 
+@triton.jit
+def _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, parts, stride_ym, stride_yn,
+                USE_DOT: tl.constexpr, SWAP: tl.constexpr, COMPILED: tl.constexpr):  # fmt: skip
+    """Write the tile's accumulator to Y (``parts == 1``) or add it as one of ``parts`` partial sums."""
     if USE_DOT:
         out = acc
         rows = offs_m
@@ -348,10 +325,93 @@ def packed_quant_kernel(
         mask = (rows[:, None] < M) & (offs_n[None, :] < N)
         y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :] * stride_yn
         ws_ptrs = ws_ptr + rows[:, None] * N + offs_n[None, :]
-    if SPLIT_K == 1:
+    if parts == 1:
         tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        _reduce_split(out, y_ptrs, ws_ptrs, cnt_ptr, pid, mask, SPLIT_K)
+        _reduce_split(out, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, parts, COMPILED)
+
+
+@triton.jit
+def packed_quant_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
+    stride_xm, stride_xk, stride_wr, stride_wn, stride_sg, stride_sn, stride_ym, stride_yn,
+    BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, FAST_DECODE: tl.constexpr,
+    STAGES: tl.constexpr, TMA: tl.constexpr, SWAP: tl.constexpr, STREAM: tl.constexpr, COMPILED: tl.constexpr,
+):  # fmt: skip
+    """One (BLOCK_M, BLOCK_N) tile of Y over one K split, or, ``STREAM``, an equal share of every tile's spans
+    (layout and paths: the module docstring)."""
+    PACK: tl.constexpr = 32 // BITS
+    SPAN: tl.constexpr = 16 * PACK
+    USE_DOT: tl.constexpr = BLOCK_M > 1
+    ONE_SCALE: tl.constexpr = GROUP_SIZE >= SPAN  # one scale row per span, applied once per span
+    WIDE: tl.constexpr = SWAP >= 2 and ONE_SCALE and BLOCK_M > 1  # one transposed product of K = SPAN per span
+    # SWAP 3: the scales folded into the decoded weights (rounded to X's dtype), the product accumulated in acc
+    # across spans, so the pipeliner can keep one span's wgmma in flight while the next span decodes
+    FOLD: tl.constexpr = SWAP == 3 and WIDE
+    dtype = x_ptr.dtype.element_ty
+    offs_j = tl.arange(0, 16)
+    if WIDE or USE_DOT:
+        acc = tl.zeros((BLOCK_N, BLOCK_M) if SWAP else (BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+    if STREAM:
+        # The (tile, span) steps, span fastest, cut into one contiguous share per program: one loop, so the
+        # pipeliner keeps loads in flight across the tiles; a tile split between programs is summed with atomics.
+        n_spans = K // SPAN
+        steps = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N) * n_spans
+        share = tl.cdiv(steps, tl.num_programs(0))
+        first = tl.program_id(0) * share
+        last = tl.minimum(first + share, steps)
+        for t in tl.range(first, last, num_stages=STAGES, loop_unroll_factor=UNROLL):
+            tile = t // n_spans
+            it = t % n_spans
+            pid_m, pid_n, offs_m, offs_n, x_ptrs, s_ptrs = _tile_offsets(
+                tile, M, N, it * SPAN, x_ptr, s_ptr, stride_xm, stride_xk, stride_sn, BLOCK_M, BLOCK_N, SPAN,
+                USE_DOT, WIDE,
+            )  # fmt: skip
+            if TMA:
+                words = w_ptr.load([it * 16, pid_n * BLOCK_N])
+            else:
+                words = tl.load(w_ptr + (it * 16 + offs_j)[:, None] * stride_wr + (offs_n % N)[None, :] * stride_wn)
+            acc = _span_product(words, x_ptrs, s_ptrs, acc, it * SPAN, stride_xk, stride_sg, dtype, BITS,
+                                GROUP_SIZE, FAST_DECODE, USE_DOT, ONE_SCALE, WIDE, FOLD, SWAP)  # fmt: skip
+            if (it == n_spans - 1) | (t == last - 1):
+                # the programs whose shares hold one of the tile's steps: those of its first and last step, between
+                parts = ((tile + 1) * n_spans - 1) // share - (tile * n_spans) // share + 1
+                _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, parts, stride_ym,
+                            stride_yn, USE_DOT, SWAP, COMPILED)  # fmt: skip
+                acc = tl.zeros_like(acc)
+    else:
+        tile = tl.program_id(0)
+        k_per_split = K // SPLIT_K
+        k_begin = tl.program_id(1) * k_per_split
+        n_iter = k_per_split // SPAN
+        pid_m, pid_n, offs_m, offs_n, x_ptrs, s_ptrs = _tile_offsets(
+            tile, M, N, k_begin, x_ptr, s_ptr, stride_xm, stride_xk, stride_sn, BLOCK_M, BLOCK_N, SPAN, USE_DOT, WIDE
+        )  # fmt: skip
+        if TMA:  # w_ptr is a tensor descriptor of the words, (16, BLOCK_N) boxes; columns past N read zeros
+            w_row = k_begin // PACK
+        else:
+            w_ptrs = w_ptr + (k_begin // PACK + offs_j)[:, None] * stride_wr + (offs_n % N)[None, :] * stride_wn
+        if PREFETCH:
+            words = tl.load(w_ptrs)
+        for it in tl.range(0, n_iter, num_stages=STAGES, loop_unroll_factor=UNROLL):
+            if TMA:  # one bulk copy per span; num_stages > 1 keeps num_stages - 1 spans in flight
+                words = w_ptr.load([w_row + it * 16, pid_n * BLOCK_N])
+            elif PREFETCH:  # the next span's words (this span's again on the last iteration: in bounds, unused)
+                upcoming = tl.load(w_ptrs + (tl.minimum(it + 1, n_iter - 1) - it) * 16 * stride_wr)
+            else:  # loaded at the top of the iteration, where the pipeliner (num_stages > 1) issues it ahead
+                words = tl.load(w_ptrs)
+            acc = _span_product(words, x_ptrs, s_ptrs, acc, k_begin + it * SPAN, stride_xk, stride_sg, dtype, BITS,
+                                GROUP_SIZE, FAST_DECODE, USE_DOT, ONE_SCALE, WIDE, FOLD, SWAP)  # fmt: skip
+            if PREFETCH:
+                words = upcoming
+            if not TMA:
+                w_ptrs += 16 * stride_wr
+            x_ptrs += SPAN * stride_xk
+        _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, SPLIT_K, stride_ym, stride_yn,
+                    USE_DOT, SWAP, COMPILED)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- launch
@@ -373,8 +433,21 @@ def check_layout(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_M: in
         raise ValueError(f"M and N must be positive, got {m} and {n}")
 
 
-def _grid(m: int, n: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int) -> tuple[int, int]:
-    return (triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N), SPLIT_K)
+def _grid(m: int, n: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, STREAM: int = 0, sms: int = 1,
+          spans: int = 1) -> tuple[int, int]:  # fmt: skip
+    """(tiles, SPLIT_K) programs, or with ``STREAM`` ``STREAM`` programs per multiprocessor (at most one per
+    (tile, span) step: ``spans`` is K over the span)."""
+    tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
+    if STREAM:
+        return (min(tiles * spans, STREAM * sms), 1)
+    return (tiles, SPLIT_K)
+
+
+def _multiprocessors(device: torch.device) -> int:
+    """The device's SM count (8 for the interpreter's CPU tensors: any grid runs there)."""
+    if device.type != "cuda":
+        return 8
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 _scratch: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -399,20 +472,29 @@ def scratch(device: torch.device, elements: int, tiles: int) -> tuple[torch.Tens
 
 
 def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, UNROLL: int, num_warps: int,
-          num_stages: int, PREFETCH: int, FAST_DECODE: int, MAXNREG: int = 0, TMA: int = 0,
-          SWAP: int = 0) -> dict[str, Any]:  # fmt: skip
+          num_stages: int, PREFETCH: int, FAST_DECODE: int, MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0,
+          STREAM: int = 0) -> dict[str, Any]:  # fmt: skip
     """Constexprs and launch options; FAST_DECODE (inline PTX) only for int4 and only when compiling;
     ``MAXNREG`` > 0 caps the registers per thread (more programs per SM keep more loads in flight);
     ``TMA`` loads the words through a tensor descriptor (``PREFETCH`` then has nothing to do: off);
-    ``SWAP`` (tensor-core tiles only) computes Y's tile transposed, the decoded weights as the MMA's A operand."""
+    ``SWAP`` (tensor-core tiles only) computes Y's tile transposed, the decoded weights as the MMA's A operand;
+    ``STREAM`` (programs per SM) gives each program an equal share of all tiles' spans (``SPLIT_K`` must be 1)."""
+    if STREAM and SPLIT_K != 1:
+        raise ValueError(
+            f"STREAM shares each tile's K spans among the programs itself: SPLIT_K must be 1, got {SPLIT_K}"
+        )
+    if STREAM < 0:
+        raise ValueError(f"STREAM (programs per multiprocessor) must be >= 0, got {STREAM}")
     extra = {"maxnreg": MAXNREG} if MAXNREG and not interpreter_active() else {}
     if FAST_DECODE == 2 and bits == 4 and BLOCK_M == 1 and group_size >= span(bits):
         decode = 2  # plain Triton bit operations: the interpreter runs it too
     else:
         decode = int(bool(FAST_DECODE) and bits == 4 and not interpreter_active())
     return extra | {
-        "PREFETCH": bool(PREFETCH) and not TMA,
+        "PREFETCH": bool(PREFETCH) and not TMA and not STREAM,
         "TMA": bool(TMA),
+        "STREAM": bool(STREAM),
+        "COMPILED": not interpreter_active(),
         "SWAP": int(SWAP) if BLOCK_M > 1 else 0,
         "FAST_DECODE": decode,
         "BITS": bits,
@@ -442,6 +524,7 @@ def packed_matmul(
     MAXNREG: int = 0,
     TMA: int = 0,
     SWAP: int = 0,
+    STREAM: int = 0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``Y = X @ dequant(weights)`` with one tile config, one kernel launch; returns Y (``out`` if given).
@@ -449,6 +532,8 @@ def packed_matmul(
     ``x`` (M, K) bf16/fp16 with unit stride along K or not; ``out`` (M, N) in x's dtype. Launches
     asynchronously on the current stream; split-K's scratch is this module's (:func:`scratch`).
     ``TMA``: the words are read by bulk tensor copies (Hopper; contiguous words, N a multiple of 4).
+    ``STREAM``: ``STREAM`` programs per multiprocessor, each taking an equal share of all tiles' K spans in one
+    pipelined loop (``SPLIT_K`` 1; a tile shared between programs is summed in the kernel as split-K is).
     """
     if x.dtype not in ACT_DTYPES.values():
         raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
@@ -468,8 +553,12 @@ def packed_matmul(
         out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     elif tuple(out.shape) != (m, n) or out.dtype != x.dtype:
         raise ValueError(f"out must be ({m}, {n}) {x.dtype}, got {tuple(out.shape)} {out.dtype}")
-    grid = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)
-    ws, cnt = scratch(x.device, m * n, grid[0]) if SPLIT_K > 1 else (out, out)
+    meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
+                 MAXNREG, TMA, SWAP, STREAM)  # fmt: skip
+    sms = _multiprocessors(x.device) if STREAM else 1
+    grid = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K, STREAM, sms, k // span(bits))
+    tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
+    ws, cnt = scratch(x.device, m * n, tiles) if SPLIT_K > 1 or STREAM else (out, out)
     if TMA:
         check_tma(n, BLOCK_N)
         if not qweight.is_contiguous():
@@ -478,9 +567,7 @@ def packed_matmul(
     packed_quant_kernel[grid](
         x, w_arg, scales, out, ws, cnt, m, n, k,
         x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
-        out.stride(0), out.stride(1),
-        **_meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                MAXNREG, TMA, SWAP),
+        out.stride(0), out.stride(1), **meta,
     )  # fmt: skip
     return out
 
@@ -502,7 +589,8 @@ def _word_descriptor(words: Any, BLOCK_N: int) -> Any:
 
 
 def _mock_launch(m: int, n: int, k: int, precision: str, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int,
-                 SPLIT_K: int, scale_dtype: torch.dtype | None, TMA: int = 0) -> tuple[Any, ...]:  # fmt: skip
+                 SPLIT_K: int, scale_dtype: torch.dtype | None, TMA: int = 0,
+                 STREAM: int = 0) -> tuple[Any, ...]:  # fmt: skip
     """Placeholder tensors with the dtypes, shapes and row-major strides of a contiguous launch, and the ints."""
     from kernels.gemm import strided_mock
 
@@ -516,8 +604,9 @@ def _mock_launch(m: int, n: int, k: int, precision: str, bits: int, group_size: 
     w = row_major(torch.int32, [k // pack_factor(bits), n])
     s = row_major(scale_dtype or dtype, [k // group_size, n])
     y = row_major(dtype, [m, n])
-    ws = row_major(torch.float32, [m * n, 1]) if SPLIT_K > 1 else y
-    cnt = row_major(torch.int32, [_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0], 1]) if SPLIT_K > 1 else y
+    split = SPLIT_K > 1 or STREAM
+    ws = row_major(torch.float32, [m * n, 1]) if split else y
+    cnt = row_major(torch.int32, [_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0], 1]) if split else y
     w_arg = _word_descriptor(w, BLOCK_N) if TMA else w
     return (x, w_arg, s, y, ws, cnt, m, n, k, *x.stride(), *w.stride(), *s.stride(), *y.stride())
 
@@ -541,6 +630,7 @@ def compile_only(
     MAXNREG: int = 0,
     TMA: int = 0,
     SWAP: int = 0,
+    STREAM: int = 0,
     scale_dtype: torch.dtype | None = None,
 ) -> Any | None:
     """Compile the kernel :func:`packed_matmul` launches for contiguous operands on this GPU, without launching.
@@ -551,14 +641,14 @@ def compile_only(
     check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
     if TMA:
         check_tma(n, BLOCK_N)
-    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, scale_dtype, TMA)
+    meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
+                 MAXNREG, TMA, SWAP, STREAM)  # fmt: skip
+    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, scale_dtype, TMA, STREAM)
     warmup = getattr(packed_quant_kernel, "warmup", None)
     if interpreter_active() or warmup is None:
         return None
     from kernels.gemm import raise_if_over_shared_memory
 
-    meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP)  # fmt: skip
     kernel = warmup(*args, **meta, grid=_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K))
     raise_if_over_shared_memory(kernel)
     return kernel
@@ -567,7 +657,7 @@ def compile_only(
 def compile_for_target(
     m: int, n: int, k: int, *, precision: str, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int,
     num_warps: int, num_stages: int = 2, UNROLL: int = 1, PREFETCH: int = 1, FAST_DECODE: int = 2,
-    MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0, capability: int = 90,
+    MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0, STREAM: int = 0, capability: int = 90,
 ) -> Any:  # fmt: skip
     """``triton.compile`` for ``GPUTarget("cuda", capability, 32)`` with no GPU (ahead-of-time checks on a CPU)."""
     from kernels.attention import compile_jit_for_target
@@ -575,9 +665,9 @@ def compile_for_target(
     check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
     if TMA:
         check_tma(n, BLOCK_N)
-    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, None, TMA)
+    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, None, TMA, STREAM)
     meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP)  # fmt: skip
+                 MAXNREG, TMA, SWAP, STREAM)  # fmt: skip
     return compile_jit_for_target(packed_quant_kernel, args, meta, capability)
 
 

@@ -266,6 +266,14 @@ def packed_candidates(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]
         for bm, bn, sk, st, swap in swapped
         if n % 4 == 0
     ]  # fmt: skip
+    # STREAM: two programs per SM sharing every tile's spans, one pipelined loop (the fastest tile at M = 1,
+    # 4096 <- 14336 on an H200: bench/results/int4-roofline-stream-h200.json)
+    if m <= 16 and n % 4 == 0:
+        tiles += [
+            {"BLOCK_M": 16, "BLOCK_N": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": st, "PREFETCH": 0, "TMA": 1,
+             "SWAP": swap, "STREAM": 2}
+            for st, swap in itertools.product((3, 4), (1, 2))
+        ]  # fmt: skip
     return [t for t in tiles if k % (t["SPLIT_K"] * span) == 0 and t["BLOCK_N"] <= max(16, n)]
 
 

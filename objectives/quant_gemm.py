@@ -316,6 +316,12 @@ class QuantGemm(KernelWorkload):
             return f"SPAN_DOT must be 0, 1 or 2, got {config.get('SPAN_DOT')!r}"
         if config.get("SPAN_DOT") and not config.get("SWAP_AB"):
             return "SPAN_DOT applies to swapped tiles (SWAP_AB = 1)"
+        stream = config.get("STREAM") or 0
+        if not isinstance(stream, int) or isinstance(stream, bool) or stream < 0:
+            return f"STREAM (programs per multiprocessor) must be an int >= 0, got {stream!r}"
+        if stream and values["SPLIT_K"] != 1:
+            split = values["SPLIT_K"]
+            return f"STREAM shares each tile's K spans among the programs itself: SPLIT_K must be 1, got {split}"
         if config.get("TMA"):
             if (self.n * 4) % 16:
                 return f"TMA needs n a multiple of 4 (16-byte rows of int32 words), got n={self.n}"
@@ -411,7 +417,7 @@ class QuantGemm(KernelWorkload):
             return {
                 "kernel": "packed",
                 "function": "kernels.quant_gemm_packed.packed_matmul",
-                "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "SPLIT_K", "PREFETCH", "TMA", "SWAP")},
+                "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "SPLIT_K", "PREFETCH", "TMA", "SWAP", "STREAM")},
                 "num_warps": tile["num_warps"],
                 "num_stages": tile["num_stages"],
                 "bits": int(config["bits"]),
@@ -452,8 +458,8 @@ class QuantGemm(KernelWorkload):
 
     @staticmethod
     def _packed_tile(config: dict[str, Any]) -> dict[str, int]:
-        """The packed kernel's tile kwargs; ``PREFETCH`` is on when absent, ``TMA`` and ``SWAP`` off. The kernel's
-        ``SWAP`` is the space's ``SWAP_AB`` (Y's tile transposed, the decoded weights as the MMA's register
+        """The packed kernel's tile kwargs; ``PREFETCH`` is on when absent, ``TMA``, ``SWAP`` and ``STREAM`` off. The
+        kernel's ``SWAP`` is the space's ``SWAP_AB`` (Y's tile transposed, the decoded weights as the MMA's register
         operand) plus ``SPAN_DOT`` (0 slices, 1 one product per span, 2 with the scales folded in)."""
         tile = {p: int(config[p]) for p in PACKED_PARAMS}
         swapped = tile["BLOCK_M"] > 1 and bool(config.get("SWAP_AB"))
@@ -462,6 +468,7 @@ class QuantGemm(KernelWorkload):
             "PREFETCH": int(config.get("PREFETCH", 1)),
             "TMA": int(config.get("TMA") or 0),
             "SWAP": 1 + int(config.get("SPAN_DOT") or 0) if swapped else 0,
+            "STREAM": int(config.get("STREAM") or 0),
         }
 
     def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:

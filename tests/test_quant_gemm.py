@@ -303,7 +303,7 @@ def test_default_space_loads_and_matches_static_check(monkeypatch: pytest.Monkey
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     raw = load_space_file(QuantGemm.space_file)
     assert raw["workloads"] == [QuantGemm.name]
-    assert set(raw["params"]) == {*PARAMS, "SWAP_AB", "kernel", "PREFETCH", "TMA", "SPAN_DOT"}
+    assert set(raw["params"]) == {*PARAMS, "SWAP_AB", "kernel", "PREFETCH", "TMA", "SPAN_DOT", "STREAM"}
     space = compile_space(raw)
     assert len(space.seeds) == len(raw["seeds"])  # every seed is a point of the space
     device = H200.to_dict()
@@ -313,9 +313,11 @@ def test_default_space_loads_and_matches_static_check(monkeypatch: pytest.Monkey
         assert space.static_violation(seed, device) is None, seed
     # The YAML shared-memory rule and shared_memory_bytes() agree on every point of the tiled kernel.
     # (num_stages 2-6 keeps the grid the size it had before the packed kernel's one-stage tiles joined it).
-    params = {**raw["params"], "kernel": {"type": "categorical", "choices": ["tiled"]},
+    # STREAM (packed only, so inactive here) and its rule are left out: it would quadruple the grid's bound.
+    params = {**{p: v for p, v in raw["params"].items() if p != "STREAM"},
+              "kernel": {"type": "categorical", "choices": ["tiled"]},
               "num_stages": {"type": "int", "low": 2, "high": 6}}  # fmt: skip
-    tiled = {**raw, "params": params, "seeds": []}
+    tiled = {**raw, "params": params, "rules": [r for r in raw["rules"] if "STREAM" not in r["expr"]], "seeds": []}
     rule = next(r for r in space.rules if r.name == "shared_memory")
     for config in compile_space(tiled).grid(limit=3_000_000)[::13]:  # bound 2.7M (packed knobs counted), 202,500 points
         assert bool(rule.expression.evaluate(config, device)) == (shared_memory_bytes(config) <= 232448), config
@@ -406,7 +408,9 @@ def test_packed_kernel_runs_as_a_variant_with_the_same_checks(interpreter: None,
             "num_warps": 4, "num_stages": 1, "PREFETCH": 1}  # fmt: skip
     for tile in ({"BLOCK_M": 1, "SPLIT_K": 2}, {"BLOCK_M": 16, "SPLIT_K": 1},
                  {"BLOCK_M": 16, "SPLIT_K": 2, "TMA": 1, "SWAP_AB": 1, "num_stages": 3},
-                 {"BLOCK_M": 16, "SPLIT_K": 1, "TMA": 1, "SWAP_AB": 1, "SPAN_DOT": 1, "num_stages": 3}):  # fmt: skip
+                 {"BLOCK_M": 16, "SPLIT_K": 1, "TMA": 1, "SWAP_AB": 1, "SPAN_DOT": 1, "num_stages": 3},
+                 {"BLOCK_M": 1, "SPLIT_K": 1, "num_stages": 3, "PREFETCH": 0, "STREAM": 2},
+                 {"BLOCK_M": 16, "SPLIT_K": 1, "TMA": 1, "SWAP_AB": 1, "num_stages": 3, "STREAM": 3}):  # fmt: skip
         result = workload.run({**base, **tile}, CPU, TrialContext(trial_number=0))
         assert result.status == TrialStatus.OK, result.error
         assert 0 <= result.extra["dequant_rel_error"] <= 1e-3
@@ -416,15 +420,21 @@ def test_packed_kernel_runs_as_a_variant_with_the_same_checks(interpreter: None,
     assert "Hopper" in (workload.static_check({**base, "BLOCK_M": 16, "SPLIT_K": 1, "TMA": 1}, T4) or "")
     assert "multiple of 4" in (QuantGemm(m=3, n=46, k=256).static_check({**base, "BLOCK_M": 1, "SPLIT_K": 1, "TMA": 1},
                                                                         H200) or "")  # fmt: skip
+    assert "SPLIT_K must be 1" in (workload.static_check({**base, "BLOCK_M": 1, "SPLIT_K": 2, "STREAM": 2}, H200) or "")
+    assert "STREAM" in (workload.static_check({**base, "BLOCK_M": 1, "SPLIT_K": 1, "STREAM": -1}, H200) or "")
     swapped = workload.export_config({**base, "BLOCK_M": 16, "SPLIT_K": 2, "TMA": 1, "SWAP_AB": 1})
-    assert swapped["kwargs"] == {"BLOCK_M": 16, "BLOCK_N": 32, "SPLIT_K": 2, "PREFETCH": 1, "TMA": 1, "SWAP": 1}
+    assert swapped["kwargs"] == {"BLOCK_M": 16, "BLOCK_N": 32, "SPLIT_K": 2, "PREFETCH": 1, "TMA": 1, "SWAP": 1,
+                                 "STREAM": 0}  # fmt: skip
+    streamed = workload.export_config({**base, "BLOCK_M": 16, "SPLIT_K": 1, "TMA": 1, "SWAP_AB": 1, "STREAM": 2})
+    assert streamed["kwargs"]["STREAM"] == 2 and streamed["kwargs"]["SPLIT_K"] == 1
     wide = workload.export_config({**base, "BLOCK_M": 16, "SPLIT_K": 2, "TMA": 1, "SWAP_AB": 1, "SPAN_DOT": 2})
     assert wide["kwargs"]["SWAP"] == 3
     unswapped = {**base, "BLOCK_M": 16, "SPLIT_K": 1, "SPAN_DOT": 1}
     assert "SPAN_DOT applies" in (workload.static_check(unswapped, H200) or "")
     exported = workload.export_config({**base, "BLOCK_M": 1, "SPLIT_K": 2})
     assert exported["function"] == "kernels.quant_gemm_packed.packed_matmul"
-    assert exported["kwargs"] == {"BLOCK_M": 1, "BLOCK_N": 32, "SPLIT_K": 2, "PREFETCH": 1, "TMA": 0, "SWAP": 0}
+    assert exported["kwargs"] == {"BLOCK_M": 1, "BLOCK_N": 32, "SPLIT_K": 2, "PREFETCH": 1, "TMA": 0, "SWAP": 0,
+                                  "STREAM": 0}  # fmt: skip
     assert "packed_matmul" in workload.export_python({**base, "BLOCK_M": 1, "SPLIT_K": 2})
 
 

@@ -135,6 +135,43 @@ def test_tma_and_swapped_variants_match_the_reference(interpreter: None, bits: i
     assert error < 2e-3, error
 
 
+#: (M, BLOCK_M, BLOCK_N, programs per SM, group, TMA, SWAP): the streamed grid (8 "SMs" under the interpreter),
+#: where shares start and end inside tiles (a tile summed from 2-3 programs, or written by one) on the GEMV and
+#: tensor-core paths, swapped, with several groups per span; more programs than tiles' spans included.
+STREAM_CASES = [
+    (1, 1, 16, 1, 128, 0, 0),
+    (3, 1, 32, 2, 64, 1, 0),
+    (17, 16, 32, 1, 128, 1, 1),
+    (20, 16, 16, 3, 32, 0, 0),
+    (37, 32, 32, 2, 128, 1, 2),
+    (64, 64, 32, 1, 128, 1, 3),
+    (2, 1, 16, 8, 128, 0, 0),
+]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(
+    "case", STREAM_CASES, ids=[f"m{c[0]}-bm{c[1]}-bn{c[2]}-st{c[3]}-g{c[4]}-tma{c[5]}-sw{c[6]}" for c in STREAM_CASES]
+)
+def test_streamed_shares_match_the_reference(interpreter: None, bits: int, case: tuple[int, ...]) -> None:
+    """``STREAM``: each program takes an equal run of (tile, span) steps, so tiles are cut between programs at any
+    span; the partial sums meet in the kernel and the scratch is left zeroed."""
+    m, block_m, block_n, stream, group, tma, swap = case
+    k, n = 768, 40  # 6 int4 or 12 int8 spans per tile: shares of 8 * stream programs end inside tiles
+    gen = torch.Generator().manual_seed(m * 13 + bits + stream)
+    weights = quantize_packed(torch.randn(k, n, generator=gen), bits, group, torch.float16)
+    x = torch.randn(m, k, generator=gen).to(torch.float16)
+    reference = x.float() @ weights.dequantize()
+    tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
+    y = packed_matmul(x, weights, **tile, PREFETCH=0, TMA=tma, SWAP=swap, STREAM=stream)
+    error = float((y.float() - reference).abs().max() / reference.abs().max())
+    assert error < 2e-3, error
+    workspace, counters = scratch(x.device, 1, 1)
+    assert not workspace.any() and not counters.any()
+    assert torch.equal(packed_matmul(x, weights, **tile, PREFETCH=0, TMA=tma, SWAP=swap, STREAM=stream), y)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "case", [(1, 32, 1, 128), (2, 16, 4, 256), (1, 32, 2, 64)], ids=["sk1-g128", "sk4-g256", "g64-fallback"]
@@ -175,6 +212,11 @@ def test_gpu_decodes_and_pipelines_agree(shape: tuple[int, int, int]) -> None:
                                   num_stages=stages, PREFETCH=prefetch, FAST_DECODE=decode)  # fmt: skip
                 error = float((y.float() - reference).abs().max() / reference.abs().max())
                 assert error < 4e-3, (decode, prefetch, stages, block_n, split_k, error)
+        for stream, stages in ((1, 3), (3, 4)):  # STREAM with per-thread loads (cp.async)
+            y = packed_matmul(x, weights, BLOCK_M=1, BLOCK_N=64, SPLIT_K=1, num_warps=4, num_stages=stages,
+                              PREFETCH=0, FAST_DECODE=decode, STREAM=stream)  # fmt: skip
+            error = float((y.float() - reference).abs().max() / reference.abs().max())
+            assert error < 4e-3, (decode, stream, stages, error)
     y = packed_matmul(x, weights, BLOCK_M=16, BLOCK_N=256, SPLIT_K=4, num_warps=4, num_stages=3, PREFETCH=0)
     assert float((y.float() - reference).abs().max() / reference.abs().max()) < 4e-3
 
@@ -202,12 +244,21 @@ def test_gpu_tma_and_swapped_tiles_agree(shape: tuple[int, int, int]) -> None:
             {"BLOCK_M": 64, "BLOCK_N": 64, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4, "SWAP": 3},
             {"BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4, "SWAP": 0},
         ]
+        streamed = [  # STREAM: programs per SM sharing every tile's spans (tiles summed across programs)
+            {"BLOCK_M": 16, "BLOCK_N": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "SWAP": 1, "STREAM": 1},
+            {"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 1, "num_warps": 8, "num_stages": 3, "SWAP": 2, "STREAM": 2},
+            {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "SWAP": 3, "STREAM": 3},
+        ]
+        tiles += streamed
         if m == 1:
             tiles.append({"BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 8, "num_warps": 4, "num_stages": 4, "SWAP": 0})
+            tiles.append({"BLOCK_M": 1, "BLOCK_N": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "STREAM": 2})
         for tile in tiles:
             y = packed_matmul(x, weights, **tile, PREFETCH=0, TMA=1)
             error = float((y.float() - reference).abs().max() / reference.abs().max())
             assert error < 4e-3, (bits, tile, error)
+        workspace, counters = scratch(x.device, 1, 1)
+        assert not workspace.any() and not counters.any()
 
 
 @pytest.mark.timeout(30)
@@ -230,6 +281,8 @@ def test_bad_operands_and_tiles_are_rejected_naming_the_argument(interpreter: No
     odd = quantize_packed(torch.randn(256, 30), 4, 128, torch.float16)
     with pytest.raises(ValueError, match="TMA needs N a multiple of 4"):
         packed_matmul(x, odd, **tile, TMA=1)
+    with pytest.raises(ValueError, match="SPLIT_K must be 1"):
+        packed_matmul(x, weights, **{**tile, "SPLIT_K": 2}, STREAM=1)
 
 
 _AOT_SCRIPT = """
@@ -250,7 +303,8 @@ for job in json.loads(sys.argv[1]):
 def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> None:
     """GEMV and tensor-core tiles compile for an H200: the int4 decode is the packed lop3 + fma PTX, the
     weights load as 16-byte vectors, M = 64 tiles use wgmma, ``num_stages`` > 1 pipelines the GEMV's weight
-    loads through shared memory (one (16, BLOCK_N) word tile per stage ahead), and shared memory fits."""
+    loads through shared memory (one (16, BLOCK_N) word tile per stage ahead), ``STREAM``'s loop too, and shared
+    memory fits."""
     base = {"precision": "bf16", "group_size": 128, "num_warps": 4}
     jobs = [
         {"shape": [1, 4096, 14336],
@@ -268,10 +322,12 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
                                                 "PREFETCH": 0, "num_stages": 4, "TMA": 1, "SWAP": 1}},
         {"shape": [64, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 2,
                                                 "PREFETCH": 0, "num_stages": 4, "TMA": 1, "SWAP": 2}},
+        {"shape": [1, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 16, "BLOCK_N": 256, "SPLIT_K": 1,
+                                               "PREFETCH": 0, "num_stages": 4, "TMA": 1, "SWAP": 1, "STREAM": 2}},
     ]  # fmt: skip
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
     assert len(lines) == len(jobs), lines
-    gemv4, gemv8, dot16, dot64, piped, prefetched, swapped, wide = lines
+    gemv4, gemv8, dot16, dot64, piped, prefetched, swapped, wide, streamed = lines
     assert gemv4["lop3"] and gemv4["mma"] is None and gemv4["vector_loads"], gemv4
     assert not gemv8["lop3"] and gemv8["vector_loads"], gemv8
     assert dot16["lop3"] and dot16["mma"] is not None, dot16
@@ -282,4 +338,7 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
     assert swapped["tma"] and swapped["mma"] == "wgmma" and swapped["lop3"], swapped
     # a whole span per product: one wgmma chain (one wait) per span instead of one per 16-row slice
     assert wide["tma"] and wide["mma"] == "wgmma" and wide["waits"] * 4 <= swapped["waits"], (wide, swapped)
+    # STREAM's one loop over (tile, span) steps, with the split-K reduction inside it, is still pipelined: three
+    # (16, 256) word boxes in flight (a CTA barrier in the loop as tl.debug_barrier would leave it unpipelined)
+    assert streamed["tma"] and streamed["mma"] == "wgmma" and streamed["shared"] >= 3 * 16 * 256 * 4, streamed
     assert all(line["shared"] <= 227 * 1024 for line in lines), lines
