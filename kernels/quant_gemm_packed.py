@@ -56,6 +56,12 @@ zeroed once per device and left zeroed by every launch: one kernel per product, 
 graph can capture it (split-K products on two streams at once must not share a device's scratch).
 Rows and columns past the edge wrap around for loads and are masked on stores; K must be a multiple
 of ``SPLIT_K * SPAN`` (checked).
+
+``STREAM`` (programs per SM, ``SPLIT_K`` 1) replaces the (tile, split) grid: ``STREAM`` x SMs programs each take
+an equal run of the (tile, span) steps, spans fastest, in one loop, so the pipeliner keeps loads in flight
+across tiles instead of filling and draining once per short program. A tile cut between programs is summed
+as split-K's are, its number of parts known from the shares. (The reduction's CTA barrier is written as PTX:
+Triton does not pipeline a loop that holds ``tl.debug_barrier``.)
 """
 
 from __future__ import annotations
