@@ -563,7 +563,7 @@ def packed_matmul(
                  MAXNREG, TMA, SWAP, STREAM)  # fmt: skip
     sms = _multiprocessors(x.device) if STREAM else 1
     grid = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K, STREAM, sms, k // span(bits))
-    tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
+    tiles = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0]  # one arrival counter per tile
     ws, cnt = scratch(x.device, m * n, tiles) if SPLIT_K > 1 or STREAM else (out, out)
     if TMA:
         check_tma(n, BLOCK_N)

@@ -13,6 +13,7 @@ from conftest import compiled_gpu
 
 from kernels.quant_gemm import quantize_weights
 from kernels.quant_gemm_packed import (
+    PackedWeights,
     pack_weights,
     packed_matmul,
     quantize_packed,
@@ -62,6 +63,20 @@ def test_repack_keeps_the_values_and_scales_of_the_tiled_layout(bits: int) -> No
     assert direct.nbytes == packed.qweight.numel() * 4 + tiled.scales.numel() * 2
 
 
+def _operands(
+    m: int, k: int, n: int, bits: int, group: int, seed: int
+) -> tuple[PackedWeights, torch.Tensor, torch.Tensor]:
+    """Packed fp16 weights (K, N), X (M, K) fp16 and the fp32 product of X with the dequantized weights."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = quantize_packed(torch.randn(k, n, generator=gen), bits, group, torch.float16)
+    x = torch.randn(m, k, generator=gen).to(torch.float16)
+    return weights, x, x.float() @ weights.dequantize()
+
+
+def _relative_error(y: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((y.float() - reference).abs().max() / reference.abs().max())
+
+
 #: (M, BLOCK_M, BLOCK_N, SPLIT_K, group): GEMV and tensor-core paths, ragged M and N, one and several groups
 #: per span (group 32 < the span), groups spanning several spans (256), split-K reduced in the kernel.
 CASES = [
@@ -80,14 +95,11 @@ CASES = [
 def test_kernel_matches_dequantized_reference(interpreter: None, bits: int, case: tuple[int, ...]) -> None:
     m, block_m, block_n, split_k, group = case
     k, n = 512, 40  # N ragged against every BLOCK_N
-    gen = torch.Generator().manual_seed(m * 7 + bits)
-    weights = quantize_packed(torch.randn(k, n, generator=gen), bits, group, torch.float16)
-    x = torch.randn(m, k, generator=gen).to(torch.float16)
-    reference = x.float() @ weights.dequantize()
+    weights, x, reference = _operands(m, k, n, bits, group, seed=m * 7 + bits)
     config = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SPLIT_K": split_k, "num_warps": 4}
     y = packed_matmul(x, weights, **config)
     assert y.dtype == torch.float16 and tuple(y.shape) == (m, n)
-    error = float((y.float() - reference).abs().max() / reference.abs().max())
+    error = _relative_error(y, reference)
     assert error < 2e-3, error
     # Split-K leaves its scratch zeroed, so a second call (no zeroing kernel in between) is exact again.
     again = packed_matmul(x, weights, **config, PREFETCH=0)
@@ -124,14 +136,11 @@ def test_tma_and_swapped_variants_match_the_reference(interpreter: None, bits: i
     transposed and stored back) give the dequantized product at ragged M and N, split-K included."""
     m, block_m, block_n, split_k, group, tma, swap = case
     k, n = 512, 40
-    gen = torch.Generator().manual_seed(m * 11 + bits)
-    weights = quantize_packed(torch.randn(k, n, generator=gen), bits, group, torch.float16)
-    x = torch.randn(m, k, generator=gen).to(torch.float16)
-    reference = x.float() @ weights.dequantize()
+    weights, x, reference = _operands(m, k, n, bits, group, seed=m * 11 + bits)
     y = packed_matmul(x, weights, BLOCK_M=block_m, BLOCK_N=block_n, SPLIT_K=split_k, num_warps=4, num_stages=3,
                       TMA=tma, SWAP=swap)  # fmt: skip
     assert tuple(y.shape) == (m, n)
-    error = float((y.float() - reference).abs().max() / reference.abs().max())
+    error = _relative_error(y, reference)
     assert error < 2e-3, error
 
 
@@ -159,13 +168,10 @@ def test_streamed_shares_match_the_reference(interpreter: None, bits: int, case:
     span; the partial sums meet in the kernel and the scratch is left zeroed."""
     m, block_m, block_n, stream, group, tma, swap = case
     k, n = 768, 40  # 6 int4 or 12 int8 spans per tile: shares of 8 * stream programs end inside tiles
-    gen = torch.Generator().manual_seed(m * 13 + bits + stream)
-    weights = quantize_packed(torch.randn(k, n, generator=gen), bits, group, torch.float16)
-    x = torch.randn(m, k, generator=gen).to(torch.float16)
-    reference = x.float() @ weights.dequantize()
+    weights, x, reference = _operands(m, k, n, bits, group, seed=m * 13 + bits + stream)
     tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
     y = packed_matmul(x, weights, **tile, PREFETCH=0, TMA=tma, SWAP=swap, STREAM=stream)
-    error = float((y.float() - reference).abs().max() / reference.abs().max())
+    error = _relative_error(y, reference)
     assert error < 2e-3, error
     workspace, counters = scratch(x.device, 1, 1)
     assert not workspace.any() and not counters.any()
