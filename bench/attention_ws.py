@@ -54,7 +54,7 @@ def check(configs: list[dict[str, Any]]) -> dict[str, Any]:
     """max|O - O_ref| / max|O_ref| and max|lse - lse_ref| against fp32 math, per shape and config."""
     import torch
 
-    from kernels.attention_ws import attention_ws, check_config
+    from kernels.attention_ws import attention_ws
 
     rows, worst = [], 0.0
     for (b, h, s, d), causal in itertools.product(((2, 3, 1000, 128), (1, 4, 384, 64), (2, 2, 2048, 128),
@@ -67,7 +67,7 @@ def check(configs: list[dict[str, Any]]) -> dict[str, Any]:
         ref = torch.softmax(scores, -1) @ v.float()
         ref_lse = torch.logsumexp(scores, -1) / math.log(2.0)
         for config in configs:
-            if check_config(d, config["BLOCK_N"], config["NUM_BUFFERS"], "bf16"):
+            if _unusable(d, config):
                 continue
             lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
             out = attention_ws(q, k, v, causal=causal, lse=lse, **config)
@@ -81,6 +81,13 @@ def check(configs: list[dict[str, Any]]) -> dict[str, Any]:
             verdict_text = "ok" if ok else "WRONG"
             print(f"  {b}x{h}x{s}x{d} causal={causal} {config}: err {err:.2e} lse {lse_err:.2e} {verdict_text}")
     return {"check": rows, "summary": {"cases": len(rows), "wrong": sum(not r["ok"] for r in rows), "worst": worst}}
+
+
+def _unusable(head_dim: int, config: dict[str, Any]) -> str | None:
+    """Why the kernel cannot run ``config`` at this head dim (None when it can)."""
+    from kernels.attention_ws import check_config
+
+    return check_config(head_dim, config["BLOCK_N"], config["NUM_BUFFERS"], "bf16", config.get("CONSUMERS", 2))
 
 
 def _measurers(shape: dict[str, Any], configs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -117,15 +124,13 @@ def _target(shape: dict[str, Any], medians: dict[str, float | None], tuned_name:
 
 
 def sweep(configs: list[dict[str, Any]], rounds: int, keep: int) -> dict[str, Any]:
-    from kernels.attention_ws import check_config
-
     wrong = {json.dumps(r["config"], sort_keys=True) for r in check(configs)["check"] if not r["ok"]}
     configs = [c for c in configs if json.dumps(c, sort_keys=True) not in wrong]  # a wrong kernel is not timed
     picks: dict[tuple[int, bool], list[dict[str, Any]]] = {}
     swept = []
     for shape in (s for s in SHAPES if s["seq_len"] == 4096):
         d, causal = shape["head_dim"], shape["causal"]
-        usable = [c for c in configs if not check_config(d, c["BLOCK_N"], c["NUM_BUFFERS"], "bf16")]
+        usable = [c for c in configs if not _unusable(d, c)]
         measurers = _measurers(shape, usable)
         values = [(measurers[f"ws{i}"](), c) for i, c in enumerate(usable)]
         values.sort(key=lambda t: -t[0])
@@ -184,20 +189,30 @@ PINGPONG_CONFIGS: list[dict[str, Any]] = [
     {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": True},
     {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PINGPONG": True},
 ]
+#: Three consumer warpgroups (192 query rows a program, D = 64 only) beside the two-consumer winners
+#: (``consumers`` phase); at D = 128 only the two-consumer configs run.
+CONSUMER_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": True},
+    {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True},
+    *(
+        {"BLOCK_N": bn, "NUM_BUFFERS": nb, "OVERLAP": ov, "PERSISTENT": pe, "PINGPONG": pp, "CONSUMERS": 3}
+        for bn, nb, ov, pe, pp in ((128, 3, True, True, False), (128, 3, True, True, True), (128, 2, True, True, False),
+                                   (128, 3, False, True, False), (64, 3, True, True, False), (64, 4, True, True, True),
+                                   (128, 3, True, False, False), (128, 3, True, False, True))
+    ),
+]  # fmt: skip
 
 
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None) -> dict[str, Any]:
     """At every target shape: one round over ``configs`` picks the fastest, which is then re-measured
     interleaved with SDPA cuDNN and flash (``rounds`` rounds, medians). Written after each shape."""
-    from kernels.attention_ws import check_config
-
     wrong = {json.dumps(r["config"], sort_keys=True) for r in check(configs)["check"] if not r["ok"]}
     configs = [c for c in configs if json.dumps(c, sort_keys=True) not in wrong]
     result: dict[str, Any] = {"kernel": "kernels/attention_ws.py attention_fwd_ws_kernel (Gluon, warp-specialized)",
                               "wrong": sorted(wrong), "attention": [], "targets": []}  # fmt: skip
     for shape in SHAPES:
         d = shape["head_dim"]
-        usable = [c for c in configs if not check_config(d, c["BLOCK_N"], c["NUM_BUFFERS"], "bf16")]
+        usable = [c for c in configs if not _unusable(d, c)]
         measurers = _measurers(shape, usable)
         first = {n: median(v) for n, v in interleaved({n: m for n, m in measurers.items() if n.startswith("ws")},
                                                        1).items()}  # fmt: skip
@@ -221,7 +236,7 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong"])
+    parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong", "consumers"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
@@ -231,8 +246,9 @@ def main() -> None:
     swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
     if ns.phase == "order":
         result = grid_order(ns.rounds)
-    elif ns.phase in ("persistent", "pingpong"):
-        result = per_shape(PERSISTENT_CONFIGS if ns.phase == "persistent" else PINGPONG_CONFIGS, ns.rounds, ns.out)
+    elif ns.phase in ("persistent", "pingpong", "consumers"):
+        phases = {"persistent": PERSISTENT_CONFIGS, "pingpong": PINGPONG_CONFIGS, "consumers": CONSUMER_CONFIGS}
+        result = per_shape(phases[ns.phase], ns.rounds, ns.out)
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
     write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)

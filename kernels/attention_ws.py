@@ -5,17 +5,19 @@ Triton's ``tl.dot`` kernels (:mod:`kernels.attention`, :mod:`kernels.attention_p
 schedule to the compiler; this one writes it out with Gluon's explicit layouts, shared memory,
 barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_90):
 
-- **Partitions**: each program owns ``2 * 64`` query rows of one (batch, head). A one-warp *loader*
-  issues TMA loads of the program's two Q tiles, then of K and V tiles into a ring of ``NUM_BUFFERS``
+- **Partitions**: each program owns ``CONSUMERS * 64`` query rows of one (batch, head). A one-warp *loader*
+  issues TMA loads of the program's Q tiles, then of K and V tiles into a ring of ``NUM_BUFFERS``
   stages (K and V with their own ready barriers, so the scores of a stage start before its V has
-  landed). Two *consumer* warpgroups (4 warps each) take 64 query rows apiece and share every K/V
-  stage; a stage is released (its ``empty`` barrier, two arrivals) when both have finished with it.
+  landed). Two (or three, ``CONSUMERS``) *consumer* warpgroups (4 warps each) take 64 query rows apiece and
+  share every K/V stage; a stage is released (its ``empty`` barrier, one arrival per consumer) when all have
+  finished with it. Three consumers give each SM sub-partition three warps to interleave (FA3's 192-row tile
+  at D=64) but leave 160 registers a thread: D = 64 only.
   By default the consumers never wait for each other, and the warp schedulers interleave one's softmax with
   the other's wgmma; ``PINGPONG`` (with ``OVERLAP``) forces FA3's ping-pong: the consumers take turns, through
   two mbarriers, to issue a step's wgmmas, so one's softmax runs while the other's wgmmas do (on an H200:
   1-5% on causal D=128, none elsewhere).
-- **Registers**: the loader gets 24 registers a thread, the consumers the rest (up to 240), which
-  holds a 64 x D fp32 accumulator, a 64 x BLOCK_N score tile and the bf16 probabilities.
+- **Registers**: the loader gets 24 registers a thread, the consumers the rest (up to 240 with two, 160 with
+  three), which holds a 64 x D fp32 accumulator, a 64 x BLOCK_N score tile and the bf16 probabilities.
 - **Softmax**: base-2 online softmax (scores scaled by ``sm_scale * log2(e)``), masked with a large
   finite negative; P is converted in registers to the wgmma A-operand layout (no shared memory).
 - ``OVERLAP``: FA3's intra-warpgroup overlap: the scores of block j+1 are issued before P_j V_j has
@@ -56,18 +58,19 @@ try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
     # Triton 3.6 names the TMA load async_copy_global_to_shared; later releases async_load (and remove the old name).
     _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 except ImportError:  # pragma: no cover - older Triton
     gluon = None
 
-#: Query rows per consumer warpgroup (one wgmma M=64 atom) and consumers per program.
+#: Query rows per consumer warpgroup (one wgmma M=64 atom); consumers per program (``CONSUMERS``: three hold
+#: 64 x D accumulators in 160 registers a thread, so only at D = 64); the program's tile is ``SUB_M * CONSUMERS``.
 SUB_M = 64
-CONSUMERS = 2
-BLOCK_M = SUB_M * CONSUMERS
+CONSUMER_COUNTS = (2, 3)
 HEAD_DIMS = (64, 128)
 BLOCK_NS = (64, 128)
-MAXNREG = 168
+LOADER_REGS = 24
 MASKED_SCORE = triton.language.constexpr(-1.0e30)  # finite: a fully masked block cannot make NaN
 
 
@@ -79,18 +82,18 @@ def available() -> bool:
 if gluon is not None:
 
     @gluon.jit
-    def _tile_extent(start_m, SEQ_LEN, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    def _tile_extent(start_m, SEQ_LEN, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr):
         """(key blocks wholly left of the tile's first row, key blocks the tile reads) for query block start_m."""
         if CAUSAL:
-            n_full = (start_m * 128) // BLOCK_N
-            n_blocks = gl.cdiv(gl.minimum((start_m + 1) * 128, SEQ_LEN), BLOCK_N)
+            n_full = (start_m * (64 * CONSUMERS)) // BLOCK_N
+            n_blocks = gl.cdiv(gl.minimum((start_m + 1) * (64 * CONSUMERS), SEQ_LEN), BLOCK_N)
         else:
             n_full = SEQ_LEN // BLOCK_N
             n_blocks = gl.cdiv(SEQ_LEN, BLOCK_N)
         return n_full, n_blocks
 
     @gluon.jit
-    def _program_tile(SEQ_LEN, CAUSAL: gl.constexpr, HEAD_MAJOR: gl.constexpr):
+    def _program_tile(SEQ_LEN, CAUSAL: gl.constexpr, HEAD_MAJOR: gl.constexpr, CONSUMERS: gl.constexpr):
         """(batch*head, query block) of a program of the one-tile grid; causal query blocks longest first."""
         if HEAD_MAJOR:
             off_hz = gl.program_id(1)
@@ -99,7 +102,7 @@ if gluon is not None:
             off_hz = gl.program_id(0)
             m_index = gl.program_id(1)
         if CAUSAL:
-            m_index = gl.cdiv(SEQ_LEN, 128) - 1 - m_index
+            m_index = gl.cdiv(SEQ_LEN, 64 * CONSUMERS) - 1 - m_index
         return off_hz, m_index
 
     @gluon.jit
@@ -108,7 +111,7 @@ if gluon is not None:
 
         Items run head-major (the tiles of one head together, its K/V shared in L2). Full attention: one tile
         per item. Causal: query block num_m-1-k with block k (the longest with the shortest) in one item, so
-        every item reads num_m+1 key blocks of 128 rows and programs striding over the items get equal work
+        every item reads num_m+1 query blocks' worth of keys and programs striding over the items get equal work
         (the middle block of an odd num_m alone).
         """
         if CAUSAL:
@@ -135,11 +138,11 @@ if gluon is not None:
     @gluon.jit
     def _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
                    q_row, kv_row, n_blocks, base, q_free_phase, BLOCK_N: gl.constexpr,
-                   NUM_BUFFERS: gl.constexpr):  # fmt: skip
+                   NUM_BUFFERS: gl.constexpr, CONSUMERS: gl.constexpr):  # fmt: skip
         """A tile's loads: K_0 and V_0 into ring slot ``base`` (its stage frees while the previous tile runs), the
-        two Q halves (once each consumer freed its buffer), then K_j and V_j into slot base + j."""
+        consumers' 64-row Q tiles (once each consumer freed its buffer), then K_j and V_j into slot base + j."""
         _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, 0, base, BLOCK_N, NUM_BUFFERS)
-        for c in gl.static_range(2):
+        for c in gl.static_range(CONSUMERS):
             mbarrier.wait(q_empty.index(c), q_free_phase)
             mbarrier.expect(q_bar.index(c), desc_q.block_type.nbytes)
             _tma_load(desc_q, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
@@ -149,7 +152,7 @@ if gluon is not None:
     @gluon.jit
     def _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, j, base, BLOCK_N: gl.constexpr,
                  NUM_BUFFERS: gl.constexpr):  # fmt: skip
-        """K_j and V_j into ring slot base + j once both consumers freed it (K and V with their own barriers)."""
+        """K_j and V_j into ring slot base + j once every consumer freed it (K and V with their own barriers)."""
         stage = (base + j) % NUM_BUFFERS
         # A fresh barrier's "previous phase" (parity 1) counts as complete: the first pass does not wait.
         mbarrier.wait(kv_empty.index(stage), (((base + j) // NUM_BUFFERS) & 1) ^ 1)
@@ -162,10 +165,11 @@ if gluon is not None:
     @gluon.jit
     def _loader(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, SEQ_LEN,
                 BH, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
-                HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr):  # fmt: skip
+                HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr):  # fmt: skip
         """One warp: the program's tile (or, persistent, each of its tiles in turn): Q, then its K/V blocks."""
+        BLOCK_M: gl.constexpr = 64 * CONSUMERS
         if PERSISTENT:
-            num_m = gl.cdiv(SEQ_LEN, 128)
+            num_m = gl.cdiv(SEQ_LEN, BLOCK_M)
             base = 0
             i = 0
             for item in range(gl.program_id(0), _num_items(num_m, BH, CAUSAL), gl.num_programs(0)):
@@ -173,18 +177,18 @@ if gluon is not None:
                 row0 = off_hz * SEQ_LEN
                 for h in range(tiles):
                     start_m = first + h * (second - first)
-                    _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL)
+                    _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                     _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                               kv_empty, row0 + start_m * 128, row0, n_blocks, base, (i & 1) ^ 1, BLOCK_N,
-                               NUM_BUFFERS)  # fmt: skip
+                               kv_empty, row0 + start_m * BLOCK_M, row0, n_blocks, base, (i & 1) ^ 1, BLOCK_N,
+                               NUM_BUFFERS, CONSUMERS)  # fmt: skip
                     base += n_blocks
                     i += 1
         else:
-            off_hz, start_m = _program_tile(SEQ_LEN, CAUSAL, HEAD_MAJOR)
-            _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL)
+            off_hz, start_m = _program_tile(SEQ_LEN, CAUSAL, HEAD_MAJOR, CONSUMERS)
+            _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
             row0 = off_hz * SEQ_LEN
             _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
-                       row0 + start_m * 128, row0, n_blocks, 0, 1, BLOCK_N, NUM_BUFFERS)  # fmt: skip
+                       row0 + start_m * BLOCK_M, row0, n_blocks, 0, 1, BLOCK_N, NUM_BUFFERS, CONSUMERS)  # fmt: skip
 
     @gluon.jit
     def _masked(s, keys, rows, SEQ_LEN, MASK: gl.constexpr, CAUSAL: gl.constexpr):
@@ -269,7 +273,7 @@ if gluon is not None:
             mbarrier.wait(k_ready.index(nstage), nphase)
             mbarrier.wait(v_ready.index(stage), phase)
             if PINGPONG:  # consumer 0 takes the first turn: its first wait is on a fresh barrier's parity 1
-                mbarrier.wait(my_turn, (turns & 1) ^ (1 - c))
+                mbarrier.wait(my_turn, (turns & 1) ^ (1 if c == 0 else 0))
             k_t = k_smem.index(nstage).permute((1, 0))
             s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
             v = v_smem.index(stage)
@@ -300,8 +304,10 @@ if gluon is not None:
     def _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
                      row0, n_full, n_blocks, base, q_phase, turns, qk_scale, c: gl.constexpr, SEQ_LEN,
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
-                     OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
-        """Consumer ``c`` on one tile: query rows ``start_m * 128 + c * 64 + [0, 64)`` over all its key blocks.
+                     OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
+                     CONSUMERS: gl.constexpr):  # fmt: skip
+        """Consumer ``c`` on one tile: query rows ``start_m * 64 * CONSUMERS + c * 64 + [0, 64)`` over all its key
+        blocks.
 
         Frees its Q buffer (``q_empty``) as soon as the last wgmma that reads it is done (with ``OVERLAP`` before
         the last P V), so the loader fetches the next tile's Q while this one finishes and stores."""
@@ -310,23 +316,24 @@ if gluon is not None:
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-        rows = start_m * 128 + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+        rows = start_m * (64 * CONSUMERS) + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
         m_i = gl.full([64], MASKED_SCORE, gl.float32, gl.SliceLayout(1, s_layout))
         l_i = gl.full([64], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
         mbarrier.wait(q_bar.index(c), q_phase)
         q = q_smem.index(c)
+        their_turn = turn.index((c + 1) % CONSUMERS)  # with PINGPONG the consumers take turns round the program
         if OVERLAP:
             if n_full > 0:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base, qk_scale,
-                    SEQ_LEN, q_empty.index(c), n_blocks == n_full, turn.index(c), turn.index(1 - c), turns, BLOCK_N,
+                    SEQ_LEN, q_empty.index(c), n_blocks == n_full, turn.index(c), their_turn, turns, BLOCK_N,
                     NUM_BUFFERS, False, CAUSAL, s_layout, p_layout, c, PINGPONG,
                 )  # fmt: skip
             if n_blocks > n_full:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
-                    qk_scale, SEQ_LEN, q_empty.index(c), True, turn.index(c), turn.index(1 - c), turns, BLOCK_N,
+                    qk_scale, SEQ_LEN, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
                     NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG,
                 )  # fmt: skip
         else:
@@ -353,10 +360,11 @@ if gluon is not None:
     def _consumer(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, qk_scale,
                   c: gl.constexpr, SEQ_LEN, BH, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                   NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
-                  HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+                  HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
+                  CONSUMERS: gl.constexpr):  # fmt: skip
         """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn."""
         if PERSISTENT:
-            num_m = gl.cdiv(SEQ_LEN, 128)
+            num_m = gl.cdiv(SEQ_LEN, 64 * CONSUMERS)
             base = 0
             i = 0
             turns = gl.program_id(0) * 0  # a tensor: the loop carries it
@@ -364,68 +372,89 @@ if gluon is not None:
                 off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
                 for h in range(tiles):
                     start_m = first + h * (second - first)
-                    n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL)
+                    n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                     turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                          kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
                                          turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
-                                         OVERLAP, STORE_LSE, PINGPONG)  # fmt: skip
+                                         OVERLAP, STORE_LSE, PINGPONG, CONSUMERS)  # fmt: skip
                     base += n_blocks
                     i += 1
         else:
-            off_hz, start_m = _program_tile(SEQ_LEN, CAUSAL, HEAD_MAJOR)
-            n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL)
+            off_hz, start_m = _program_tile(SEQ_LEN, CAUSAL, HEAD_MAJOR, CONSUMERS)
+            n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
             _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
                          off_hz * SEQ_LEN, n_full, n_blocks, 0, 0, gl.program_id(0) * 0, qk_scale, c, SEQ_LEN,
-                         HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG)  # fmt: skip
+                         HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS)  # fmt: skip
 
     @gluon.jit
     def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, sm_scale, SEQ_LEN, BH,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-                                PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
-        """One tile of 128 query rows per program (grid (batch*head, query block), or with ``HEAD_MAJOR``
-        (query block, batch*head) so that the programs of one head run together and share its K/V in L2), or,
-        ``PERSISTENT``, a grid of at most one program per SM striding over work items (:func:`_work_item`)
-        with the K/V ring and the Q buffers carried from tile to tile."""
+                                PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr):  # fmt: skip
+        """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
+        ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
+        in L2), or, ``PERSISTENT``, a grid of at most one program per SM striding over work items
+        (:func:`_work_item`) with the K/V ring and the Q buffers carried from tile to tile."""
         qk_scale = sm_scale * 1.4426950408889634  # log2(e)
         dtype: gl.constexpr = desc_q.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [2, 64, HEAD_DIM], desc_q.layout)
+        q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, 64, HEAD_DIM], desc_q.layout)
         k_smem = gl.allocate_shared_memory(dtype, [NUM_BUFFERS, BLOCK_N, HEAD_DIM], desc_k.layout)
         v_smem = gl.allocate_shared_memory(dtype, [NUM_BUFFERS, BLOCK_N, HEAD_DIM], desc_v.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
         kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        for c in gl.static_range(2):
+        turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        for c in gl.static_range(CONSUMERS):
             mbarrier.init(q_bar.index(c), count=1)
             mbarrier.init(q_empty.index(c), count=1)
             mbarrier.init(turn.index(c), count=1)
         for i in gl.static_range(NUM_BUFFERS):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(kv_empty.index(i), count=2)  # one arrival per consumer
+            mbarrier.init(kv_empty.index(i), count=CONSUMERS)  # one arrival per consumer
 
-        gl.warp_specialize(
-            [
-                (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
-                             qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                             HEAD_MAJOR, PERSISTENT, PINGPONG)),
-                (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
-                             qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                             HEAD_MAJOR, PERSISTENT, PINGPONG)),
-                (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
-                           SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT)),
-            ],
-            [4, 1],
-            [CONSUMER_REGS, 24],
-        )
+        if CONSUMERS == 3:
+            gl.warp_specialize(
+                [
+                    (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
+                                 qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS)),
+                    (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
+                                 qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS)),
+                    (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
+                                 qk_scale, 2, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS)),
+                    (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                               kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
+                               CONSUMERS)),
+                ],
+                [4, 4, 1],
+                [CONSUMER_REGS, CONSUMER_REGS, 24],
+            )  # fmt: skip
+        else:
+            gl.warp_specialize(
+                [
+                    (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
+                                 qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS)),
+                    (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
+                                 qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS)),
+                    (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                               kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
+                               CONSUMERS)),
+                ],
+                [4, 1],
+                [CONSUMER_REGS, 24],
+            )  # fmt: skip
 
 
-def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str) -> str | None:
-    """Why the kernel cannot run this config (None when it can): head dims, key blocks, shared memory."""
+def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, consumers: int = 2) -> str | None:
+    """Why the kernel cannot run this config (None when it can): head dims, key blocks, consumers, shared memory."""
     if precision not in PRECISIONS:
         return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
     if head_dim not in HEAD_DIMS:
@@ -434,13 +463,32 @@ def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str) 
         return f"BLOCK_N must be one of {BLOCK_NS} for the warp-specialized kernel, got {block_n}"
     if num_buffers not in (2, 3, 4):
         return f"NUM_BUFFERS must be 2, 3 or 4, got {num_buffers}"
-    shared = 2 * (BLOCK_M * head_dim + 2 * num_buffers * block_n * head_dim) + 1024
+    if consumers not in CONSUMER_COUNTS:
+        return f"CONSUMERS must be one of {CONSUMER_COUNTS}, got {consumers}"
+    if consumers == 3 and head_dim != 64:
+        return (
+            f"CONSUMERS=3 leaves {consumer_regs_limit(3)} registers a thread: a 64x{head_dim} fp32 accumulator "
+            "beside the scores does not fit (head_dim 64 only)"
+        )
+    block_m = SUB_M * consumers
+    shared = 2 * (block_m * head_dim + 2 * num_buffers * block_n * head_dim) + 1024
     if shared > 227 * 1024:
         return (
-            f"shared memory {shared} B (Q {BLOCK_M}x{head_dim}, {num_buffers} K/V stages of {block_n}x{head_dim}) "
+            f"shared memory {shared} B (Q {block_m}x{head_dim}, {num_buffers} K/V stages of {block_n}x{head_dim}) "
             "exceeds the 227 KiB of an H100/H200 multiprocessor"
         )
     return None
+
+
+def _maxnreg(consumers: int) -> int:
+    """Registers per thread over the program's warpgroups (the consumers' and the loader's, padded to one):
+    65,536 / (128 * warpgroups), a multiple of 8: 168 with two consumers, 128 with three."""
+    return 65536 // (128 * (consumers + 1)) // 8 * 8
+
+
+def consumer_regs_limit(consumers: int) -> int:
+    """The most registers a consumer thread can take (``setmaxnreg``) once the loader's warpgroup keeps 24."""
+    return (65536 - 128 * LOADER_REGS) // (128 * consumers) // 8 * 8
 
 
 def _descriptors(q: Any, k: Any, v: Any, rows: int, head_dim: int, block_n: int) -> tuple[Any, Any, Any]:
@@ -456,8 +504,12 @@ def _descriptors(q: Any, k: Any, v: Any, rows: int, head_dim: int, block_n: int)
 
 
 def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[str, Any]:
-    """The kernel's constexprs and launch options: ``knobs`` (checked by :func:`_check`) over :data:`KNOBS`."""
+    """The kernel's constexprs and launch options: ``knobs`` (checked by :func:`_check`) over :data:`KNOBS`;
+    ``CONSUMER_REGS`` defaults to the most the consumers can take."""
     merged = {**KNOBS, **knobs}
+    merged.setdefault("CONSUMER_REGS", None)
+    if merged["CONSUMER_REGS"] is None:
+        merged["CONSUMER_REGS"] = consumer_regs_limit(merged["CONSUMERS"])
     flags = {name: bool(value) if isinstance(KNOBS[name], bool) else value for name, value in merged.items()}
     return {
         "HEAD_DIM": head_dim,
@@ -465,14 +517,14 @@ def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[st
         "STORE_LSE": bool(store_lse),
         **flags,
         "num_warps": 4,
-        # Registers per thread over all 12 warps (65,536 / 384 = 170): the partitions' budgets are carved
-        # from it (``setmaxnreg``): the loader keeps 24, the consumers take what that frees.
-        "maxnreg": MAXNREG,
+        # Registers per thread over all warps (with two consumers 12 warps: 65,536 / 384 = 170): the partitions'
+        # budgets are carved from it (``setmaxnreg``): the loader keeps 24, the consumers take what that frees.
+        "maxnreg": _maxnreg(merged["CONSUMERS"]),
     }
 
 
 def _grid(bh: int, seq_len: int, meta: dict[str, Any], num_sms: int) -> tuple[int, ...]:
-    blocks = triton.cdiv(seq_len, BLOCK_M)
+    blocks = triton.cdiv(seq_len, SUB_M * meta["CONSUMERS"])
     if meta["PERSISTENT"]:
         items = bh * ((blocks + 1) // 2 if meta["CAUSAL"] else blocks)
         return (min(items, num_sms),)
@@ -483,17 +535,22 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
     unknown = set(knobs) - set(KNOBS)
     if unknown:
         raise ValueError(f"unknown knobs of the warp-specialized attention kernel: {sorted(unknown)}")
-    reason = check_config(head_dim, knobs.get("BLOCK_N", 128), knobs.get("NUM_BUFFERS", 2), precision)
+    consumers = knobs.get("CONSUMERS", 2)
+    reason = check_config(head_dim, knobs.get("BLOCK_N", 128), knobs.get("NUM_BUFFERS", 2), precision, consumers)
     if reason:
         raise ValueError(reason)
+    regs, limit = knobs.get("CONSUMER_REGS"), consumer_regs_limit(consumers) if consumers in CONSUMER_COUNTS else 0
+    if regs is not None and not (isinstance(regs, int) and 24 <= regs <= limit and regs % 8 == 0):
+        raise ValueError(f"CONSUMER_REGS must be a multiple of 8 in [24, {limit}] with CONSUMERS={consumers}, "
+                         f"got {regs!r}")  # fmt: skip
     if knobs.get("PINGPONG") and not knobs.get("OVERLAP"):
         raise ValueError("PINGPONG orders the OVERLAP loop's wgmmas between the consumers: it needs OVERLAP=True")
 
 
 #: The kernel's knobs (keyword arguments of :func:`attention_ws`) and their defaults.
 KNOBS: dict[str, Any] = {
-    "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": 240, "HEAD_MAJOR": True,
-    "PERSISTENT": False, "PINGPONG": False,
+    "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
+    "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2,
 }  # fmt: skip
 
 

@@ -49,6 +49,10 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
     assert "PERSISTENT" in (workload.static_check(_config(persistent=1), H200) or "")
     assert "needs OVERLAP" in (workload.static_check(_config(overlap=False, PINGPONG=True), H200) or "")
     assert "shared memory" in (workload.static_check(_config(stages=4), H200) or "")
+    assert "must be 2 or 3" in (workload.static_check(_config(CONSUMERS=4), H200) or "")
+    assert "head_dim 64 only" in (workload.static_check(_config(CONSUMERS=3), H200) or "")
+    narrow = FlashAttention(batch=2, heads=16, seq_len=4096, head_dim=64, causal=True)
+    assert narrow.static_check(_config(CONSUMERS=3), H200) is None
     assert workload.static_check(_config(), H200) is None
 
 
@@ -72,7 +76,7 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     exported = workload.export_config(_config(persistent=True))
     assert exported["function"] == "kernels.attention_ws.attention_ws"
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
-                                  "PINGPONG": False}  # fmt: skip
+                                  "PINGPONG": False, "CONSUMERS": 2}  # fmt: skip
     source = workload.export_python(_config(persistent=True))
     tree = ast.parse(source)
     namespace: dict[str, Any] = {}
@@ -103,14 +107,15 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
     """Causal and full, D 64 and 128, with and without the overlap, one program per tile and persistent: wgmma
     and TMA in the PTX, the loader's 24-register budget carved out, shared memory within the static check's
     estimate."""
-    from kernels.attention_ws import check_config
+    from kernels.attention_ws import check_config, consumer_regs_limit
 
-    variants = ((128, True, True, False), (128, False, False, True), (64, True, False, True), (64, False, True, False),
-                (128, True, True, True))  # fmt: skip
+    variants = ((128, True, True, False, 2), (128, False, False, True, 2), (64, True, False, True, 2),
+                (64, False, True, False, 2), (128, True, True, True, 2), (64, True, True, True, 3),
+                (64, False, False, False, 3))  # fmt: skip
     jobs = []
-    for d, c, o, p in variants:
+    for d, c, o, p, consumers in variants:
         config = {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2, "OVERLAP": o, "PERSISTENT": p,
-                  "PINGPONG": o and p}  # fmt: skip
+                  "PINGPONG": o and p, "CONSUMERS": consumers}  # fmt: skip
         jobs.append({"shape": [2, 16, 2048, d], "config": config})
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
     assert len(lines) == len(jobs), lines
@@ -118,8 +123,11 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
         config, head_dim = result["config"], result["shape"][3]
         assert result["wgmma"] > 0 and result["tma"], result
         assert 24 in result["setmaxnreg"], result  # the loader warp's budget
-        assert check_config(head_dim, config["BLOCK_N"], config["NUM_BUFFERS"], "bf16") is None
-        estimate = 2 * (128 * head_dim + 2 * config["NUM_BUFFERS"] * config["BLOCK_N"] * head_dim) + 1024
+        consumers = config["CONSUMERS"]
+        assert consumer_regs_limit(consumers) in result["setmaxnreg"], result  # the consumers take what it frees
+        assert check_config(head_dim, config["BLOCK_N"], config["NUM_BUFFERS"], "bf16", consumers) is None
+        rows = 64 * consumers
+        estimate = 2 * (rows * head_dim + 2 * config["NUM_BUFFERS"] * config["BLOCK_N"] * head_dim) + 1024
         assert estimate - 1024 <= result["shared"] <= estimate, (result, estimate)
 
 
@@ -140,9 +148,13 @@ def test_gpu_gluon_attention_trial_and_log_sum_exp(shape: tuple[int, int, int, i
     device = device_info()
     batch, heads, seq_len, head_dim = shape
     workload = FlashAttention(batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim, causal=causal)
-    for block_n, overlap, persistent, pingpong in ((64, False, False, False), (128, True, False, True),
-                                                   (128, True, True, False), (128, True, True, True)):  # fmt: skip
-        config = _config(block_n=block_n, stages=2, overlap=overlap, persistent=persistent, PINGPONG=pingpong)
+    variants = [(64, False, False, False, 2), (128, True, False, True, 2), (128, True, True, False, 2),
+                (128, True, True, True, 2)]  # fmt: skip
+    if head_dim == 64:  # three consumers: D = 64 only
+        variants += [(128, True, True, True, 3), (64, False, False, False, 3)]
+    for block_n, overlap, persistent, pingpong, consumers in variants:
+        config = _config(block_n=block_n, stages=2, overlap=overlap, persistent=persistent, PINGPONG=pingpong,
+                         CONSUMERS=consumers)  # fmt: skip
         result = workload.run(config, device, TrialContext(trial_number=1))
         assert result.status is TrialStatus.OK, (config, result.error)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -153,3 +165,48 @@ def test_gpu_gluon_attention_trial_and_log_sum_exp(shape: tuple[int, int, int, i
         scores = scores.masked_fill(torch.ones(seq_len, seq_len, device="cuda", dtype=torch.bool).triu(1), -math.inf)
     expected = torch.logsumexp(scores, dim=-1) / math.log(2.0)
     assert torch.allclose(lse, expected, atol=1e-2), (lse - expected).abs().max()
+
+
+@pytest.mark.timeout(60)
+def test_three_consumers_are_checked_before_compiling() -> None:
+    """Three consumer warpgroups leave 160 registers a thread: D = 64 only, and the budget is bounded."""
+    from kernels.attention_ws import _check, check_config, consumer_regs_limit
+
+    assert (consumer_regs_limit(2), consumer_regs_limit(3)) == (240, 160)
+    assert check_config(64, 128, 3, "bf16", 3) is None
+    assert "head_dim 64 only" in (check_config(128, 128, 2, "bf16", 3) or "")
+    assert "CONSUMERS must be one of" in (check_config(64, 128, 2, "bf16", 4) or "")
+    with pytest.raises(ValueError, match=r"CONSUMER_REGS must be a multiple of 8 in \[24, 160\]"):
+        _check(64, "bf16", {"CONSUMERS": 3, "CONSUMER_REGS": 240})
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 3, 1000, 64), (2, 4, 2048, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_three_consumers_match_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
+    """192 query rows a program (a ragged last tile at S = 1000), one program per tile and persistent, with and
+    without the overlap and the three-way ping-pong: outputs and log-sum-exp against fp32 math."""
+    import math
+
+    import torch
+
+    from kernels.attention_ws import attention_ws
+
+    gen = torch.Generator(device="cuda").manual_seed(shape[2])
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(shape[3])
+    if causal:
+        mask = torch.ones(shape[2], shape[2], device="cuda", dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, -math.inf)
+    expected = torch.softmax(scores, -1) @ v.float()
+    expected_lse = torch.logsumexp(scores, dim=-1) / math.log(2.0)
+    for block_n, overlap, persistent, pingpong in ((128, True, True, False), (128, True, True, True),
+                                                   (64, False, False, False), (128, True, False, True)):  # fmt: skip
+        lse = torch.empty(shape[:3], device="cuda", dtype=torch.float32)
+        out = attention_ws(q, k, v, causal=causal, lse=lse, BLOCK_N=block_n, NUM_BUFFERS=3, OVERLAP=overlap,
+                           PERSISTENT=persistent, PINGPONG=pingpong, CONSUMERS=3)  # fmt: skip
+        error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
+        assert error < 1e-2, (block_n, overlap, persistent, pingpong, error)
+        assert torch.allclose(lse, expected_lse, atol=1e-2), (lse - expected_lse).abs().max()
