@@ -6,10 +6,10 @@ variant: ``tutorial``, the one-program-per-query-block kernel of
 ``kernels/attention.py``; ``persistent_tma`` / ``persistent_tma_ws``, the persistent,
 causal-balanced TMA kernel of ``kernels/attention_persistent.py`` without / with warp
 specialization; ``gluon_ws``, the Gluon kernel of ``kernels/attention_ws.py`` with a TMA loader warp
-and two consumer warpgroups, sm_90 only: BLOCK_M 128 and 4 warps per consumer fixed, num_stages its
-K/V stages, OVERLAP its intra-warpgroup overlap), BLOCK_M, BLOCK_N, num_warps, num_stages, precision (bf16, fp16),
-use_tma (the tutorial kernel's Q/K/V tiles through tensor descriptors, Hopper and
-newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
+and two or three consumer warpgroups (CONSUMERS; three at head_dim 64 only), sm_90 only: BLOCK_M 128 and 4
+warps per consumer fixed, num_stages its K/V stages, OVERLAP its intra-warpgroup overlap), BLOCK_M, BLOCK_N,
+num_warps, num_stages, precision (bf16, fp16), use_tma (the tutorial kernel's Q/K/V tiles through tensor
+descriptors, Hopper and newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
 on the fp32 master inputs, so the error includes input rounding.
 
@@ -270,10 +270,13 @@ class FlashAttention(KernelWorkload):
                 return f"{knob} must be true or false, got {config.get(knob)!r}"
         if config.get("PINGPONG", False) and not config.get("OVERLAP", False):
             return "PINGPONG orders the OVERLAP loop's wgmmas between the consumers: it needs OVERLAP=true"
+        consumers = config.get("CONSUMERS", 2)
+        if consumers not in (2, 3) or isinstance(consumers, bool):
+            return f"CONSUMERS (consumer warpgroups of 64 query rows) must be 2 or 3, got {consumers!r}"
         if tile["BLOCK_M"] != 128 or tile["num_warps"] != 4:
             return (
-                "gluon_ws takes BLOCK_M=128 (two consumer warpgroups of 64 rows) and num_warps=4 (per consumer), "
-                f"got BLOCK_M={tile['BLOCK_M']}, num_warps={tile['num_warps']}"
+                "gluon_ws takes BLOCK_M=128 (its query rows are 64 per consumer: CONSUMERS sets them) and "
+                f"num_warps=4 (per consumer), got BLOCK_M={tile['BLOCK_M']}, num_warps={tile['num_warps']}"
             )
         if not device.is_gpu or interpreter_active():
             return "gluon_ws is a Gluon kernel for sm_90 GPUs: the Triton interpreter does not run it"
@@ -284,7 +287,7 @@ class FlashAttention(KernelWorkload):
 
         if not available():
             return "gluon_ws needs Triton's Gluon (triton.experimental.gluon, Triton >= 3.6)"
-        return check_config(self.head_dim, tile["BLOCK_N"], tile["num_stages"], config["precision"])
+        return check_config(self.head_dim, tile["BLOCK_N"], tile["num_stages"], config["precision"], consumers)
 
     @staticmethod
     def _variant_check(config: dict[str, Any], kernel: Any) -> str | None:
@@ -452,13 +455,14 @@ class FlashAttention(KernelWorkload):
     @staticmethod
     def _gluon_ws_kwargs(config: dict[str, Any]) -> dict[str, Any]:
         """The Gluon kernel's arguments: its key block, K/V stages (``num_stages``), overlap, persistent and
-        ping-pong flags."""
+        ping-pong flags, consumer warpgroups."""
         return {
             "BLOCK_N": int(config["BLOCK_N"]),
             "NUM_BUFFERS": int(config["num_stages"]),
             "OVERLAP": bool(config.get("OVERLAP", False)),
             "PERSISTENT": bool(config.get("PERSISTENT", False)),
             "PINGPONG": bool(config.get("PINGPONG", False)),
+            "CONSUMERS": int(config.get("CONSUMERS", 2)),
         }
 
     @classmethod
