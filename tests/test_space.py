@@ -127,6 +127,19 @@ def test_grid_limit() -> None:
         space.grid()
 
 
+def test_grid_limit_counts_points_with_their_conditions() -> None:
+    """Five params of 10 values under a switch that is on for one of its two values: 2 * 10**5 combinations
+    without the conditions, 10**5 + 1 points with them: over a limit of 10**5, under one of 2 * 10**5 - 1."""
+    params = {"on": {"type": "categorical", "choices": [False, True]}}
+    params |= {f"p{i}": {"type": "int", "low": 0, "high": 9, "when": "on"} for i in range(5)}
+    space = compile_space({"params": params})
+    assert space.grid_upper_bound() == 200_000
+    points = space.grid(limit=199_999)
+    assert len(points) == 100_001 and {"on": False} in points
+    with pytest.raises(SpaceError, match="more than 100000 points"):
+        space.grid(limit=100_000)
+
+
 @pytest.mark.parametrize(
     "text",
     [

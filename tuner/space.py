@@ -241,13 +241,18 @@ class SearchSpace:
         return total
 
     def grid(self, limit: int = GRID_LIMIT) -> list[dict[str, Any]]:
-        """Every point of the space, conditional params respected; refuses spaces above ``limit``."""
+        """Every point of the space, conditional params respected; refuses spaces of more than ``limit`` points
+        (counted with the conditions: a param inactive on most of the space multiplies only where it is active),
+        without making more than ``limit`` of them."""
         bound = self.grid_upper_bound()
         if bound is None:
             floats = [p.name for p in self.params.values() if p.count() is None]
             raise SpaceError(f"space.{floats[0]}", "a grid needs a finite space: give this float a step")
-        if bound > limit:
-            raise SpaceError("space", f"grid too large to enumerate: {bound} points > {limit}")
+        for param in self.params.values():
+            if param.count() > limit:  # type: ignore[operator]
+                raise SpaceError(
+                    "space", f"grid too large to enumerate: {param.name} alone has {param.count()} values > {limit}"
+                )
         points: list[dict[str, Any]] = [{}]
         for name, param in self.params.items():
             nxt: list[dict[str, Any]] = []
@@ -256,6 +261,10 @@ class SearchSpace:
                     nxt.extend({**point, name: v} for v in param.values())  # type: ignore[union-attr]
                 else:
                     nxt.append(point)
+                if len(nxt) > limit:
+                    raise SpaceError(
+                        "space", f"grid too large to enumerate: more than {limit} points ({bound} without conditions)"
+                    )
             points = nxt
         return points
 
