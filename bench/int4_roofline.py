@@ -72,6 +72,7 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
                     "num_stages": st, "TMA": t, "STREAM": sm}  # fmt: skip
             out.append({**gemv, "FAST_DECODE": 2} if bits == 4 else gemv)
         out += streamed(16, (128, 256), (4,), (3, 4, 6), (1, 2), (2, 3, 4))
+        out += capped(16)
     elif m < 32:
         tma = ((0, 3, 1), (0, 4, 1), (0, 6, 1))  # the words by TMA, num_stages - 1 spans in flight
         for bn, sk, w, (pf, st, t) in itertools.product((64, 128, 256), (2, 4, 8, 16), (4, 8), pipelines + tma):
@@ -79,6 +80,7 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
                         "num_stages": st, **({"TMA": 1} if t else {})})  # fmt: skip
         out += swapped(16, (64, 128, 256), (2, 4, 8, 16), (4, 8), (3, 4, 6))
         out += streamed(16, (128, 256), (4, 8), (3, 4), (1, 2), (2, 3))
+        out += capped(16)
     else:
         tma = ((0, 3, 1), (0, 4, 1))
         for bm, bn, sk, w, (pf, st, t) in itertools.product((32, 64), (64, 128), (1, 2, 4, 8), (4, 8), pipelines + tma):
@@ -103,6 +105,13 @@ def swapped(block_m: int, bns: tuple[int, ...], splits: tuple[int, ...], warps: 
         for bn, sk, w, st, swap in itertools.product(bns, splits, warps, stages, (1, 2, 3))
         if not (w == 8 and bn < 128)  # a warpgroup's wgmma takes 64 rows of the weights' tile
     ]  # fmt: skip
+
+
+def capped(block_m: int) -> list[dict[str, int]]:
+    """The swapped 16-row slices of 256-column tiles (242 registers a thread: two 4-warp programs per SM) capped
+    at 168 registers (``MAXNREG``, 16 bytes spilled on sm_90) so that three fit, streamed three per SM or split."""
+    tiles = streamed(block_m, (256,), (4,), (3, 4), (1,), (3,)) + swapped(block_m, (256,), (2, 4, 8), (4,), (3, 4))
+    return [{**c, "MAXNREG": 168} for c in tiles if c["SWAP"] == 1]
 
 
 def streamed(block_m: int, bns: tuple[int, ...], warps: tuple[int, ...], stages: tuple[int, ...],
