@@ -201,6 +201,13 @@ CONSUMER_CONFIGS: list[dict[str, Any]] = [
                                    (128, 3, True, False, False), (128, 3, True, False, True))
     ),
 ]  # fmt: skip
+#: One loop over a tile's key blocks (the diagonal's blocks masked behind a branch: one pipeline drain a tile, half
+#: the code) against two, for the winners of both consumer counts (``oneloop`` phase).
+ONE_LOOP_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": c,
+     "ONE_LOOP": one}
+    for c, pp, one in itertools.product((2, 3), (False, True), (False, True))
+]  # fmt: skip
 
 
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None) -> dict[str, Any]:
@@ -236,7 +243,7 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong", "consumers"])
+    parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong", "consumers", "oneloop"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
@@ -246,8 +253,9 @@ def main() -> None:
     swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
     if ns.phase == "order":
         result = grid_order(ns.rounds)
-    elif ns.phase in ("persistent", "pingpong", "consumers"):
-        phases = {"persistent": PERSISTENT_CONFIGS, "pingpong": PINGPONG_CONFIGS, "consumers": CONSUMER_CONFIGS}
+    elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop"):
+        phases = {"persistent": PERSISTENT_CONFIGS, "pingpong": PINGPONG_CONFIGS, "consumers": CONSUMER_CONFIGS,
+                  "oneloop": ONE_LOOP_CONFIGS}  # fmt: skip
         result = per_shape(phases[ns.phase], ns.rounds, ns.out)
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)

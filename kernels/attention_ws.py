@@ -25,6 +25,9 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
 - **Grid order**: head-major by default (grid (query block, batch*head)): the programs of one head run
   together and read its K/V from L2, which on an H200 gave 4-17% over one query block of every head at a
   time (``HEAD_MAJOR=False``); causal programs take a head's longest query blocks first.
+- ``ONE_LOOP``: a tile's key blocks in one loop, those that cross the causal diagonal or the sequence's end
+  masked behind a runtime branch, instead of a second loop after the unmasked ones: one pipeline drain a tile
+  instead of two and about a third less code (the three-consumer kernel's instruction fetch stalls).
 - ``PERSISTENT``: a grid of at most one program per SM, each striding over work items (head-major; a causal
   item pairs the longest query block of a head with its shortest, so every item is the same work). The K/V
   ring and the Q buffers carry over from tile to tile: a consumer frees its Q buffer after its last wgmma of
@@ -191,22 +194,25 @@ if gluon is not None:
                        row0 + start_m * BLOCK_M, row0, n_blocks, 0, 1, BLOCK_N, NUM_BUFFERS, CONSUMERS)  # fmt: skip
 
     @gluon.jit
-    def _masked(s, keys, rows, SEQ_LEN, MASK: gl.constexpr, CAUSAL: gl.constexpr):
-        """Raw scores, masked where ``MASK``: keys past SEQ_LEN, and with CAUSAL keys past the row."""
+    def _masked(s, keys, rows, SEQ_LEN, mask_now, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+        """Raw scores, masked where ``MASK`` and ``mask_now`` (a runtime flag: the block may cross the diagonal or
+        the end): keys past SEQ_LEN, and with CAUSAL keys past the row."""
         if MASK:
-            valid = gl.expand_dims(keys, 0) < SEQ_LEN
-            if CAUSAL:
-                valid = valid & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1))
-            s = gl.where(valid, s, MASKED_SCORE)
+            if mask_now:
+                valid = gl.expand_dims(keys, 0) < SEQ_LEN
+                if CAUSAL:
+                    valid = valid & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1))
+                s = gl.where(valid, s, MASKED_SCORE)
         return s
 
     @gluon.jit
-    def _online_softmax(s, m_i, l_i, keys, rows, qk_scale, SEQ_LEN, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+    def _online_softmax(s, m_i, l_i, keys, rows, qk_scale, SEQ_LEN, mask_now, MASK: gl.constexpr,
+                        CAUSAL: gl.constexpr):  # fmt: skip
         """One block's step of the online softmax: P, the rescale of what came before, the new max and sum.
 
         The row maximum is taken over the raw scores and scaled once per row (``qk_scale > 0``), so each score
         costs one fused multiply-add before its ``exp2`` instead of a multiply and a subtraction."""
-        s = _masked(s, keys, rows, SEQ_LEN, MASK, CAUSAL)
+        s = _masked(s, keys, rows, SEQ_LEN, mask_now, MASK, CAUSAL)
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         alpha = gl.exp2(m_i - m_new)
         p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
@@ -215,9 +221,10 @@ if gluon is not None:
 
     @gluon.jit
     def _consume(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base, qk_scale,
-                 SEQ_LEN, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr,
+                 SEQ_LEN, mask_from, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr,
                  CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):  # fmt: skip
-        """Fold key blocks ``lo .. hi-1`` into (acc, m_i, l_i): S = Q K^T, online softmax, acc += P V.
+        """Fold key blocks ``lo .. hi-1`` into (acc, m_i, l_i): S = Q K^T, online softmax, acc += P V; with
+        ``MASK`` the blocks from ``mask_from`` on are masked.
 
         Key block j sits in ring slot ``base + j`` (stage ``% NUM_BUFFERS``, phase from the lap): ``base`` is
         the number of blocks the program consumed in its earlier tiles (0 unless persistent)."""
@@ -230,8 +237,8 @@ if gluon is not None:
             k_t = k_smem.index(stage).permute((1, 0))
             s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
             s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
-            p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK,
-                                                   CAUSAL)  # fmt: skip
+            p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
+                                                   j >= mask_from, MASK, CAUSAL)  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
             p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
             mbarrier.wait(v_ready.index(stage), phase)
@@ -245,10 +252,11 @@ if gluon is not None:
 
     @gluon.jit
     def _consume_overlap(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base, qk_scale,
-                         SEQ_LEN, q_free, release_q, my_turn, their_turn, turns, BLOCK_N: gl.constexpr,
+                         SEQ_LEN, mask_from, q_free, release_q, my_turn, their_turn, turns, BLOCK_N: gl.constexpr,
                          NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
                          p_layout: gl.constexpr, c: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
-        """As :func:`_consume`, with the scores of block j+1 in flight while P_j V_j and the softmax of j+1 run.
+        """As :func:`_consume` (blocks from ``mask_from`` on masked with ``MASK``), with the scores of block j+1 in
+        flight while P_j V_j and the softmax of j+1 run.
 
         Per step: issue S_{j+1} = Q K_{j+1}^T and acc += P_j V_j (both async), wait for S_{j+1} only
         (one wgmma left in flight), compute P_{j+1} while P_j V_j runs, then wait for it, release
@@ -262,8 +270,8 @@ if gluon is not None:
         k_t = k_smem.index(stage).permute((1, 0))
         s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
         s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
-        p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, lo * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK,
-                                               CAUSAL)  # fmt: skip
+        p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, lo * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
+                                               lo >= mask_from, MASK, CAUSAL)  # fmt: skip
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
         m_i = m_new
@@ -282,8 +290,8 @@ if gluon is not None:
                 mbarrier.arrive(their_turn, count=1)
                 turns += 1
             s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
-            p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN, MASK,
-                                                   CAUSAL)  # fmt: skip
+            p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
+                                                   j >= mask_from, MASK, CAUSAL)  # fmt: skip
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
             mbarrier.arrive(kv_empty.index(stage), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
@@ -305,12 +313,14 @@ if gluon is not None:
                      row0, n_full, n_blocks, base, q_phase, turns, qk_scale, c: gl.constexpr, SEQ_LEN,
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
                      OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
-                     CONSUMERS: gl.constexpr):  # fmt: skip
+                     CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr):  # fmt: skip
         """Consumer ``c`` on one tile: query rows ``start_m * 64 * CONSUMERS + c * 64 + [0, 64)`` over all its key
         blocks.
 
         Frees its Q buffer (``q_empty``) as soon as the last wgmma that reads it is done (with ``OVERLAP`` before
-        the last P V), so the loader fetches the next tile's Q while this one finishes and stores."""
+        the last P V), so the loader fetches the next tile's Q while this one finishes and stores. The key blocks
+        that cross the diagonal (causal) or the end run in a loop of their own after the others, or with
+        ``ONE_LOOP`` in the same loop, masked behind a branch (one pipeline drain a tile, and half the code)."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])  # fmt: skip
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -324,27 +334,40 @@ if gluon is not None:
         q = q_smem.index(c)
         their_turn = turn.index((c + 1) % CONSUMERS)  # with PINGPONG the consumers take turns round the program
         if OVERLAP:
-            if n_full > 0:
+            if ONE_LOOP:
                 acc, m_i, l_i, turns = _consume_overlap(
-                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base, qk_scale,
-                    SEQ_LEN, q_empty.index(c), n_blocks == n_full, turn.index(c), their_turn, turns, BLOCK_N,
-                    NUM_BUFFERS, False, CAUSAL, s_layout, p_layout, c, PINGPONG,
-                )  # fmt: skip
-            if n_blocks > n_full:
-                acc, m_i, l_i, turns = _consume_overlap(
-                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
-                    qk_scale, SEQ_LEN, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
+                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_blocks, base, qk_scale,
+                    SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
                     NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG,
                 )  # fmt: skip
+            else:
+                if n_full > 0:
+                    acc, m_i, l_i, turns = _consume_overlap(
+                        q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base,
+                        qk_scale, SEQ_LEN, n_full, q_empty.index(c), n_blocks == n_full, turn.index(c), their_turn,
+                        turns, BLOCK_N, NUM_BUFFERS, False, CAUSAL, s_layout, p_layout, c, PINGPONG,
+                    )  # fmt: skip
+                if n_blocks > n_full:
+                    acc, m_i, l_i, turns = _consume_overlap(
+                        q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
+                        qk_scale, SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
+                        NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG,
+                    )  # fmt: skip
         else:
-            acc, m_i, l_i = _consume(
-                q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base, qk_scale,
-                SEQ_LEN, BLOCK_N, NUM_BUFFERS, False, CAUSAL, s_layout, p_layout,
-            )  # fmt: skip
-            acc, m_i, l_i = _consume(
-                q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
-                qk_scale, SEQ_LEN, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout,
-            )  # fmt: skip
+            if ONE_LOOP:
+                acc, m_i, l_i = _consume(
+                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_blocks, base, qk_scale,
+                    SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout,
+                )  # fmt: skip
+            else:
+                acc, m_i, l_i = _consume(
+                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base, qk_scale,
+                    SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, False, CAUSAL, s_layout, p_layout,
+                )  # fmt: skip
+                acc, m_i, l_i = _consume(
+                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
+                    qk_scale, SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout,
+                )  # fmt: skip
             mbarrier.arrive(q_empty.index(c), count=1)
         in_seq = rows < SEQ_LEN
         if STORE_LSE:
@@ -361,7 +384,7 @@ if gluon is not None:
                   c: gl.constexpr, SEQ_LEN, BH, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                   NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                   HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
-                  CONSUMERS: gl.constexpr):  # fmt: skip
+                  CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr):  # fmt: skip
         """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn."""
         if PERSISTENT:
             num_m = gl.cdiv(SEQ_LEN, 64 * CONSUMERS)
@@ -376,7 +399,7 @@ if gluon is not None:
                     turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                          kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
                                          turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
-                                         OVERLAP, STORE_LSE, PINGPONG, CONSUMERS)  # fmt: skip
+                                         OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP)  # fmt: skip
                     base += n_blocks
                     i += 1
         else:
@@ -384,14 +407,16 @@ if gluon is not None:
             n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
             _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
                          off_hz * SEQ_LEN, n_full, n_blocks, 0, 0, gl.program_id(0) * 0, qk_scale, c, SEQ_LEN,
-                         HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS)  # fmt: skip
+                         HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS,
+                         ONE_LOOP)  # fmt: skip
 
     @gluon.jit
     def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, sm_scale, SEQ_LEN, BH,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
-                                PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr):  # fmt: skip
+                                PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
+                                ONE_LOOP: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
         in L2), or, ``PERSISTENT``, a grid of at most one program per SM striding over work items
@@ -421,13 +446,13 @@ if gluon is not None:
                 [
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 2, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -440,10 +465,10 @@ if gluon is not None:
                 [
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -550,7 +575,7 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
 #: The kernel's knobs (keyword arguments of :func:`attention_ws`) and their defaults.
 KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
-    "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2,
+    "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False,
 }  # fmt: skip
 
 
@@ -570,7 +595,8 @@ def attention_ws(
     Inputs and outputs as :func:`kernels.attention.attention` (``[B, H, S, D]`` contiguous bf16 or fp16,
     ``lse`` ``[B, H, S]`` fp32 when given). ``knobs``: those of :data:`KNOBS` (``BLOCK_N``, ``NUM_BUFFERS``,
     ``OVERLAP``, ``CONSUMER_REGS``, ``HEAD_MAJOR``, ``PERSISTENT``: one program per SM over all
-    tiles, ``PINGPONG``: the consumers take turns to issue their wgmmas, with ``OVERLAP``). Launches
+    tiles, ``PINGPONG``: the consumers take turns to issue their wgmmas, with ``OVERLAP``; ``CONSUMERS``: 2, or 3
+    at D = 64; ``ONE_LOOP``: a tile's key blocks in one loop). Launches
     asynchronously on the current stream.
     """
     out = check_operands(q, k, v, out, lse)

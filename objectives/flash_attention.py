@@ -5,10 +5,10 @@ Args (the shape, fixed for a study): ``batch``, ``heads``, ``seq_len``,
 variant: ``tutorial``, the one-program-per-query-block kernel of
 ``kernels/attention.py``; ``persistent_tma`` / ``persistent_tma_ws``, the persistent,
 causal-balanced TMA kernel of ``kernels/attention_persistent.py`` without / with warp
-specialization; ``gluon_ws``, the Gluon kernel of ``kernels/attention_ws.py`` with a TMA loader warp
-and two or three consumer warpgroups (CONSUMERS; three at head_dim 64 only), sm_90 only: BLOCK_M 128 and 4
-warps per consumer fixed, num_stages its K/V stages, OVERLAP its intra-warpgroup overlap), BLOCK_M, BLOCK_N,
-num_warps, num_stages, precision (bf16, fp16), use_tma (the tutorial kernel's Q/K/V tiles through tensor
+specialization; ``gluon_ws``, the Gluon kernel of ``kernels/attention_ws.py`` with a TMA loader warp and two or three
+consumer warpgroups (CONSUMERS; three at head_dim 64 only), sm_90 only: BLOCK_M 128 and 4 warps per consumer fixed,
+num_stages its K/V stages, OVERLAP its intra-warpgroup overlap, ONE_LOOP its key blocks in one loop), BLOCK_M,
+BLOCK_N, num_warps, num_stages, precision (bf16, fp16), use_tma (the tutorial kernel's Q/K/V tiles through tensor
 descriptors, Hopper and newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
 on the fp32 master inputs, so the error includes input rounding.
@@ -265,7 +265,7 @@ class FlashAttention(KernelWorkload):
         for knob in ("use_tma", "SPLIT_M"):
             if config.get(knob, False):
                 return f"{knob} belongs to the Triton kernels; gluon_ws always loads through TMA, 64 rows per consumer"
-        for knob in ("OVERLAP", "PERSISTENT", "PINGPONG"):
+        for knob in ("OVERLAP", "PERSISTENT", "PINGPONG", "ONE_LOOP"):
             if not isinstance(config.get(knob, False), bool):
                 return f"{knob} must be true or false, got {config.get(knob)!r}"
         if config.get("PINGPONG", False) and not config.get("OVERLAP", False):
@@ -455,7 +455,7 @@ class FlashAttention(KernelWorkload):
     @staticmethod
     def _gluon_ws_kwargs(config: dict[str, Any]) -> dict[str, Any]:
         """The Gluon kernel's arguments: its key block, K/V stages (``num_stages``), overlap, persistent and
-        ping-pong flags, consumer warpgroups."""
+        ping-pong flags, consumer warpgroups, one loop over a tile's key blocks."""
         return {
             "BLOCK_N": int(config["BLOCK_N"]),
             "NUM_BUFFERS": int(config["num_stages"]),
@@ -463,6 +463,7 @@ class FlashAttention(KernelWorkload):
             "PERSISTENT": bool(config.get("PERSISTENT", False)),
             "PINGPONG": bool(config.get("PINGPONG", False)),
             "CONSUMERS": int(config.get("CONSUMERS", 2)),
+            "ONE_LOOP": bool(config.get("ONE_LOOP", False)),
         }
 
     @classmethod

@@ -50,6 +50,7 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
     assert "needs OVERLAP" in (workload.static_check(_config(overlap=False, PINGPONG=True), H200) or "")
     assert "shared memory" in (workload.static_check(_config(stages=4), H200) or "")
     assert "must be 2 or 3" in (workload.static_check(_config(CONSUMERS=4), H200) or "")
+    assert "ONE_LOOP must be true or false" in (workload.static_check(_config(ONE_LOOP=1), H200) or "")
     assert "head_dim 64 only" in (workload.static_check(_config(CONSUMERS=3), H200) or "")
     narrow = FlashAttention(batch=2, heads=16, seq_len=4096, head_dim=64, causal=True)
     assert narrow.static_check(_config(CONSUMERS=3), H200) is None
@@ -76,7 +77,7 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     exported = workload.export_config(_config(persistent=True))
     assert exported["function"] == "kernels.attention_ws.attention_ws"
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
-                                  "PINGPONG": False, "CONSUMERS": 2}  # fmt: skip
+                                  "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False}  # fmt: skip
     source = workload.export_python(_config(persistent=True))
     tree = ast.parse(source)
     namespace: dict[str, Any] = {}
@@ -109,13 +110,13 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
     estimate."""
     from kernels.attention_ws import check_config, consumer_regs_limit
 
-    variants = ((128, True, True, False, 2), (128, False, False, True, 2), (64, True, False, True, 2),
-                (64, False, True, False, 2), (128, True, True, True, 2), (64, True, True, True, 3),
-                (64, False, False, False, 3))  # fmt: skip
+    variants = ((128, True, True, False, 2, False), (128, False, False, True, 2, False),
+                (64, True, False, True, 2, True), (64, False, True, False, 2, False), (128, True, True, True, 2, True),
+                (64, True, True, True, 3, True), (64, False, False, False, 3, False))  # fmt: skip
     jobs = []
-    for d, c, o, p, consumers in variants:
+    for d, c, o, p, consumers, one_loop in variants:
         config = {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2, "OVERLAP": o, "PERSISTENT": p,
-                  "PINGPONG": o and p, "CONSUMERS": consumers}  # fmt: skip
+                  "PINGPONG": o and p, "CONSUMERS": consumers, "ONE_LOOP": one_loop}  # fmt: skip
         jobs.append({"shape": [2, 16, 2048, d], "config": config})
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
     assert len(lines) == len(jobs), lines
@@ -185,9 +186,10 @@ def test_three_consumers_are_checked_before_compiling() -> None:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(1, 3, 1000, 64), (2, 4, 2048, 64)], ids=lambda s: "x".join(map(str, s)))
-def test_gpu_three_consumers_match_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
+def test_gpu_three_consumers_and_one_loop_match_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
     """192 query rows a program (a ragged last tile at S = 1000), one program per tile and persistent, with and
-    without the overlap and the three-way ping-pong: outputs and log-sum-exp against fp32 math."""
+    without the overlap and the three-way ping-pong, and one loop over a tile's key blocks (the diagonal masked
+    behind a branch) with two and three consumers: outputs and log-sum-exp against fp32 math."""
     import math
 
     import torch
@@ -202,11 +204,15 @@ def test_gpu_three_consumers_match_fp32_attention(shape: tuple[int, int, int, in
         scores = scores.masked_fill(mask, -math.inf)
     expected = torch.softmax(scores, -1) @ v.float()
     expected_lse = torch.logsumexp(scores, dim=-1) / math.log(2.0)
-    for block_n, overlap, persistent, pingpong in ((128, True, True, False), (128, True, True, True),
-                                                   (64, False, False, False), (128, True, False, True)):  # fmt: skip
+    for block_n, overlap, persistent, pingpong, consumers, one_loop in (
+        (128, True, True, False, 3, False), (128, True, True, True, 3, False), (64, False, False, False, 3, False),
+        (128, True, False, True, 3, False), (128, True, True, True, 3, True), (64, False, True, False, 2, True),
+        (128, True, False, True, 2, True),
+    ):  # fmt: skip
         lse = torch.empty(shape[:3], device="cuda", dtype=torch.float32)
-        out = attention_ws(q, k, v, causal=causal, lse=lse, BLOCK_N=block_n, NUM_BUFFERS=3, OVERLAP=overlap,
-                           PERSISTENT=persistent, PINGPONG=pingpong, CONSUMERS=3)  # fmt: skip
+        knobs = {"OVERLAP": overlap, "PERSISTENT": persistent, "PINGPONG": pingpong, "CONSUMERS": consumers,
+                 "ONE_LOOP": one_loop}  # fmt: skip
+        out = attention_ws(q, k, v, causal=causal, lse=lse, BLOCK_N=block_n, NUM_BUFFERS=3, **knobs)
         error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
-        assert error < 1e-2, (block_n, overlap, persistent, pingpong, error)
+        assert error < 1e-2, (block_n, overlap, persistent, pingpong, consumers, one_loop, error)
         assert torch.allclose(lse, expected_lse, atol=1e-2), (lse - expected_lse).abs().max()
