@@ -42,7 +42,7 @@ def kernels_per_step(workload: Any, config: dict[str, Any], batch: int) -> int:
 
     bits = int(config["weight_bits"])
     kernel = _quant_kernel(config) or "tiled"
-    model, _ = workload._variant(
+    model, _ = workload.models.variant(
         config["attention"],
         bits,
         config.get("group_size"),

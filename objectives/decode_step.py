@@ -69,9 +69,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.config import GPTConfig, model_flops_per_token, resolve_config
-from objectives.decode_weights import CALIBRATION_LEN, CALIBRATION_SEQUENCES, gptq_model, pretrained_state
+from objectives.decode_models import DecodeModels, _Reference
+from objectives.decode_weights import gptq_model
 from tuner.template import Checked, MeasuredWorkload
-from tuner.workload import DeviceInfo, MetricSpec, comment_text, missing_params
+from tuner.workload import DeviceInfo, MetricSpec, missing_params
 
 WEIGHT_BITS: tuple[int, ...] = (16, 8, 4)
 KV_DTYPES: tuple[str, ...] = ("bf16", "fp8_e4m3")
@@ -88,8 +89,6 @@ MIN_TOP1_AGREEMENT = 0.5
 KV_BYTES: dict[str, int] = {"bf16": 2, "fp8_e4m3": 1}
 #: torch dtype name per ``kv_dtype`` (``getattr(torch, name)``).
 KV_TORCH_DTYPES: dict[str, str] = {"bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn"}
-#: Quantized model variants kept per worker (least recently used dropped first).
-MAX_VARIANTS = 4
 #: Cases (KV cache, buffers, captured graph of one config) kept per worker: four, so that a benchmark
 #: alternating up to four configs (bf16, bf16 compiled, int4, the pick) does not rebuild them, and
 #: recompile them, every time. On a GPU the oldest are freed sooner when a new case would not fit.
@@ -134,16 +133,6 @@ def _quantizer(config: dict[str, Any]) -> str | None:
     if int(config["weight_bits"]) == 16:
         return None
     return str(config.get("quantizer") or "rtn")
-
-
-@dataclass
-class _Reference:
-    """The bf16 model's greedy decode of one batch: what every config is compared with."""
-
-    prompt: Any  # [B, P] long
-    teacher: Any  # [G, B] long: the input token of each decode step
-    logits: Any  # [G, B, V] fp32
-    top1: Any  # [G, B] long: argmax of ``logits``
 
 
 @dataclass
@@ -233,11 +222,13 @@ class DecodeStep(MeasuredWorkload):
         if isinstance(train_steps, bool) or not isinstance(train_steps, int) or not 0 <= train_steps <= 100_000:
             raise ValueError(f"train_steps must be an int in [0, 100000], got {train_steps!r}")
         self.train_steps = train_steps
-        self.pretrain_losses: list[float] = []
-        self._bases: dict[tuple[str, str], Any] = {}  # (device, attention) -> bf16 GPT
-        self._variants: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-        self._refs: dict[tuple[str, int], _Reference] = {}
+        self.models = DecodeModels(self.cfg, seed, train_steps, prompt_len, gen_tokens)
         self._cases: OrderedDict[tuple[Any, ...], _Case] = OrderedDict()
+
+    @property
+    def pretrain_losses(self) -> list[float]:
+        """The losses of the pretraining run the weights came from (empty with ``train_steps`` 0 or cached)."""
+        return self.models.pretrain_losses
 
     @property
     def max_len(self) -> int:
@@ -524,86 +515,7 @@ class DecodeStep(MeasuredWorkload):
             )
         return result
 
-    # ------------------------------------------------------------------ models, references, cases
-
-    def _base(self, attention: str, torch_device: str) -> Any:
-        """The bf16 model with ``attention`` on ``torch_device``, built on first use (same seed: same weights)."""
-        key = (torch_device, attention)
-        model = self._bases.get(key)
-        if model is None:
-            import torch
-
-            from models.gpt import make_model
-
-            model = make_model(self.cfg, self.seed, torch_device, torch.bfloat16, attention=attention)
-            if self.train_steps:
-                state, self.pretrain_losses = pretrained_state(self.cfg, self.seed, self.train_steps, torch_device)
-                model.load_state_dict(state)
-            model.requires_grad_(False).eval()
-            self._bases[key] = model
-        return model
-
-    def _variant(
-        self,
-        attention: str,
-        bits: int,
-        group: int | None,
-        torch_device: str,
-        int8_first_blocks: int = 0,
-        quantizer: str | None = "rtn",
-        quant_kernel: str = "tiled",
-    ) -> tuple[Any, int]:
-        """The model of a config and its parameter bytes: the base, or a quantized copy sharing its other tensors
-        (with ``quant_kernel="packed"``, the quantized layers' words laid out for the packed kernel)."""
-        from models.quant_linear import pack_linears, parameter_bytes, quantize_decoder
-
-        base = self._base(attention, torch_device)
-        if bits == 16:
-            return base, parameter_bytes(base)
-        key = (torch_device, attention, bits, group, int8_first_blocks, quantizer, quant_kernel)
-        entry = self._variants.get(key)
-        if entry is None:
-            if quantizer == "gptq":
-                model = gptq_model(base, self.cfg, self.seed, self.train_steps, bits, int(group), int8_first_blocks)
-            else:
-                model = quantize_decoder(base, bits, int(group), int8_first_blocks)  # type: ignore[arg-type]
-            if quant_kernel == "packed":
-                model = pack_linears(model)
-            entry = (model, parameter_bytes(model))
-            self._variants[key] = entry
-            while len(self._variants) > MAX_VARIANTS:
-                self._variants.popitem(last=False)
-        self._variants.move_to_end(key)
-        return entry
-
-    def _reference(self, batch: int, torch_device: str) -> _Reference:
-        """Greedy decode of the bf16 model (sdpa, bf16 cache, eager) from the seeded prompt, built once per batch."""
-        key = (torch_device, batch)
-        ref = self._refs.get(key)
-        if ref is not None:
-            return ref
-        import torch
-
-        cfg = self.cfg
-        model = self._base("sdpa", torch_device)
-        generator = torch.Generator(device="cpu").manual_seed(self.seed)
-        prompt = torch.randint(0, cfg.vocab_size, (batch, self.prompt_len), generator=generator).to(torch_device)
-        teacher = torch.empty((self.gen_tokens, batch), dtype=torch.long, device=torch_device)
-        logits = torch.empty((self.gen_tokens, batch, cfg.vocab_size), dtype=torch.float32, device=torch_device)
-        with torch.no_grad():
-            kv = model.init_cache(batch, self.max_len, torch.bfloat16, torch_device)
-            token = model.prefill(prompt, kv)[:, -1].argmax(dim=-1)
-            pos = torch.zeros((), dtype=torch.long, device=torch_device)
-            for t in range(self.gen_tokens):
-                teacher[t] = token
-                pos.fill_(self.prompt_len + t)
-                step = model.decode(token.view(batch, 1), kv, pos)[:, 0].float()
-                logits[t] = step
-                token = step.argmax(dim=-1)
-        del kv
-        ref = _Reference(prompt, teacher, logits, logits.argmax(dim=-1))
-        self._refs[key] = ref
-        return ref
+    # ------------------------------------------------------------------ cases (models and references: DecodeModels)
 
     def prepare_weights(self, config: dict[str, Any], device: DeviceInfo) -> float:
         """Quantize a GPTQ config's weights now, outside any trial, and return the seconds it took.
@@ -617,37 +529,14 @@ class DecodeStep(MeasuredWorkload):
             return 0.0
         start = time.perf_counter()
         torch_device = "cuda" if device.is_gpu else "cpu"
-        base = self._base(config["attention"], torch_device)
+        base = self.models.base(config["attention"], torch_device)
         bits, group = int(config["weight_bits"]), int(config["group_size"])
         gptq_model(base, self.cfg, self.seed, self.train_steps, bits, group, _int8_first_blocks(config))
         return time.perf_counter() - start
 
     def reference_tokens(self, batch: int, device: DeviceInfo) -> dict[str, Any]:
-        """The bf16 model's greedy tokens at ``batch`` (the tokens top-1 agreement is measured on) and how
-        diverse they are: a model that repeats one token agrees with anything that repeats it too."""
-        import torch
-
-        torch_device = "cuda" if device.is_gpu else "cpu"
-        ref = self._reference(batch, torch_device)
-        teacher = ref.teacher  # (gen_tokens, batch)
-        per_sequence = [int(teacher[:, b].unique().numel()) for b in range(teacher.shape[1])]
-        # How far the greedy choice stands above the runner-up: small margins are what quantization flips.
-        top2 = ref.logits.topk(2, dim=-1).values
-        margins = (top2[..., 0] - top2[..., 1]).flatten().float().cpu()
-        quantiles = torch.quantile(margins, torch.tensor([0.05, 0.25, 0.5]))
-        return {
-            "tokens": int(teacher.numel()),
-            "distinct": int(teacher.unique().numel()),
-            "distinct_per_sequence_mean": sum(per_sequence) / len(per_sequence),
-            "first_sequence": teacher[:, 0].tolist(),
-            "top1_margin_logits": {
-                "p05": round(float(quantiles[0]), 4),
-                "p25": round(float(quantiles[1]), 4),
-                "median": round(float(quantiles[2]), 4),
-                "below_0.1": round(float((margins < 0.1).float().mean()), 4),
-                "tied": round(float((margins == 0).float().mean()), 4),
-            },
-        }
+        """:meth:`DecodeModels.reference_stats` on this device."""
+        return self.models.reference_stats(batch, "cuda" if device.is_gpu else "cpu")
 
     def _logits_bytes(self, config: dict[str, Any]) -> int:
         """Bytes of one logits buffer of the decode loop: ``[gen_tokens, batch, vocab]`` fp32."""
@@ -699,8 +588,8 @@ class DecodeStep(MeasuredWorkload):
             self._cases.move_to_end(key)
             return case
         self._make_room(config, device)
-        ref = self._reference(batch, torch_device)
-        model, model_bytes = self._variant(
+        ref = self.models.reference(batch, torch_device)
+        model, model_bytes = self.models.variant(
             config["attention"], bits, group, torch_device, keep, quantizer, quant_kernel or "tiled"
         )
         if bits != 16 and device.is_gpu:
@@ -751,52 +640,6 @@ class DecodeStep(MeasuredWorkload):
 
     def export_python(self, config: dict[str, Any]) -> str:
         """Python that builds the tuned decoder with ``models.gpt``, ``models.quant_linear`` (and ``models.gptq``)."""
-        e = self.export_config(config)
-        weights = "bf16" if e["weight_bits"] == 16 else f"int{e['weight_bits']}"
-        lines = [
-            "import torch",
-            "",
-            "from models.gpt import make_model, resolve_config",
-            "from models.quant_linear import autotune_tiles, quantize_decoder",
-            "",
-            "# "
-            + comment_text(
-                f"decode_step: batch {e['batch']}, {weights} weights, {e['kv_cache_dtype']} KV cache, "
-                f"{e['attention']} attention, CUDA graphs {'on' if e['cuda_graphs'] else 'off'}, "
-                f"torch.compile {e['compile']}"
-            ),
-            f"cfg = resolve_config({e['model']!r})",
-            f"model = make_model(cfg, seed=0, device='cuda', dtype=torch.bfloat16, attention={e['attention']!r})",
-        ]
-        if e["quantizer"] == "gptq":
-            lines += [
-                "from models.gptq import gptq_decoder",
-                "",
-                f"# GPTQ calibrates on tokens [B, S]: the study used {CALIBRATION_SEQUENCES} sequences of "
-                f"{CALIBRATION_LEN} synthetic tokens; use text of your own",
-                f"calibration = torch.randint(0, cfg.vocab_size, ({CALIBRATION_SEQUENCES}, "
-                f"min(cfg.seq_len, {CALIBRATION_LEN})), device='cuda')",
-                f"model = gptq_decoder(model, bits={e['weight_bits']!r}, group_size={e['group_size']!r}, "
-                f"calibration=calibration, int8_first_blocks={e['int8_first_blocks']!r})",
-            ]
-        elif e["weight_bits"] != 16:
-            lines.append(
-                f"model = quantize_decoder(model, bits={e['weight_bits']!r}, group_size={e['group_size']!r}, "
-                f"int8_first_blocks={e['int8_first_blocks']!r})"
-            )
-        if e["weight_bits"] != 16:
-            lines.append(f"autotune_tiles(model, m={e['batch']!r})  # times kernel tiles per Linear shape (GPU only)")
-        lines += [
-            f"batch, kv_dtype, cuda_graphs = {e['batch']!r}, {e['kv_cache_dtype']}, {e['cuda_graphs']!r}",
-            "cache = model.init_cache(batch, max_len=cfg.seq_len, dtype=kv_dtype)",
-        ]
-        if e["compile"] != "off":
-            lines.append(f"decode = torch.compile(model.decode, mode={e['compile']!r}, dynamic=False)")
-        else:
-            lines.append("decode = model.decode")
-        lines += [
-            "# per step: logits = decode(tokens[B, 1], cache, pos) with pos a 0-dim long CUDA tensor,",
-            "# captured once in a torch.cuda.CUDAGraph when cuda_graphs, then pos.add_(1) and replay",
-            "",
-        ]
-        return "\n".join(lines)
+        from objectives.decode_export import decoder_source
+
+        return decoder_source(self.export_config(config))

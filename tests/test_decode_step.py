@@ -292,8 +292,8 @@ def workload() -> DecodeStep:
 
 def test_reference_decode_matches_the_full_forward_pass(workload: DecodeStep) -> None:
     """The bf16 reference (prefill + cached greedy steps) against independent full forwards."""
-    ref = workload._reference(3, "cpu")
-    model = workload._base("sdpa", "cpu")
+    ref = workload.models.reference(3, "cpu")
+    model = workload.models.base("sdpa", "cpu")
     seq = torch.cat([ref.prompt, ref.teacher.t()], dim=1)  # prompt + every decode input
     with torch.no_grad():
         full = model(seq).float()
@@ -323,7 +323,7 @@ def test_run_bf16_is_exactly_the_reference(workload: DecodeStep) -> None:
     margins = stats["top1_margin_logits"]
     assert 0 <= margins["p05"] <= margins["p25"] <= margins["median"] and 0 <= margins["below_0.1"] <= 1
     assert 0 <= margins["tied"] <= margins["below_0.1"]
-    ref = workload._reference(4, "cpu").logits.sort(dim=-1, descending=True).values
+    ref = workload.models.reference(4, "cpu").logits.sort(dim=-1, descending=True).values
     assert margins["median"] == pytest.approx(float((ref[..., 0] - ref[..., 1]).median()), abs=0.05)
 
 
@@ -393,7 +393,7 @@ def test_pretraining_gives_margins_that_int4_keeps_and_is_cached_on_disk(
     assert again.pretrain_losses == losses and cached.exists()
     # Block 0 in int8: its Linears are int8, the others int4; closer to the bf16 model.
     first_int8 = trained.run({**int4, "int8_first_blocks": 1}, CPU, TrialContext())
-    model, _ = trained._variant("sdpa", 4, 128, "cpu", 1)
+    model, _ = trained.models.variant("sdpa", 4, 128, "cpu", 1)
     bits = {name: m.bits for name, m in model.named_modules() if isinstance(m, QuantLinear)}
     assert {b for n, b in bits.items() if n.startswith("blocks.0.")} == {8}
     assert {b for n, b in bits.items() if not n.startswith("blocks.0.")} == {4}
