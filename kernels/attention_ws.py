@@ -532,7 +532,6 @@ def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[st
     """The kernel's constexprs and launch options: ``knobs`` (checked by :func:`_check`) over :data:`KNOBS`;
     ``CONSUMER_REGS`` defaults to the most the consumers can take."""
     merged = {**KNOBS, **knobs}
-    merged.setdefault("CONSUMER_REGS", None)
     if merged["CONSUMER_REGS"] is None:
         merged["CONSUMER_REGS"] = consumer_regs_limit(merged["CONSUMERS"])
     flags = {name: bool(value) if isinstance(KNOBS[name], bool) else value for name, value in merged.items()}
@@ -564,7 +563,7 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
     reason = check_config(head_dim, knobs.get("BLOCK_N", 128), knobs.get("NUM_BUFFERS", 2), precision, consumers)
     if reason:
         raise ValueError(reason)
-    regs, limit = knobs.get("CONSUMER_REGS"), consumer_regs_limit(consumers) if consumers in CONSUMER_COUNTS else 0
+    regs, limit = knobs.get("CONSUMER_REGS"), consumer_regs_limit(consumers)
     if regs is not None and not (isinstance(regs, int) and 24 <= regs <= limit and regs % 8 == 0):
         raise ValueError(f"CONSUMER_REGS must be a multiple of 8 in [24, {limit}] with CONSUMERS={consumers}, "
                          f"got {regs!r}")  # fmt: skip
