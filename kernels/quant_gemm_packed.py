@@ -80,7 +80,6 @@ from kernels.quant_decode import (
     slot_pair_f32,
     span_decoded_t,
 )
-from kernels.quant_gemm import ACT_DTYPES, QMAX, _is_pow2
 from kernels.quant_layout import (
     BITS,
     SLICE,
@@ -92,6 +91,7 @@ from kernels.quant_layout import (
     span,
     unpack_weights,
 )
+from kernels.quant_weights import ACT_DTYPES, QMAX, _is_pow2
 from tuner.workload import interpreter_active
 
 #: Smallest BLOCK_M that takes the tensor-core path; below it the GEMV path runs.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.quant_gemm import _is_pow2, dequantize_groups, quantize_groups
+from kernels.quant_weights import _is_pow2, dequantize_groups, quantize_groups
 
 #: Supported weight bit widths.
 BITS: tuple[int, ...] = (4, 8)
@@ -120,7 +120,7 @@ def quantize_packed(
 
 def repack(qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int) -> PackedWeights:
     """Weights in :mod:`kernels.quant_gemm`'s layout -> this module's (the same values and scales)."""
-    from kernels.quant_gemm import unpack_int4
+    from kernels.quant_weights import unpack_int4
 
     q = qweight if bits == 8 else unpack_int4(qweight)
     return PackedWeights(pack_weights(q, bits), scales, bits, group_size)
