@@ -333,37 +333,27 @@ if gluon is not None:
         mbarrier.wait(q_bar.index(c), q_phase)
         q = q_smem.index(c)
         their_turn = turn.index((c + 1) % CONSUMERS)  # with PINGPONG the consumers take turns round the program
+        # ONE_LOOP: every key block in the first loop, masked from n_full on; else the masked ones in a second.
+        first_hi = n_blocks if ONE_LOOP else n_full
         if OVERLAP:
-            if ONE_LOOP:
+            if ONE_LOOP or first_hi > 0:  # ONE_LOOP: n_blocks >= 1
                 acc, m_i, l_i, turns = _consume_overlap(
-                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_blocks, base, qk_scale,
-                    SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
+                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
+                    SEQ_LEN, n_full, q_empty.index(c), n_blocks == first_hi, turn.index(c), their_turn, turns,
+                    BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, c, PINGPONG,
+                )  # fmt: skip
+            if not ONE_LOOP and n_blocks > n_full:
+                acc, m_i, l_i, turns = _consume_overlap(
+                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
+                    qk_scale, SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
                     NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG,
                 )  # fmt: skip
-            else:
-                if n_full > 0:
-                    acc, m_i, l_i, turns = _consume_overlap(
-                        q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base,
-                        qk_scale, SEQ_LEN, n_full, q_empty.index(c), n_blocks == n_full, turn.index(c), their_turn,
-                        turns, BLOCK_N, NUM_BUFFERS, False, CAUSAL, s_layout, p_layout, c, PINGPONG,
-                    )  # fmt: skip
-                if n_blocks > n_full:
-                    acc, m_i, l_i, turns = _consume_overlap(
-                        q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
-                        qk_scale, SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
-                        NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG,
-                    )  # fmt: skip
         else:
-            if ONE_LOOP:
-                acc, m_i, l_i = _consume(
-                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_blocks, base, qk_scale,
-                    SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout,
-                )  # fmt: skip
-            else:
-                acc, m_i, l_i = _consume(
-                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base, qk_scale,
-                    SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, False, CAUSAL, s_layout, p_layout,
-                )  # fmt: skip
+            acc, m_i, l_i = _consume(
+                q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
+                SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout,
+            )  # fmt: skip
+            if not ONE_LOOP:
                 acc, m_i, l_i = _consume(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
                     qk_scale, SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout,
