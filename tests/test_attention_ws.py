@@ -149,13 +149,15 @@ def test_gpu_gluon_attention_trial_and_log_sum_exp(shape: tuple[int, int, int, i
     device = device_info()
     batch, heads, seq_len, head_dim = shape
     workload = FlashAttention(batch=batch, heads=heads, seq_len=seq_len, head_dim=head_dim, causal=causal)
-    variants = [(64, False, False, False, 2), (128, True, False, True, 2), (128, True, True, False, 2),
-                (128, True, True, True, 2)]  # fmt: skip
+    variants = [(64, False, False, False, 2, False), (128, True, False, True, 2, False),
+                (128, True, True, False, 2, False), (128, True, True, True, 2, False),
+                (128, True, False, True, 2, True)]  # fmt: skip
     if head_dim == 64:  # three consumers: D = 64 only
-        variants += [(128, True, True, True, 3), (64, False, False, False, 3)]
-    for block_n, overlap, persistent, pingpong, consumers in variants:
+        variants += [(128, True, True, True, 3, False), (64, False, False, False, 3, False),
+                     (128, True, True, True, 3, True)]  # fmt: skip
+    for block_n, overlap, persistent, pingpong, consumers, one_loop in variants:
         config = _config(block_n=block_n, stages=2, overlap=overlap, persistent=persistent, PINGPONG=pingpong,
-                         CONSUMERS=consumers)  # fmt: skip
+                         CONSUMERS=consumers, ONE_LOOP=one_loop)  # fmt: skip
         result = workload.run(config, device, TrialContext(trial_number=1))
         assert result.status is TrialStatus.OK, (config, result.error)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
