@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from models.config import PRESETS, GPTConfig, model_flops_per_token, resolve_config
+from objectives.train_export import trainer_source
 from tuner.measure import Timing, step_intervals_ms, timed_steps
 from tuner.template import Checked, MeasuredWorkload
 from tuner.workload import DeviceInfo, MetricSpec, TrialContext, TrialStatus, missing_params
@@ -472,8 +473,6 @@ class TrainStep(MeasuredWorkload):
 
     def export_python(self, config: dict[str, Any]) -> str:
         """A ``configure(model)`` function applying the config to a torch training loop."""
-        from objectives.train_export import trainer_source
-
         exported = self.export_config(config)
         return trainer_source(exported, *ATTENTION.get(exported.get("attention", "sdpa"), ("sdpa", None)))
 
