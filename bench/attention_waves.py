@@ -1,0 +1,75 @@
+"""Does the S = 1024 attention gap come from the persistent grid's last, partial round of work items?
+
+At the target shapes (B*S = 16384, H*D = 2048) the persistent kernel (kernels/attention_ws.py) has
+B*H*8 one-tile items (full) or B*H*4 paired items (causal) at S = 1024, D = 128: 2048 or 1024 items on
+132 SMs, 15.5 or 7.76 rounds, so the last round leaves a quarter to a half of the SMs idle. This script
+measures the per-shape winner of the target runs and SDPA's cuDNN and flash backends, interleaved, at
+the target batch and at batches whose item counts fill whole rounds (B = 33 at H = 16: 4224 and 2112
+items, 32 and 16 rounds exactly) or leave a nearly empty last one (B = 32: 4096 and 2048 items). If the
+ratio to cuDNN rises with whole rounds, the tail is the loss, and a finer-grained last round is the fix.
+
+    PYTHONPATH=. python bench/attention_waves.py --out bench/results/kernel-variants-attention-waves-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from bench.attention_ws import _measurers
+from bench.common import interleaved, median, write_result
+
+#: The winners of the target runs at S = 1024 (kernel-variants-attention-ws-oneloop-h200.json).
+WINNERS = {
+    (128, True): {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": True,
+                  "CONSUMERS": 2, "ONE_LOOP": True},
+    (128, False): {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False,
+                   "CONSUMERS": 2, "ONE_LOOP": False},
+    (64, True): {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False,
+                 "CONSUMERS": 2, "ONE_LOOP": True},
+    (64, False): {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False,
+                  "CONSUMERS": 2, "ONE_LOOP": False},
+}  # fmt: skip
+
+
+def items(batch: int, heads: int, seq_len: int, causal: bool, block_m: int = 128) -> int:
+    """Work items of the persistent grid (causal items pair two query blocks)."""
+    blocks = -(-seq_len // block_m)
+    return batch * heads * ((blocks + 1) // 2 if causal else blocks)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batches", type=int, nargs="+", default=[16, 32, 33])
+    parser.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
+    ns = parser.parse_args()
+    import torch
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows: list[dict[str, Any]] = []
+    for d in ns.head_dims:
+        heads = 2048 // d
+        for causal in (True, False):
+            for batch in ns.batches:
+                shape = {"batch": batch, "heads": heads, "seq_len": 1024, "head_dim": d, "causal": causal}
+                measurers = _measurers(shape, [WINNERS[(d, causal)]])
+                medians = {n: median(v) for n, v in interleaved(measurers, ns.rounds).items()}
+                n_items = items(batch, heads, 1024, causal)
+                lib = max((n for n in ("cudnn", "flash") if medians.get(n)), key=lambda n: medians[n])
+                row = {"shape": shape, "items": n_items, "rounds_of_items": round(n_items / sms, 3),
+                       "last_round_filled": round((n_items / sms) % 1 or 1.0, 3),
+                       "tflops": {n: round(m, 1) for n, m in medians.items() if m},
+                       "ratio_to_" + lib: round(medians["ws0"] / medians[lib], 4)}  # fmt: skip
+                rows.append(row)
+                print(f"  D={d} {'causal' if causal else 'full'} B={batch}: {n_items} items "
+                      f"({row['rounds_of_items']} rounds) {row['tflops']} ratio {row['ratio_to_' + lib]}",
+                      flush=True)  # fmt: skip
+                write_result({"benchmark": "persistent attention: last-round fill at S = 1024", "sms": sms,
+                              "configs": {f"D={k[0]} {'causal' if k[1] else 'full'}": v for k, v in WINNERS.items()},
+                              "rows": rows}, ns.out)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
