@@ -117,14 +117,26 @@ def _span_fp32_pairs(words, x_ptrs, stride_xk, part):
 
 
 @triton.jit
+def _through_registers(x, COMPILED: tl.constexpr):
+    """``x`` as it is, passed through one register move when compiled: the swapped product's X then reaches the
+    wgmma through a shared-memory store that Triton fences for the async proxy. Left to the pipeliner, X's slices
+    go by ``cp.async`` straight into the buffers the wgmma reads, with no proxy fence between, and the product
+    read stale X in up to 44% of launches (bench/results/int4-roofline-swap-ptxas-h200.json)."""
+    if COMPILED:
+        x = tl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [x], dtype=x.dtype, is_pure=True, pack=1)
+    return x
+
+
+@triton.jit
 def _slice_product(q, x_ptrs, part, acc, s_ptrs, stride_sg, k0, dtype: tl.constexpr, USE_DOT: tl.constexpr,
-                   ONE_SCALE: tl.constexpr, GROUP_SIZE: tl.constexpr, SWAP: tl.constexpr):  # fmt: skip
+                   ONE_SCALE: tl.constexpr, GROUP_SIZE: tl.constexpr, SWAP: tl.constexpr,
+                   COMPILED: tl.constexpr):  # fmt: skip
     """Multiply one decoded 16-row slice (K rows k0 .. k0 + 16) into the span's partial, or, when the span
     holds several groups, scale it by its group's scales into the accumulator; returns (part, acc).
     ``SWAP``: the transposed product (BLOCK_N, BLOCK_M) += q^T x^T, the weights as the A operand."""
     x = tl.load(x_ptrs)
     if SWAP:
-        product = tl.dot(tl.trans(q.to(dtype)), tl.trans(x))
+        product = tl.dot(tl.trans(q.to(dtype)), tl.trans(_through_registers(x, COMPILED)))
     elif USE_DOT:
         product = tl.dot(x, q.to(dtype))
     else:
@@ -153,14 +165,19 @@ def _reduce_split(acc, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, parts, COMPILED: tl
     if arrived == parts - 1:
         total = tl.load(ws_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
         tl.store(y_ptrs, total.to(y_ptrs.dtype.element_ty), mask=mask)
-        tl.store(ws_ptrs, tl.zeros_like(total), mask=mask, cache_modifier=".cg")
+        # The zeros are made from the sums read, so each goes out from the thread that read its element (or
+        # through a layout conversion, which has a barrier) after the read. Plain zeros may take the partials'
+        # layout, other threads, and clear an element before its reader has read it: Y then held zeros in part of
+        # a tile in up to half of the launches (bench/results/int4-roofline-reduce-zero-race-h200.json).
+        tl.store(ws_ptrs, tl.where(mask, 0.0, total), mask=mask, cache_modifier=".cg")
         tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
 
 
 @triton.jit
 def _span_product(words, x_ptrs, s_ptrs, acc, k0, stride_xk, stride_sg, dtype: tl.constexpr, BITS: tl.constexpr,
                   GROUP_SIZE: tl.constexpr, FAST_DECODE: tl.constexpr, USE_DOT: tl.constexpr,
-                  ONE_SCALE: tl.constexpr, WIDE: tl.constexpr, FOLD: tl.constexpr, SWAP: tl.constexpr):  # fmt: skip
+                  ONE_SCALE: tl.constexpr, WIDE: tl.constexpr, FOLD: tl.constexpr, SWAP: tl.constexpr,
+                  COMPILED: tl.constexpr):  # fmt: skip
     """Fold one span (K rows ``k0 .. k0 + 16 * PACK``, its words already loaded) into the accumulator."""
     PACK: tl.constexpr = 32 // BITS
     if ONE_SCALE:  # issued before the decode, so that its latency hides behind it
@@ -169,11 +186,12 @@ def _span_product(words, x_ptrs, s_ptrs, acc, k0, stride_xk, stride_sg, dtype: t
             scale = scale.to(tl.float32)
     if FOLD:  # the scaled weights straight into the accumulator: no per-span partial
         weights_t = span_decoded_t(words, dtype, BITS, FAST_DECODE) * scale.to(dtype)[:, None]
-        acc = tl.dot(weights_t, tl.trans(tl.load(x_ptrs)), acc)
+        acc = tl.dot(weights_t, tl.trans(_through_registers(tl.load(x_ptrs), COMPILED)), acc)
     else:
         part = tl.zeros_like(acc)
         if WIDE:
-            part = tl.dot(span_decoded_t(words, dtype, BITS, FAST_DECODE), tl.trans(tl.load(x_ptrs)))
+            x_t = tl.trans(_through_registers(tl.load(x_ptrs), COMPILED))
+            part = tl.dot(span_decoded_t(words, dtype, BITS, FAST_DECODE), x_t)
         elif FAST_DECODE == 2:  # GEMV, int4, one scale per span: raw fp32 values, offsets removed once per span
             part = _span_fp32_pairs(words, x_ptrs, stride_xk, part)
         else:
@@ -185,10 +203,11 @@ def _span_product(words, x_ptrs, s_ptrs, acc, k0, stride_xk, stride_sg, dtype: t
                     q_lo = slot(words, p, BITS)
                     q_hi = slot(words, p + PACK // 2, BITS)
                 part, acc = _slice_product(q_lo, x_ptrs + p * 16 * stride_xk, part, acc, s_ptrs, stride_sg,
-                                           k0 + p * 16, dtype, USE_DOT, ONE_SCALE, GROUP_SIZE, SWAP)  # fmt: skip
+                                           k0 + p * 16, dtype, USE_DOT, ONE_SCALE, GROUP_SIZE, SWAP,
+                                           COMPILED)  # fmt: skip
                 part, acc = _slice_product(q_hi, x_ptrs + (p + PACK // 2) * 16 * stride_xk, part, acc, s_ptrs,
                                            stride_sg, k0 + (p + PACK // 2) * 16, dtype, USE_DOT, ONE_SCALE,
-                                           GROUP_SIZE, SWAP)  # fmt: skip
+                                           GROUP_SIZE, SWAP, COMPILED)  # fmt: skip
         if ONE_SCALE and SWAP:  # part is (BLOCK_N, BLOCK_M): one scale per row
             acc += part * scale[:, None]
         elif ONE_SCALE:
@@ -282,7 +301,7 @@ def packed_quant_kernel(
             else:
                 words = tl.load(w_ptr + (it * 16 + offs_j)[:, None] * stride_wr + (offs_n % N)[None, :] * stride_wn)
             acc = _span_product(words, x_ptrs, s_ptrs, acc, it * SPAN, stride_xk, stride_sg, dtype, BITS,
-                                GROUP_SIZE, FAST_DECODE, USE_DOT, ONE_SCALE, WIDE, FOLD, SWAP)  # fmt: skip
+                                GROUP_SIZE, FAST_DECODE, USE_DOT, ONE_SCALE, WIDE, FOLD, SWAP, COMPILED)  # fmt: skip
             if (it == n_spans - 1) | (t == last - 1):
                 # the programs whose shares hold one of the tile's steps: those of its first and last step, between
                 parts = ((tile + 1) * n_spans - 1) // share - (tile * n_spans) // share + 1
@@ -311,7 +330,7 @@ def packed_quant_kernel(
             else:  # loaded at the top of the iteration, where the pipeliner (num_stages > 1) issues it ahead
                 words = tl.load(w_ptrs)
             acc = _span_product(words, x_ptrs, s_ptrs, acc, k_begin + it * SPAN, stride_xk, stride_sg, dtype, BITS,
-                                GROUP_SIZE, FAST_DECODE, USE_DOT, ONE_SCALE, WIDE, FOLD, SWAP)  # fmt: skip
+                                GROUP_SIZE, FAST_DECODE, USE_DOT, ONE_SCALE, WIDE, FOLD, SWAP, COMPILED)  # fmt: skip
             if PREFETCH:
                 words = upcoming
             if not TMA:
