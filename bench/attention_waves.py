@@ -14,28 +14,23 @@ ratio to cuDNN rises with whole rounds, the tail is the loss, and a finer-graine
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 from bench.attention_ws import _measurers
 from bench.common import interleaved, median, write_result
 
-#: The winners of the target runs at S = 1024 (kernel-variants-attention-ws-oneloop-h200.json).
-WINNERS = {
-    (128, True): {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": True,
-                  "CONSUMERS": 2, "ONE_LOOP": True},
-    (128, False): {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False,
-                   "CONSUMERS": 2, "ONE_LOOP": False},
-    (64, True): {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False,
-                 "CONSUMERS": 2, "ONE_LOOP": True},
-    (64, False): {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False,
-                  "CONSUMERS": 2, "ONE_LOOP": False},
-}  # fmt: skip
+#: The target runs whose S = 1024 winners are measured here.
+WINNERS_FILE = Path(__file__).parent / "results" / "kernel-variants-attention-ws-oneloop-h200.json"
 
 
-def items(batch: int, heads: int, seq_len: int, causal: bool, block_m: int = 128) -> int:
-    """Work items of the persistent grid (causal items pair two query blocks)."""
-    blocks = -(-seq_len // block_m)
-    return batch * heads * ((blocks + 1) // 2 if causal else blocks)
+def winners(path: Path = WINNERS_FILE, seq_len: int = 1024) -> dict[tuple[int, bool], dict[str, Any]]:
+    """The winning config per (head_dim, causal) at ``seq_len`` in a target run's ``attention`` entries."""
+    entries = json.loads(path.read_text())["attention"]
+    return {
+        (e["shape"]["head_dim"], e["shape"]["causal"]): e["config"] for e in entries if e["shape"]["seq_len"] == seq_len
+    }
 
 
 def main() -> None:
@@ -47,6 +42,9 @@ def main() -> None:
     ns = parser.parse_args()
     import torch
 
+    from kernels.attention_ws import work_items
+
+    configs = winners()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows: list[dict[str, Any]] = []
     for d in ns.head_dims:
@@ -54,9 +52,10 @@ def main() -> None:
         for causal in (True, False):
             for batch in ns.batches:
                 shape = {"batch": batch, "heads": heads, "seq_len": 1024, "head_dim": d, "causal": causal}
-                measurers = _measurers(shape, [WINNERS[(d, causal)]])
+                config = configs[(d, causal)]
+                measurers = _measurers(shape, [config])
                 medians = {n: median(v) for n, v in interleaved(measurers, ns.rounds).items()}
-                n_items = items(batch, heads, 1024, causal)
+                n_items = work_items(batch * heads, 1024, config["CONSUMERS"], causal)
                 lib = max((n for n in ("cudnn", "flash") if medians.get(n)), key=lambda n: medians[n])
                 row = {"shape": shape, "items": n_items, "rounds_of_items": round(n_items / sms, 3),
                        "last_round_filled": round((n_items / sms) % 1 or 1.0, 3),
@@ -67,7 +66,7 @@ def main() -> None:
                       f"({row['rounds_of_items']} rounds) {row['tflops']} ratio {row['ratio_to_' + lib]}",
                       flush=True)  # fmt: skip
                 write_result({"benchmark": "persistent attention: last-round fill at S = 1024", "sms": sms,
-                              "configs": {f"D={k[0]} {'causal' if k[1] else 'full'}": v for k, v in WINNERS.items()},
+                              "configs": {f"D={k[0]} {'causal' if k[1] else 'full'}": v for k, v in configs.items()},
                               "rows": rows}, ns.out)  # fmt: skip
 
 

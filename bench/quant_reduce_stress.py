@@ -58,6 +58,7 @@ def stress(case: dict[str, Any], launches: int, side_work: bool = True) -> dict[
     """Launch one case ``launches`` times; how many results were wrong (relative error > 0.02) and the worst."""
     import torch
 
+    from kernels.gemm import max_rel_error
     from kernels.quant_gemm_packed import packed_matmul, quantize_packed
 
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -75,7 +76,7 @@ def stress(case: dict[str, Any], launches: int, side_work: bool = True) -> dict[
                 busy @ busy
         y = packed_matmul(x, weights, **case["config"])
         ref = x.float() @ dequantized
-        err = float((y.float() - ref).abs().max() / ref.abs().max())
+        err = max_rel_error(y, ref)
         worst = max(worst, err)
         wrong += not err <= 0.02  # a NaN is wrong too
     torch.cuda.synchronize()

@@ -537,11 +537,17 @@ def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[st
     }
 
 
+def work_items(bh: int, seq_len: int, consumers: int, causal: bool) -> int:
+    """The persistent grid's work items: one query tile (``SUB_M`` rows a consumer) of one (batch, head), or,
+    causal, a pair of tiles from both ends of the sequence (so that every item costs about the same)."""
+    blocks = triton.cdiv(seq_len, SUB_M * consumers)
+    return bh * ((blocks + 1) // 2 if causal else blocks)
+
+
 def _grid(bh: int, seq_len: int, meta: dict[str, Any], num_sms: int) -> tuple[int, ...]:
-    blocks = triton.cdiv(seq_len, SUB_M * meta["CONSUMERS"])
     if meta["PERSISTENT"]:
-        items = bh * ((blocks + 1) // 2 if meta["CAUSAL"] else blocks)
-        return (min(items, num_sms),)
+        return (min(work_items(bh, seq_len, meta["CONSUMERS"], meta["CAUSAL"]), num_sms),)
+    blocks = triton.cdiv(seq_len, SUB_M * meta["CONSUMERS"])
     return (blocks, bh) if meta["HEAD_MAJOR"] else (bh, blocks)
 
 

@@ -183,6 +183,21 @@ def test_three_consumers_are_checked_before_compiling() -> None:
         _check(64, "bf16", {"CONSUMERS": 3, "CONSUMER_REGS": 240})
 
 
+def test_persistent_grid_counts_its_work_items_once() -> None:
+    """The persistent grid and the wave benchmark count work items with one function: 128-row tiles (two
+    consumers) or 192-row ones (three), causal items pairing two tiles; the grid is capped at the SMs."""
+    from bench.attention_waves import winners
+    from kernels.attention_ws import _grid, work_items
+
+    assert work_items(256, 1024, 2, causal=True) == 1024 and work_items(256, 1024, 2, causal=False) == 2048
+    assert work_items(1, 1000, 3, causal=False) == 6 and work_items(1, 1000, 3, causal=True) == 3
+    meta = {"PERSISTENT": True, "CONSUMERS": 2, "CAUSAL": True, "HEAD_MAJOR": False}
+    assert _grid(256, 1024, meta, 132) == (132,) and _grid(2, 1024, meta, 132) == (8,)
+    configs = winners()  # the S = 1024 winners, read from the target run's results
+    assert set(configs) == {(128, True), (128, False), (64, True), (64, False)}
+    assert all(c["PERSISTENT"] for c in configs.values())
+
+
 @pytest.mark.gpu
 @compiled_gpu
 @pytest.mark.timeout(600)
