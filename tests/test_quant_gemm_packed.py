@@ -363,3 +363,48 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
     # (16, 256) word boxes in flight (a CTA barrier in the loop as tl.debug_barrier would leave it unpipelined)
     assert streamed["tma"] and streamed["mma"] == "wgmma" and streamed["shared"] >= 3 * 16 * 256 * 4, streamed
     assert all(line["shared"] <= 227 * 1024 for line in lines), lines
+
+
+_ORDER_SCRIPT = """
+import json, re, sys
+from kernels.quant_gemm_packed import compile_for_target
+for job in json.loads(sys.argv[1]):
+    ptx = compile_or_skip(lambda: compile_for_target(*job["shape"], **job["config"], capability=90)).asm["ptx"]
+    out = {**job, "fences": ptx.count("fence.proxy.async"), "groups": ptx.count("wgmma.commit_group")}
+    if "acq_rel.add.u32" in ptx:  # the last program of a tile: read the sums, write Y, re-zero
+        start = ptx.index("acq_rel.add.u32")
+        block = ptx[start:ptx.index("relaxed.exch", start)].splitlines()
+        reads = [i for i, line in enumerate(block) if "ld.global.cg" in line]
+        zeros = [i for i, line in enumerate(block) if "st.global.cg" in line]
+        address = lambda i: re.search(r"\\[\\s*(%rd\\d+)", block[i]).group(1)
+        out["same_threads"] = {address(i) for i in zeros} <= {address(i) for i in reads}
+        out["barrier_between"] = any("bar.sync" in line for line in block[max(reads) + 1:min(zeros)])
+    print(json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_sm90_ptx_fences_x_for_the_wgmma_and_rezeroes_after_the_reads(aot_child: Any) -> None:
+    """Two races the GPU stress found, checked in the sm_90 PTX (no GPU needed): every swapped wgmma group reads
+    X after a proxy fence (Triton 3.6's pipeliner left it out when it staged X by cp.async), and the last program
+    of a split tile re-zeroes the workspace after its reads: from the threads that read (the GEMV) or after a
+    barrier (tensor-core tiles, whose zeros took the partials' layout and other threads: Y held zeros)."""
+    base = {"precision": "bf16", "group_size": 128, "num_warps": 4, "PREFETCH": 0, "TMA": 1, "num_stages": 3}
+    jobs = [
+        {"shape": [1, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 16, "BLOCK_N": 256, "SPLIT_K": 1,
+                                               "SWAP": 1, "STREAM": 2}},
+        {"shape": [64, 14336, 4096], "config": {**base, "bits": 4, "BLOCK_M": 64, "BLOCK_N": 64, "SPLIT_K": 1,
+                                                "SWAP": 2}},
+        {"shape": [1, 4096, 14336], "config": {**base, "bits": 8, "BLOCK_M": 16, "BLOCK_N": 256, "SPLIT_K": 16,
+                                               "SWAP": 2}},
+        {"shape": [64, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 4}},
+        {"shape": [1, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 8,
+                                               "TMA": 0}},
+    ]  # fmt: skip
+    rows = aot_child(_ORDER_SCRIPT, json.dumps(jobs), timeout=220)
+    assert len(rows) == len(jobs)
+    for row in rows:
+        assert row["fences"] >= row["groups"], row
+        if row["config"]["SPLIT_K"] > 1 or row["config"].get("STREAM"):
+            assert row["same_threads"] or row["barrier_between"], row
+    assert rows[3]["groups"] > 0 and not rows[3]["same_threads"]  # a tile whose zeros do change threads
