@@ -537,18 +537,23 @@ def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[st
     }
 
 
+def _query_tiles(seq_len: int, consumers: int) -> int:
+    """Query tiles of one (batch, head): ``SUB_M`` rows a consumer warpgroup."""
+    return triton.cdiv(seq_len, SUB_M * consumers)
+
+
 def work_items(bh: int, seq_len: int, consumers: int, causal: bool) -> int:
-    """The persistent grid's work items: one query tile (``SUB_M`` rows a consumer) of one (batch, head), or,
-    causal, a pair of tiles from both ends of the sequence (so that every item costs about the same)."""
-    blocks = triton.cdiv(seq_len, SUB_M * consumers)
-    return bh * ((blocks + 1) // 2 if causal else blocks)
+    """The persistent grid's work items: one query tile of one (batch, head), or, causal, a pair of tiles from
+    both ends of the sequence (so that every item costs about the same)."""
+    tiles = _query_tiles(seq_len, consumers)
+    return bh * ((tiles + 1) // 2 if causal else tiles)
 
 
 def _grid(bh: int, seq_len: int, meta: dict[str, Any], num_sms: int) -> tuple[int, ...]:
     if meta["PERSISTENT"]:
         return (min(work_items(bh, seq_len, meta["CONSUMERS"], meta["CAUSAL"]), num_sms),)
-    blocks = triton.cdiv(seq_len, SUB_M * meta["CONSUMERS"])
-    return (blocks, bh) if meta["HEAD_MAJOR"] else (bh, blocks)
+    tiles = _query_tiles(seq_len, meta["CONSUMERS"])
+    return (tiles, bh) if meta["HEAD_MAJOR"] else (bh, tiles)
 
 
 def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
