@@ -157,7 +157,9 @@ def _reduce_split(acc, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, parts, COMPILED: tl
     # Every thread's partial is issued before the arrival is counted. Compiled, the CTA barrier is written as PTX:
     # the pipeliner leaves a loop that holds tl.debug_barrier unpipelined, and STREAM's loop holds this reduction.
     if COMPILED:
-        tile = tl.inline_asm_elementwise("bar.sync 0;\n\tmov.b32 $0, $1;", "=r,r", [tile], dtype=tl.int32,
+        # One line, no escapes: torch.compile re-emits a user kernel's source inside a string, and torch 2.11
+        # leaves a backslash escape there to become a newline inside this literal (a SyntaxError at compile).
+        tile = tl.inline_asm_elementwise("bar.sync 0; mov.b32 $0, $1;", "=r,r", [tile], dtype=tl.int32,
                                          is_pure=False, pack=1)  # fmt: skip
     else:
         tl.debug_barrier()

@@ -23,6 +23,35 @@ from kernels.quant_gemm_packed import (
     unpack_weights,
 )
 
+_PASTE_SCRIPT = """
+import ast, importlib, json
+from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code as closure
+for name in ("quant_gemm_packed.packed_quant_kernel", "quant_gemm.quant_matmul_kernel", "quant_gemm.quant_gemv_kernel"):
+    module, kernel = name.rsplit(".", 1)
+    source = closure(getattr(importlib.import_module("kernels." + module), kernel))
+    pasted = ast.literal_eval("'''" + source.replace("'''", "\\\\'\\\\'\\\\'") + "'''")  # as torch 2.11 pastes it
+    try:
+        ast.parse(pasted)
+        error = None
+    except SyntaxError as exc:
+        error = f"{exc.msg} at line {exc.lineno}: {pasted.splitlines()[exc.lineno - 1].strip()}"
+    print(json.dumps({"kernel": name, "error": error}), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_kernel_sources_survive_torch_compile_re_emitting_them(aot_child: Any) -> None:
+    """``compile: default`` decode steps run these kernels under torch.compile, which pastes a user kernel's
+    source (and the helpers it calls) into a generated module inside a ``'''`` string. torch 2.11 pastes
+    it unescaped, so a backslash escape in the source (an inline-PTX string with ``\\n``) became a newline
+    inside a one-line literal and every compiled int4 trial failed with a SyntaxError. In a child process:
+    under the interpreter the kernels are not JIT functions with a source to paste."""
+    results = aot_child(_PASTE_SCRIPT, timeout=100)
+    assert [r["kernel"] for r in results] == [
+        "quant_gemm_packed.packed_quant_kernel", "quant_gemm.quant_matmul_kernel", "quant_gemm.quant_gemv_kernel"
+    ]  # fmt: skip
+    assert [r for r in results if r["error"]] == []
+
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("bits", [4, 8])
