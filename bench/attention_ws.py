@@ -57,8 +57,9 @@ def check(configs: list[dict[str, Any]]) -> dict[str, Any]:
     from kernels.attention_ws import attention_ws
 
     rows, worst = [], 0.0
+    # (4, 16, 1024, 128): more work items than SMs, so persistent programs take several tiles each.
     for (b, h, s, d), causal in itertools.product(((2, 3, 1000, 128), (1, 4, 384, 64), (2, 2, 2048, 128),
-                                                   (1, 2, 200, 64)), (True, False)):  # fmt: skip
+                                                   (1, 2, 200, 64), (4, 16, 1024, 128)), (True, False)):  # fmt: skip
         q, k, v = _inputs(b, h, s, d, seed=s)
         scale = 1.0 / math.sqrt(d)
         scores = (q.float() @ k.float().transpose(-1, -2)) * scale
@@ -70,7 +71,7 @@ def check(configs: list[dict[str, Any]]) -> dict[str, Any]:
             if _unusable(d, config):
                 continue
             lse = torch.empty(b, h, s, device="cuda", dtype=torch.float32)
-            out = attention_ws(q, k, v, causal=causal, lse=lse, **config)
+            out = attention_ws(q, k, v, causal=causal, lse=lse, out=torch.full_like(q, float("nan")), **config)
             torch.cuda.synchronize()
             err = ((out.float() - ref).abs().max() / ref.abs().max()).item()
             lse_err = (lse - ref_lse).abs().max().item()
@@ -210,25 +211,48 @@ ONE_LOOP_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None) -> dict[str, Any]:
-    """At every target shape: one round over ``configs`` picks the fastest, which is then re-measured
-    interleaved with SDPA cuDNN and flash (``rounds`` rounds, medians). Written after each shape."""
-    wrong = {json.dumps(r["config"], sort_keys=True) for r in check(configs)["check"] if not r["ok"]}
+#: A persistent program's tiles chained into one overlapped stream (``CHAIN``) against the same configs without
+#: it, two consumers (and three at D = 64) (``chain`` phase; each shape's best with and without ``CHAIN`` are both
+#: re-measured beside SDPA).
+CHAIN_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": c,
+     "ONE_LOOP": True, "CHAIN": chain}
+    for c, nb, pp, chain in ((2, 3, False, False), (2, 3, True, False), (2, 3, False, True), (3, 3, False, False),
+                             (3, 3, True, False), (3, 3, False, True))
+]  # fmt: skip
+
+
+def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,
+              contrast: str | None = None, checked: bool = True) -> dict[str, Any]:  # fmt: skip
+    """At every target shape (or those of ``seq_lens``): one round over ``configs`` picks the fastest, which is
+    then re-measured interleaved with SDPA cuDNN and flash (``rounds`` rounds, medians), with ``contrast`` (a knob)
+    also the fastest config whose ``contrast`` differs from the winner's. Written after each shape. ``checked``
+    False skips the numerics check (when a GPU test of the same configs ran first)."""
+    rows = check(configs)["check"] if checked else []
+    wrong = {json.dumps(r["config"], sort_keys=True) for r in rows if not r["ok"]}
     configs = [c for c in configs if json.dumps(c, sort_keys=True) not in wrong]
     result: dict[str, Any] = {"kernel": "kernels/attention_ws.py attention_fwd_ws_kernel (Gluon, warp-specialized)",
-                              "wrong": sorted(wrong), "attention": [], "targets": []}  # fmt: skip
+                              "checked": checked, "wrong": sorted(wrong), "attention": [], "targets": []}  # fmt: skip
     for shape in SHAPES:
+        if seq_lens and shape["seq_len"] not in seq_lens:
+            continue
         d = shape["head_dim"]
         usable = [c for c in configs if not _unusable(d, c)]
         measurers = _measurers(shape, usable)
         first = {n: median(v) for n, v in interleaved({n: m for n, m in measurers.items() if n.startswith("ws")},
                                                        1).items()}  # fmt: skip
         best = max(first, key=lambda n: first[n] or 0.0)
-        values = interleaved({n: measurers[n] for n in (best, "cudnn", "flash") if n in measurers}, rounds)
+        timed = [best, "cudnn", "flash"]
+        if contrast:
+            knob = bool(usable[int(best[2:])].get(contrast))
+            others = [n for n in first if first[n] and bool(usable[int(n[2:])].get(contrast)) != knob]
+            timed += [max(others, key=lambda n: first[n])] if others else []
+        values = interleaved({n: measurers[n] for n in timed if n in measurers}, rounds)
         medians = {name: median(v) for name, v in values.items()}
         result["targets"].append(_target(shape, medians, best))
         name, tuned, base, ratio = (result["targets"][-1][k] for k in ("target", "tuned", "baseline", "ratio"))
         result["attention"].append({"shape": shape, "config": usable[int(best[2:])],
+                                    "timed_configs": {n: usable[int(n[2:])] for n in timed if n.startswith("ws")},
                                     "first_round": {repr(usable[int(n[2:])]): round(v, 1) for n, v in first.items()
                                                     if v},
                                     "medians": {n: round(m, 1) for n, m in medians.items() if m},
@@ -243,20 +267,24 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong", "consumers", "oneloop"])
+    parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong", "consumers", "oneloop",
+                                          "chain"])  # fmt: skip
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
     parser.add_argument("--block-n", type=int, nargs="+", default=[64, 128], help="the sweep's BLOCK_N values")
+    parser.add_argument("--seq", type=int, nargs="+", help="per-shape phases: only these sequence lengths")
+    parser.add_argument("--no-check", action="store_true", help="per-shape phases: skip the numerics check")
     ns = parser.parse_args()
     checked = [c for c in CONFIGS if c["NUM_BUFFERS"] == 2]  # the stage count changes no arithmetic
     swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
     if ns.phase == "order":
         result = grid_order(ns.rounds)
-    elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop"):
+    elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop", "chain"):
         phases = {"persistent": PERSISTENT_CONFIGS, "pingpong": PINGPONG_CONFIGS, "consumers": CONSUMER_CONFIGS,
-                  "oneloop": ONE_LOOP_CONFIGS}  # fmt: skip
-        result = per_shape(phases[ns.phase], ns.rounds, ns.out)
+                  "oneloop": ONE_LOOP_CONFIGS, "chain": CHAIN_CONFIGS}  # fmt: skip
+        result = per_shape(phases[ns.phase], ns.rounds, ns.out, ns.seq, "CHAIN" if ns.phase == "chain" else None,
+                           not ns.no_check)  # fmt: skip
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
     write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)

@@ -34,6 +34,9 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   a tile, so the next tile's Q and first K/V stages load while it normalizes and stores. On an H200 this
   gave up to 1.2x at short sequences (S = 1024, 2048), where one program per tile waits for its first
   loads and its stores every few key blocks.
+- ``CHAIN`` (with ``PERSISTENT``, ``OVERLAP`` and ``ONE_LOOP``, without ``PINGPONG``): a program's tiles as one
+  stream of key blocks, a tile's first scores and softmax under the previous tile's last P V. Right on an H200
+  (GPU test), but 1-5% slower than the same config without it at S = 1024 (not in the default search space).
 
 Rows past ``SEQ_LEN`` (a ragged last block) read the next head's rows through the 2-D descriptors and
 are never stored; keys past it are masked. ``Lse`` (base-2 log-sum-exp, ``[B*H*S]`` fp32) is stored
@@ -309,6 +312,103 @@ if gluon is not None:
         return acc, m_i, l_i, turns
 
     @gluon.jit
+    def _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr):
+        """A consumer's epilogue: O = acc / l for its rows inside the sequence (and the base-2 log-sum-exp)."""
+        o_layout: gl.constexpr = acc.type.layout
+        if STORE_LSE:
+            gl.store(Lse + row0 + rows, m_i + gl.log2(l_i), mask=rows < SEQ_LEN)
+        acc = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
+        o_rows = gl.convert_layout(rows, gl.SliceLayout(1, o_layout))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        ptrs = Out + (row0 + gl.expand_dims(o_rows, 1)) * HEAD_DIM + gl.expand_dims(offs_d, 0)
+        gl.store(ptrs, acc.to(Out.dtype.element_ty), mask=gl.expand_dims(o_rows < SEQ_LEN, 1))
+
+    @gluon.jit
+    def _consume_chained(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
+                         c: gl.constexpr, SEQ_LEN, BH, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                         NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+                         CONSUMERS: gl.constexpr):  # fmt: skip
+        """Consumer ``c`` of the persistent grid with ``CHAIN``: all its tiles' key blocks as one overlapped
+        stream, so a tile's first scores and softmax run under the previous tile's last P V.
+
+        Step g (block j of tile t): issue S_g = Q_t K_g^T and acc += P_{g-1} V_{g-1} (the previous block's, of
+        this tile or the last), wait for S_g, softmax of g while P_{g-1} V_{g-1} runs, wait for it; at j = 0 the
+        finished accumulator is tile t-1's output: stored, then the rescale by alpha = 0 (a fresh row maximum)
+        clears it. The consumer's first step multiplies zeros by V_0 (finite: its load is awaited) so that every
+        step issues the same two wgmmas and nothing in flight crosses a branch. Q is released after a tile's last
+        Q K^T. As ``OVERLAP`` with ``ONE_LOOP`` (the masked blocks behind a runtime branch)."""
+        BLOCK_M: gl.constexpr = 64 * CONSUMERS
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        dtype: gl.constexpr = k_smem.dtype
+        offs_m = c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
+        acc = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
+        p_op = gl.zeros([64, BLOCK_N], dtype, p_layout)
+        m_i = gl.full([64], MASKED_SCORE, gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.full([64], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+        num_m = gl.cdiv(SEQ_LEN, BLOCK_M)
+        base = 0  # key blocks this consumer has taken so far: ring slot of the next
+        i = 0  # tiles so far: the phase of the Q barriers
+        prev_start_m = 0
+        prev_row0 = 0
+        pstage = 0  # ring slot of the block whose P V is pending (block 0 at the start: the zero product)
+        pphase = 0
+        for item in range(gl.program_id(0), _num_items(num_m, BH, CAUSAL), gl.num_programs(0)):
+            off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
+            for h in range(tiles):
+                start_m = first + h * (second - first)
+                n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                rows = start_m * BLOCK_M + offs_m
+                mbarrier.wait(q_bar.index(c), i & 1)
+                q = q_smem.index(c)
+                for j in range(n_blocks):
+                    stage = (base + j) % NUM_BUFFERS
+                    phase = ((base + j) // NUM_BUFFERS) & 1
+                    mbarrier.wait(k_ready.index(stage), phase)
+                    mbarrier.wait(v_ready.index(pstage), pphase)
+                    k_t = k_smem.index(stage).permute((1, 0))
+                    s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
+                    v = v_smem.index(pstage)
+                    acc = warpgroup_mma(p_op, v, acc, is_async=True)
+                    s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
+                    if j == n_blocks - 1:
+                        mbarrier.arrive(q_empty.index(c), count=1)
+                    fresh = j == 0  # a new tile: the running max and sum start over
+                    p, alpha, m_new, l_new = _online_softmax(
+                        s, gl.where(fresh, MASKED_SCORE, m_i), gl.where(fresh, 0.0, l_i), j * BLOCK_N + offs_n,
+                        rows, qk_scale, SEQ_LEN, j >= n_full, True, CAUSAL,
+                    )  # fmt: skip
+                    acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+                    if base + j > 0:
+                        mbarrier.arrive(kv_empty.index(pstage), count=1)
+                        if fresh:
+                            _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0,
+                                        SEQ_LEN, HEAD_DIM, STORE_LSE)  # fmt: skip
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+                    p_op = gl.convert_layout(p.to(dtype), p_layout)
+                    m_i = m_new
+                    l_i = l_new
+                    pstage = stage
+                    pphase = phase
+                base += n_blocks
+                i += 1
+                prev_start_m = start_m
+                prev_row0 = off_hz * SEQ_LEN
+        if base > 0:  # the last tile's last P V, and its output
+            mbarrier.wait(v_ready.index(pstage), pphase)
+            v = v_smem.index(pstage)
+            acc = warpgroup_mma(p_op, v, acc, is_async=True)
+            acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+            mbarrier.arrive(kv_empty.index(pstage), count=1)
+            _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0, SEQ_LEN, HEAD_DIM,
+                        STORE_LSE)  # fmt: skip
+
+    @gluon.jit
     def _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
                      row0, n_full, n_blocks, base, q_phase, turns, qk_scale, c: gl.constexpr, SEQ_LEN,
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
@@ -359,14 +459,7 @@ if gluon is not None:
                     qk_scale, SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout,
                 )  # fmt: skip
             mbarrier.arrive(q_empty.index(c), count=1)
-        in_seq = rows < SEQ_LEN
-        if STORE_LSE:
-            gl.store(Lse + row0 + rows, m_i + gl.log2(l_i), mask=in_seq)
-        acc = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
-        o_rows = gl.convert_layout(rows, gl.SliceLayout(1, o_layout))
-        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-        ptrs = Out + (row0 + gl.expand_dims(o_rows, 1)) * HEAD_DIM + gl.expand_dims(offs_d, 0)
-        gl.store(ptrs, acc.to(Out.dtype.element_ty), mask=gl.expand_dims(o_rows < SEQ_LEN, 1))
+        _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM, STORE_LSE)
         return turns
 
     @gluon.jit
@@ -374,9 +467,13 @@ if gluon is not None:
                   c: gl.constexpr, SEQ_LEN, BH, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                   NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                   HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
-                  CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr):  # fmt: skip
+                  CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr):  # fmt: skip
         """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn."""
-        if PERSISTENT:
+        if CHAIN:
+            _consume_chained(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
+                             c, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, STORE_LSE,
+                             CONSUMERS)  # fmt: skip
+        elif PERSISTENT:
             num_m = gl.cdiv(SEQ_LEN, 64 * CONSUMERS)
             base = 0
             i = 0
@@ -406,7 +503,7 @@ if gluon is not None:
                                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
                                 PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
-                                ONE_LOOP: gl.constexpr):  # fmt: skip
+                                ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
         in L2), or, ``PERSISTENT``, a grid of at most one program per SM striding over work items
@@ -436,13 +533,13 @@ if gluon is not None:
                 [
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 2, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -455,10 +552,10 @@ if gluon is not None:
                 [
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -570,12 +667,17 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
                          f"got {regs!r}")  # fmt: skip
     if knobs.get("PINGPONG") and not knobs.get("OVERLAP"):
         raise ValueError("PINGPONG orders the OVERLAP loop's wgmmas between the consumers: it needs OVERLAP=True")
+    if knobs.get("CHAIN"):
+        given = {name: bool(knobs.get(name)) for name in ("PERSISTENT", "OVERLAP", "ONE_LOOP", "PINGPONG")}
+        if given != {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "PINGPONG": False}:
+            raise ValueError("CHAIN runs a persistent program's tiles as one OVERLAP loop of ONE_LOOP tiles: it needs "
+                             f"PERSISTENT, OVERLAP and ONE_LOOP true and PINGPONG false, got {given}")  # fmt: skip
 
 
 #: The kernel's knobs (keyword arguments of :func:`attention_ws`) and their defaults.
 KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
-    "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False,
+    "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False,
 }  # fmt: skip
 
 

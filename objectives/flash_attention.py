@@ -7,7 +7,8 @@ variant: ``tutorial``, the one-program-per-query-block kernel of
 causal-balanced TMA kernel of ``kernels/attention_persistent.py`` without / with warp
 specialization; ``gluon_ws``, the Gluon kernel of ``kernels/attention_ws.py`` with a TMA loader warp and two or three
 consumer warpgroups (CONSUMERS; three at head_dim 64 only), sm_90 only: BLOCK_M 128 and 4 warps per consumer fixed,
-num_stages its K/V stages, OVERLAP its intra-warpgroup overlap, ONE_LOOP its key blocks in one loop), BLOCK_M,
+num_stages its K/V stages, OVERLAP its intra-warpgroup overlap, ONE_LOOP its key blocks in one loop, CHAIN a
+persistent program's tiles as one overlapped stream), BLOCK_M,
 BLOCK_N, num_warps, num_stages, precision (bf16, fp16), use_tma (the tutorial kernel's Q/K/V tiles through tensor
 descriptors, Hopper and newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
@@ -265,11 +266,19 @@ class FlashAttention(KernelWorkload):
         for knob in ("use_tma", "SPLIT_M"):
             if config.get(knob, False):
                 return f"{knob} belongs to the Triton kernels; gluon_ws always loads through TMA, 64 rows per consumer"
-        for knob in ("OVERLAP", "PERSISTENT", "PINGPONG", "ONE_LOOP"):
+        for knob in ("OVERLAP", "PERSISTENT", "PINGPONG", "ONE_LOOP", "CHAIN"):
             if not isinstance(config.get(knob, False), bool):
                 return f"{knob} must be true or false, got {config.get(knob)!r}"
         if config.get("PINGPONG", False) and not config.get("OVERLAP", False):
             return "PINGPONG orders the OVERLAP loop's wgmmas between the consumers: it needs OVERLAP=true"
+        if config.get("CHAIN", False):
+            needs = {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "PINGPONG": False}
+            wrong = [f"{k}={str(config.get(k, False)).lower()}" for k, v in needs.items() if config.get(k, False) != v]
+            if wrong:
+                return (
+                    "CHAIN runs a persistent program's tiles as one OVERLAP loop of ONE_LOOP tiles: it needs "
+                    f"PERSISTENT, OVERLAP and ONE_LOOP true and PINGPONG false, got {', '.join(wrong)}"
+                )
         consumers = config.get("CONSUMERS", 2)
         if consumers not in (2, 3) or isinstance(consumers, bool):
             return f"CONSUMERS (consumer warpgroups of 64 query rows) must be 2 or 3, got {consumers!r}"
@@ -455,7 +464,7 @@ class FlashAttention(KernelWorkload):
     @staticmethod
     def _gluon_ws_kwargs(config: dict[str, Any]) -> dict[str, Any]:
         """The Gluon kernel's arguments: its key block, K/V stages (``num_stages``), overlap, persistent and
-        ping-pong flags, consumer warpgroups, one loop over a tile's key blocks."""
+        ping-pong flags, consumer warpgroups, one loop over a tile's key blocks, tiles chained."""
         return {
             "BLOCK_N": int(config["BLOCK_N"]),
             "NUM_BUFFERS": int(config["num_stages"]),
@@ -464,6 +473,7 @@ class FlashAttention(KernelWorkload):
             "PINGPONG": bool(config.get("PINGPONG", False)),
             "CONSUMERS": int(config.get("CONSUMERS", 2)),
             "ONE_LOOP": bool(config.get("ONE_LOOP", False)),
+            "CHAIN": bool(config.get("CHAIN", False)),
         }
 
     @classmethod

@@ -52,6 +52,11 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
     assert "must be 2 or 3" in (workload.static_check(_config(CONSUMERS=4), H200) or "")
     assert "ONE_LOOP must be true or false" in (workload.static_check(_config(ONE_LOOP=1), H200) or "")
     assert "head_dim 64 only" in (workload.static_check(_config(CONSUMERS=3), H200) or "")
+    chained = _config(persistent=True, ONE_LOOP=True, CHAIN=True)
+    assert workload.static_check(chained, H200) is None
+    assert "got ONE_LOOP=false" in (workload.static_check({**chained, "ONE_LOOP": False}, H200) or "")
+    assert "got PINGPONG=true" in (workload.static_check({**chained, "PINGPONG": True}, H200) or "")
+    assert "CHAIN must be true or false" in (workload.static_check({**chained, "CHAIN": "on"}, H200) or "")
     narrow = FlashAttention(batch=2, heads=16, seq_len=4096, head_dim=64, causal=True)
     assert narrow.static_check(_config(CONSUMERS=3), H200) is None
     assert workload.static_check(_config(), H200) is None
@@ -77,7 +82,7 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     exported = workload.export_config(_config(persistent=True))
     assert exported["function"] == "kernels.attention_ws.attention_ws"
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
-                                  "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False}  # fmt: skip
+                                  "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False}  # fmt: skip
     source = workload.export_python(_config(persistent=True))
     tree = ast.parse(source)
     namespace: dict[str, Any] = {}
@@ -103,7 +108,7 @@ for job in json.loads(sys.argv[1]):
 """
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_child: Any) -> None:
     """Causal and full, D 64 and 128, with and without the overlap, one program per tile and persistent: wgmma
     and TMA in the PTX, the loader's 24-register budget carved out, shared memory within the static check's
@@ -118,7 +123,12 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
         config = {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2, "OVERLAP": o, "PERSISTENT": p,
                   "PINGPONG": o and p, "CONSUMERS": consumers, "ONE_LOOP": one_loop}  # fmt: skip
         jobs.append({"shape": [2, 16, 2048, d], "config": config})
-    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
+    for d, c, consumers in ((128, True, 2), (64, False, 3)):  # CHAIN: a persistent program's tiles chained
+        config = {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2, "OVERLAP": True,
+                  "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": consumers, "ONE_LOOP": True,
+                  "CHAIN": True}  # fmt: skip
+        jobs.append({"shape": [2, 16, 2048, d], "config": config})
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
     assert len(lines) == len(jobs), lines
     for result in lines:
         config, head_dim = result["config"], result["shape"][3]
@@ -160,6 +170,9 @@ def test_gpu_gluon_attention_trial_and_log_sum_exp(shape: tuple[int, int, int, i
                          CONSUMERS=consumers, ONE_LOOP=one_loop)  # fmt: skip
         result = workload.run(config, device, TrialContext(trial_number=1))
         assert result.status is TrialStatus.OK, (config, result.error)
+    chained = _config(block_n=128, stages=3, persistent=True, ONE_LOOP=True, CHAIN=True)
+    result = workload.run(chained, device, TrialContext(trial_number=2))
+    assert result.status is TrialStatus.OK, (chained, result.error)
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     lse = torch.empty(shape[:3], device="cuda", dtype=torch.float32)
     attention_ws(q, k, v, causal=causal, lse=lse, OVERLAP=True, PERSISTENT=True)
@@ -233,3 +246,39 @@ def test_gpu_three_consumers_and_one_loop_match_fp32_attention(shape: tuple[int,
         error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
         assert error < 1e-2, (block_n, overlap, persistent, pingpong, consumers, one_loop, error)
         assert torch.allclose(lse, expected_lse, atol=1e-2), (lse - expected_lse).abs().max()
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(3, 8, 1000, 64), (2, 16, 2048, 128), (2, 16, 1024, 64)],
+                         ids=lambda s: "x".join(map(str, s)))  # fmt: skip
+def test_gpu_chained_tiles_match_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
+    """``CHAIN``: each persistent program runs its tiles as one stream (a tile's output stored while the next
+    tile's first scores are in flight, its accumulator cleared by the rescale). The shapes give programs one to
+    four tiles (more work items than SMs), a ragged last tile (S = 1000), and causal pairs of tiles: outputs and
+    log-sum-exp against fp32 math, with two and three consumers, key blocks of 64 and 128, 2 and 3 stages."""
+    import math
+
+    import torch
+
+    from kernels.attention_ws import attention_ws
+
+    gen = torch.Generator(device="cuda").manual_seed(shape[2] + shape[3])
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(shape[3])
+    if causal:
+        mask = torch.ones(shape[2], shape[2], device="cuda", dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, -math.inf)
+    expected = torch.softmax(scores, -1) @ v.float()
+    expected_lse = torch.logsumexp(scores, dim=-1) / math.log(2.0)
+    variants = [(128, 3, 2), (64, 2, 2), (128, 2, 2)] + ([(128, 2, 3), (64, 3, 3)] if shape[3] == 64 else [])
+    for block_n, stages, consumers in variants:
+        lse = torch.full(shape[:3], float("nan"), device="cuda", dtype=torch.float32)
+        out = torch.full_like(q, float("nan"))
+        attention_ws(q, k, v, causal=causal, lse=lse, out=out, BLOCK_N=block_n, NUM_BUFFERS=stages, OVERLAP=True,
+                     PERSISTENT=True, ONE_LOOP=True, CHAIN=True, CONSUMERS=consumers)  # fmt: skip
+        error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
+        assert error < 1e-2, (block_n, stages, consumers, error)  # NaN (a row never stored) fails too
+        assert torch.allclose(lse, expected_lse, atol=1e-2), (block_n, stages, consumers)
