@@ -134,6 +134,29 @@ def _candidate_tiles(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]:
 
 #: Measured tiles, per (GPU name, M, N, K, bits, group size, activation dtype): one tuning per process.
 _TUNED: dict[tuple[Any, ...], dict[str, int]] = {}
+
+
+@torch.library.custom_op(
+    "tuner::packed_linear",
+    mutates_args=(),
+    schema="(Tensor x, Tensor qweight, Tensor scales, int bits, int group_size, str[] names, int[] values) -> Tensor",
+)
+def packed_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int,
+                  names: list[str], values: list[int]) -> torch.Tensor:  # fmt: skip
+    """:func:`kernels.quant_gemm_packed.packed_matmul` (tile ``dict(zip(names, values))``) as an opaque operator:
+    torch.compile calls it as it is. Traced as a Triton kernel instead, its non-pure inline PTX (split-K's barrier)
+    defeats Inductor's mutation analysis, which then takes every tensor argument, the weights too, as written."""
+    from kernels.quant_gemm_packed import PackedWeights, packed_matmul
+
+    return packed_matmul(x, PackedWeights(qweight, scales, bits, group_size), **dict(zip(names, values, strict=True)))
+
+
+@packed_linear.register_fake
+def _packed_linear_shape(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int,
+                         names: list[str], values: list[int]) -> torch.Tensor:  # fmt: skip
+    return x.new_empty((x.shape[0], qweight.shape[1]))
+
+
 #: Weight bytes the timed products rotate over, so that the weights come from HBM as in a decode step
 #: (whose whole model is far larger than the L2 cache), not from L2.
 ROTATE_BYTES = 256 * 1024 * 1024
@@ -477,9 +500,9 @@ class QuantLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         if self._kernel_wanted(x2) and self.kernel == "packed":
-            from kernels.quant_gemm_packed import packed_matmul
-
-            y = packed_matmul(x2, self._packed_weights(), **self._tile(x2.shape[0], x2.device))
+            tile = self._tile(x2.shape[0], x2.device)
+            y = packed_linear(x2, self.qweight, self.scales, self.bits, self.group_size, list(tile),
+                              [int(v) for v in tile.values()])  # fmt: skip
         elif self._kernel_wanted(x2):
             from kernels.quant_gemm import quant_matmul
 

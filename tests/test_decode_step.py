@@ -94,6 +94,30 @@ def test_quant_linear_kernel_path_matches_the_torch_fallback(interpreter: None, 
     assert float((y_kernel - y_fallback).abs().max() / y_fallback.abs().max()) < 2e-3
 
 
+@pytest.mark.timeout(240)
+def test_packed_layer_runs_as_one_opaque_operator_under_torch_compile(interpreter: None) -> None:
+    """The packed kernel is reached through ``tuner::packed_linear`` (the interpreter here): eager and compiled
+    (fullgraph, so the operator is not traced into) give the fallback's values."""
+    gen = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(256, 64, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(64, 256, generator=gen))
+    x = torch.randn(1, 256, generator=gen).to(torch.float16)
+    packed = QuantLinear.from_linear(linear, 4, 128, scale_dtype=torch.float16, use_kernel=True).packed()
+    fallback = QuantLinear.from_linear(linear, 4, 128, scale_dtype=torch.float16, use_kernel=False)
+    expected = fallback(x).float()
+    graphs: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(packed, backend=backend, fullgraph=True)
+    for y in (packed(x).float(), compiled(x).float()):
+        assert float((y - expected).abs().max() / expected.abs().max()) < 2e-3
+    assert any("tuner.packed_linear" in str(node.target) for gm in graphs for node in gm.graph.nodes)
+
+
 def test_default_tile_fits_decode_and_prefill_shapes() -> None:
     # One row: the GEMV kernel; split-K only for the 8192-row down projection (128 KB per program unsplit).
     tile = default_tile(1, 2048, 2048, 4, 128, smem_bytes=232448)
