@@ -211,6 +211,23 @@ def test_persistent_grid_counts_its_work_items_once() -> None:
     assert all(c["PERSISTENT"] for c in configs.values())
 
 
+def _inputs_and_fp32_reference(shape: tuple[int, int, int, int], causal: bool, seed: int) -> tuple[Any, ...]:
+    """bf16 Q, K, V of ``shape`` (CUDA) and, in fp32 math, the attention output and base-2 log-sum-exp."""
+    import math
+
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(shape[3])
+    if causal:
+        mask = torch.ones(shape[2], shape[2], device="cuda", dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, -math.inf)
+    expected = torch.softmax(scores, -1) @ v.float()
+    expected_lse = torch.logsumexp(scores, dim=-1) / math.log(2.0)
+    return q, k, v, expected, expected_lse
+
+
 @pytest.mark.gpu
 @compiled_gpu
 @pytest.mark.timeout(600)
@@ -220,20 +237,12 @@ def test_gpu_three_consumers_and_one_loop_match_fp32_attention(shape: tuple[int,
     """192 query rows a program (a ragged last tile at S = 1000), one program per tile and persistent, with and
     without the overlap and the three-way ping-pong, and one loop over a tile's key blocks (the diagonal masked
     behind a branch) with two and three consumers: outputs and log-sum-exp against fp32 math."""
-    import math
 
     import torch
 
     from kernels.attention_ws import attention_ws
 
-    gen = torch.Generator(device="cuda").manual_seed(shape[2])
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
-    scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(shape[3])
-    if causal:
-        mask = torch.ones(shape[2], shape[2], device="cuda", dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(mask, -math.inf)
-    expected = torch.softmax(scores, -1) @ v.float()
-    expected_lse = torch.logsumexp(scores, dim=-1) / math.log(2.0)
+    q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2])
     for block_n, overlap, persistent, pingpong, consumers, one_loop in (
         (128, True, True, False, 3, False), (128, True, True, True, 3, False), (64, False, False, False, 3, False),
         (128, True, False, True, 3, False), (128, True, True, True, 3, True), (64, False, True, False, 2, True),
@@ -259,20 +268,12 @@ def test_gpu_chained_tiles_match_fp32_attention(shape: tuple[int, int, int, int]
     tile's first scores are in flight, its accumulator cleared by the rescale). The shapes give programs one to
     four tiles (more work items than SMs), a ragged last tile (S = 1000), and causal pairs of tiles: outputs and
     log-sum-exp against fp32 math, with two and three consumers, key blocks of 64 and 128, 2 and 3 stages."""
-    import math
 
     import torch
 
     from kernels.attention_ws import attention_ws
 
-    gen = torch.Generator(device="cuda").manual_seed(shape[2] + shape[3])
-    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
-    scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(shape[3])
-    if causal:
-        mask = torch.ones(shape[2], shape[2], device="cuda", dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(mask, -math.inf)
-    expected = torch.softmax(scores, -1) @ v.float()
-    expected_lse = torch.logsumexp(scores, dim=-1) / math.log(2.0)
+    q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + shape[3])
     variants = [(128, 3, 2), (64, 2, 2), (128, 2, 2)] + ([(128, 2, 3), (64, 3, 3)] if shape[3] == 64 else [])
     for block_n, stages, consumers in variants:
         lse = torch.full(shape[:3], float("nan"), device="cuda", dtype=torch.float32)
