@@ -146,9 +146,43 @@ def packed_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     """:func:`kernels.quant_gemm_packed.packed_matmul` (tile ``dict(zip(names, values))``) as an opaque operator:
     torch.compile calls it as it is. Traced as a Triton kernel instead, its non-pure inline PTX (split-K's barrier)
     defeats Inductor's mutation analysis, which then takes every tensor argument, the weights too, as written."""
-    from kernels.quant_gemm_packed import PackedWeights, packed_matmul
+    from kernels.quant_gemm_packed import PackedWeights
 
-    return packed_matmul(x, PackedWeights(qweight, scales, bits, group_size), **dict(zip(names, values, strict=True)))
+    return packed_product(x, PackedWeights(qweight, scales, bits, group_size), dict(zip(names, values, strict=True)))
+
+
+def packed_product(
+    x: torch.Tensor, weights: Any, tile: dict[str, int], out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x @ dequant(weights)`` with a packed-layout tile: ``WS: 1`` names the warp-specialized Gluon kernel
+    (:mod:`kernels.quant_gemm_ws`, the other keys its knobs), any other tile :func:`packed_matmul`'s."""
+    if tile.get("WS") and weights.scales.dtype == x.dtype:
+        from kernels.quant_gemm_ws import ws_quant_matmul
+
+        return ws_quant_matmul(x, weights, out=out, **{k: v for k, v in tile.items() if k != "WS"})
+    if tile.get("WS"):  # the Gluon kernel takes scales in x's dtype only: the packed kernel's default tile
+        m, n, k = x.shape[0], weights.qweight.shape[1], x.shape[1]
+        tile = packed_tile(m, n, k, weights.bits)
+    from kernels.quant_gemm_packed import packed_matmul
+
+    return packed_matmul(x, weights, out=out, **tile)
+
+
+def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int) -> list[dict[str, int]]:
+    """Tiles of the warp-specialized Gluon kernel for (M, K) x (K, N) (``WS: 1``), where this Triton has it and
+    the product fits its rules (N a multiple of 8, groups of whole spans, shared memory)."""
+    from kernels import quant_gemm_ws
+
+    if not quant_gemm_ws.available():
+        return []
+    block_m = next((b for b in quant_gemm_ws.BLOCK_MS if m <= b), quant_gemm_ws.BLOCK_MS[-1])
+    tiles = []
+    for bn, stages, programs, scale_acc in itertools.product((128, 256), (3, 4), (1, 2, 3), (0, 1)):
+        tile = {"BLOCK_N": bn, "BLOCK_M": block_m, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
+                "LOADER_REGS": 24 if programs == 3 else 40, "SCALE_ACC": scale_acc}  # fmt: skip
+        if quant_gemm_ws.check_config(m, n, k, bits, group_size, **tile) is None:
+            tiles.append({"WS": 1, **tile})
+    return tiles
 
 
 @packed_linear.register_fake
@@ -306,7 +340,8 @@ def tune_packed_tile(
     """The fastest :func:`packed_candidates` tile for an (M, K) x (K, N) product on this GPU, measured as
     :func:`tune_tile` measures (compiled ahead, CUDA graph, weights rotating through HBM); cached per
     GPU and shape for the process."""
-    from kernels.quant_gemm_packed import PackedWeights, compile_only, pack_factor, packed_matmul
+    from kernels import quant_gemm_ws
+    from kernels.quant_gemm_packed import PackedWeights, compile_only, pack_factor
     from tuner.fingerprint import device_info
     from tuner.measure import time_fn
 
@@ -318,12 +353,16 @@ def tune_packed_tile(
 
     def compiles(tile: dict[str, int]) -> bool:
         try:
-            compile_only(m, n, k, precision=precision, bits=bits, group_size=group_size, **tile)
+            if tile.get("WS"):
+                knobs = {name: value for name, value in tile.items() if name != "WS"}
+                quant_gemm_ws.compile_only(m, n, k, bits=bits, group_size=group_size, precision=dtype, **knobs)
+            else:
+                compile_only(m, n, k, precision=precision, bits=bits, group_size=group_size, **tile)
         except Exception:  # a tile that does not compile here is simply not a candidate
             return False
         return True
 
-    candidates = packed_candidates(m, n, k, bits)
+    candidates = packed_candidates(m, n, k, bits) + ws_candidates(m, n, k, bits, group_size)
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         tiles = [t for t, ok in zip(candidates, pool.map(compiles, candidates), strict=True) if ok]
     if not tiles:
@@ -347,7 +386,7 @@ def tune_packed_tile(
 
         def products(tile: dict[str, int] = tile) -> None:
             for w in weights:
-                packed_matmul(x, w, out=out, **tile)
+                packed_product(x, w, tile, out=out)
 
         products()  # split-K scratch allocated before the graph capture
         timing = time_fn(products, info, warmup_ms=2.0, rep_ms=10.0, min_reps=5, max_reps=50, flush_l2=False,

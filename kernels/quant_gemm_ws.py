@@ -1,0 +1,470 @@
+"""Weight-only int4/int8 GEMM in Gluon for Hopper: a TMA loader warp feeding one decoding warpgroup that
+multiplies on the tensor cores, several such programs per SM, split-K as one even stream.
+
+``Y = X @ dequant(W)`` on :mod:`kernels.quant_layout`'s packed words (the layout of
+:mod:`kernels.quant_gemm_packed`; the same weights run on either kernel). Each program computes tiles of
+``Y^T = dequant(W)^T X^T`` (swapped: the decoded weights are wgmma's register operand, X its shared-memory
+operand; the tile's BLOCK_M columns of Y are the MMA's N, 8 to 64).
+
+- **Work**: all (tile, span) steps of the product, spans fastest, cut into one equal run per program
+  (``PROGRAMS_PER_SM`` x SMs programs): every program streams the same share of the weights, with no tail wave
+  and no fill and drain per tile. A tile whose spans are split between programs is summed in an fp32
+  workspace with atomics; the program that adds the tile's last span writes Y and zeroes the workspace and
+  the arrival counter again (:func:`kernels.quant_gemm_packed.scratch`'s, left zeroed by every launch).
+- **Loader** (one warp): per step, TMA copies of the span's (16, BLOCK_N) words, its row of scales and the
+  ``PACK`` (BLOCK_M, 16) slices of X into a ring of ``NUM_STAGES`` stages (a ``ready`` and an ``empty``
+  barrier each), so the weights' HBM stream never waits on the decode.
+- **Consumer** (one warpgroup): per step, the words go from shared memory straight into the wgmma operand
+  layout (word row j is K column j of every slice, so slot i of the words *is* slice i, with no value moving
+  between threads); each slice is decoded (int4: two slots a word in three PTX instructions,
+  :mod:`kernels.quant_decode`), scaled, and multiplied, asynchronously, while the next slice decodes.
+
+X and Y bf16 or fp16 (X row-major with K contiguous), scales in X's dtype, one scale row per ``group_size``
+rows, ``group_size`` a multiple of the span (128 rows for int4, 64 for int8). TMA needs N a multiple of 8.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import triton
+
+from kernels.quant_layout import SLICE, PackedWeights, pack_factor, span
+from tuner.workload import interpreter_active
+
+try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    # Triton 3.6 names the CTA barrier thread_barrier, later releases barrier.
+    _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+except ImportError:  # pragma: no cover - older Triton
+    gluon = None
+
+#: Tiles: BLOCK_N weight columns (the MMA's M: 64 rows a wgmma), BLOCK_M rows of X (the MMA's N).
+BLOCK_NS = (64, 128, 256)
+BLOCK_MS = (8, 16, 32, 64)
+SMEM_BYTES = 227 * 1024
+#: K rows of one decoded slice, as a kernel constant.
+_SLICE = triton.language.constexpr(SLICE)
+#: PTX decoding slots 2b and 2b + 1 of two int4 words (K rows j and j + 1 of a slice: one wgmma K pair) and
+#: scaling them: ``prmt`` puts byte b of each word in the low byte of a register half, ``lop3`` puts a nibble
+#: under the exponent of 128.0 (bf16) or 1024.0 (fp16) in both halves, a packed ``fma`` takes off 128 + 8
+#: (1024 + 8), leaving q exactly, and a packed multiply by the scale (both halves the same): four
+#: instructions a pair of weights, and the pair is already the register wgmma reads.
+_SLOTS_ASM = (
+    "{ .reg .b32 x, t, one, neg; mov.b32 one, ONE; mov.b32 neg, NEG; "
+    "prmt.b32 x, $2, $3, SEL; "
+    "lop3.b32 t, x, 0x000F000F, MAGIC, 0xEA; fma.rn.TYPE t, t, one, neg; mul.rn.TYPE $0, t, $4; "
+    "shr.u32 x, x, 4; "
+    "lop3.b32 t, x, 0x000F000F, MAGIC, 0xEA; fma.rn.TYPE t, t, one, neg; mul.rn.TYPE $1, t, $4; }"
+)
+
+
+def _slots_asm(dtype: str, b: int, scaled: bool = True) -> Any:
+    magic, one, neg, kind = {
+        "bf16": ("0x43004300", "0x3F803F80", "0xC308C308", "bf16x2"),
+        "fp16": ("0x64006400", "0x3C003C00", "0xE408E408", "f16x2"),
+    }[dtype]
+    sel = f"0x{4 + b:x}{4 + b:x}{b:x}{b:x}"  # bytes: b of the first word (0, 1), b of the second (2, 3)
+    text = _SLOTS_ASM.replace("SEL", sel).replace("MAGIC", magic).replace("ONE", one).replace("NEG", neg)
+    if not scaled:  # q itself (SCALE_ACC: the scale goes on the span's product instead)
+        text = text.replace("fma.rn.TYPE t, t, one, neg; mul.rn.TYPE $0, t, $4;", "fma.rn.TYPE $0, t, one, neg;")
+        text = text.replace("fma.rn.TYPE t, t, one, neg; mul.rn.TYPE $1, t, $4;", "fma.rn.TYPE $1, t, one, neg;")
+    return triton.language.constexpr(text.replace("TYPE", kind))
+
+
+_SLOTS_BF16_0, _SLOTS_BF16_1, _SLOTS_BF16_2, _SLOTS_BF16_3 = (_slots_asm("bf16", b) for b in range(4))
+_SLOTS_FP16_0, _SLOTS_FP16_1, _SLOTS_FP16_2, _SLOTS_FP16_3 = (_slots_asm("fp16", b) for b in range(4))
+_Q_BF16_0, _Q_BF16_1, _Q_BF16_2, _Q_BF16_3 = (_slots_asm("bf16", b, scaled=False) for b in range(4))
+_Q_FP16_0, _Q_FP16_1, _Q_FP16_2, _Q_FP16_3 = (_slots_asm("fp16", b, scaled=False) for b in range(4))
+#: The knobs of :func:`ws_quant_matmul` and their defaults.
+KNOBS: dict[str, int] = {"BLOCK_N": 128, "BLOCK_M": 16, "NUM_STAGES": 4, "PROGRAMS_PER_SM": 2, "LOADER_REGS": 40,
+                         "SCALE_ACC": 0}  # fmt: skip
+
+
+def available() -> bool:
+    """Whether this Triton has Gluon's Hopper API (the kernel compiles only then, and only for sm_90)."""
+    return gluon is not None and not interpreter_active()
+
+
+if gluon is not None:
+
+    @gluon.jit
+    def _as_plain_36(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return buf._reinterpret(dtype, shape, layout)
+
+    @gluon.jit
+    def _as_plain_39(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+        return buf.reinterpret(dtype, shape, layout)
+
+    #: The same shared memory under another layout (Triton 3.6 names it _reinterpret, later releases reinterpret).
+    _as_plain = _as_plain_36 if hasattr(gl.shared_memory_descriptor, "_reinterpret") else _as_plain_39
+
+    @gluon.jit
+    def _share(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPAN: gl.constexpr):
+        """This program's run [start, end) of the (tile, span) steps, the spans per tile and tiles along M."""
+        spans = K // SPAN
+        m_tiles = gl.cdiv(M, BLOCK_M)
+        steps = m_tiles * gl.cdiv(N, BLOCK_N) * spans
+        pid = gl.program_id(0)
+        programs = gl.num_programs(0)
+        start = (pid.to(gl.int64) * steps // programs).to(gl.int32)
+        end = ((pid + 1).to(gl.int64) * steps // programs).to(gl.int32)
+        return start, end, spans, m_tiles
+
+    @gluon.jit
+    def _loader(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, SPAN: gl.constexpr, PACK: gl.constexpr, GROUP_SIZE: gl.constexpr,
+                NUM_STAGES: gl.constexpr):  # fmt: skip
+        """One warp: every step's words, scales and X slices into the ring, in order."""
+        start, end, spans, m_tiles = _share(M, N, K, BLOCK_M, BLOCK_N, SPAN)
+        nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + PACK * x_desc.block_type.nbytes
+        for step in range(start, end):
+            i = step - start
+            stage = i % NUM_STAGES
+            # A fresh barrier's "previous phase" (parity 1) counts as complete: the first lap does not wait.
+            mbarrier.wait(empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
+            tile = step // spans
+            s = step % spans
+            m0 = (tile % m_tiles) * BLOCK_M
+            n0 = (tile // m_tiles) * BLOCK_N
+            bar = ready.index(stage)
+            mbarrier.expect(bar, nbytes)
+            _tma_load(w_desc, [s * _SLICE, n0], bar, w_smem.index(stage))
+            _tma_load(s_desc, [(s * SPAN) // GROUP_SIZE, n0], bar, s_smem.index(stage))
+            for j in gl.static_range(PACK):
+                _tma_load(x_desc, [m0, s * SPAN + j * _SLICE], bar, x_smem.index(stage * PACK + j))
+
+    @gluon.jit
+    def _slots(words, scale2, b: gl.constexpr, IS_BF16: gl.constexpr):
+        """Slots 2b and 2b + 1 of int4 words, decoded and scaled, as wgmma's K pairs (PTX, two words a call)."""
+        if IS_BF16:
+            if b == 0:
+                asm: gl.constexpr = _SLOTS_BF16_0
+            elif b == 1:
+                asm: gl.constexpr = _SLOTS_BF16_1
+            elif b == 2:
+                asm: gl.constexpr = _SLOTS_BF16_2
+            else:
+                asm: gl.constexpr = _SLOTS_BF16_3
+            return gl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r", [words, scale2], dtype=(gl.bfloat16, gl.bfloat16),
+                                             is_pure=True, pack=2)  # fmt: skip
+        else:
+            if b == 0:
+                asm: gl.constexpr = _SLOTS_FP16_0
+            elif b == 1:
+                asm: gl.constexpr = _SLOTS_FP16_1
+            elif b == 2:
+                asm: gl.constexpr = _SLOTS_FP16_2
+            else:
+                asm: gl.constexpr = _SLOTS_FP16_3
+            return gl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r", [words, scale2], dtype=(gl.float16, gl.float16),
+                                             is_pure=True, pack=2)  # fmt: skip
+
+    @gluon.jit
+    def _slots_q(words, b: gl.constexpr, IS_BF16: gl.constexpr):
+        """Slots 2b and 2b + 1 of int4 words as exact q, wgmma's K pairs (no scale)."""
+        if IS_BF16:
+            if b == 0:
+                asm: gl.constexpr = _Q_BF16_0
+            elif b == 1:
+                asm: gl.constexpr = _Q_BF16_1
+            elif b == 2:
+                asm: gl.constexpr = _Q_BF16_2
+            else:
+                asm: gl.constexpr = _Q_BF16_3
+            return gl.inline_asm_elementwise(asm, "=r,=r,r,r", [words], dtype=(gl.bfloat16, gl.bfloat16),
+                                             is_pure=True, pack=2)  # fmt: skip
+        else:
+            if b == 0:
+                asm: gl.constexpr = _Q_FP16_0
+            elif b == 1:
+                asm: gl.constexpr = _Q_FP16_1
+            elif b == 2:
+                asm: gl.constexpr = _Q_FP16_2
+            else:
+                asm: gl.constexpr = _Q_FP16_3
+            return gl.inline_asm_elementwise(asm, "=r,=r,r,r", [words], dtype=(gl.float16, gl.float16),
+                                             is_pure=True, pack=2)  # fmt: skip
+
+    @gluon.jit
+    def _packed_scale(scale):
+        """Each 16-bit scale twice in one 32-bit register (the second operand of a packed multiply)."""
+        return gl.inline_asm_elementwise("mov.b32 $0, {$1, $1};", "=r,h", [scale], dtype=gl.int32, is_pure=True,
+                                         pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _slot8(words, i: gl.constexpr, dtype: gl.constexpr):
+        """Slot i of int8 words as exact values in X's dtype (the exponent trick in fp32)."""
+        u = (words >> (8 * i)) & 255
+        return ((u | 0x4B000000).to(gl.float32, bitcast=True) - 8388736.0).to(dtype)
+
+    @gluon.jit
+    def _finish(acc, tile, parts, spans, m0, n0, M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn,
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+        """Store a tile's sum over ``parts`` of its spans: straight to Y when it is all of them, else added to
+        the workspace, and the program that brings the tile's count to ``spans`` writes Y and re-zeroes."""
+        layout: gl.constexpr = acc.type.layout
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+        offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))
+        mask = (gl.expand_dims(offs_n, 1) < N) & (gl.expand_dims(offs_m, 0) < M)
+        y_ptrs = y_ptr + gl.expand_dims(offs_m, 0) * stride_ym + gl.expand_dims(offs_n, 1) * stride_yn
+        if parts == spans:
+            gl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        else:
+            ws_ptrs = ws_ptr + gl.expand_dims(offs_m, 0) * N + gl.expand_dims(offs_n, 1)
+            gl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+            _cta_barrier()  # every thread's partial is issued before the arrival is counted
+            arrived = gl.atomic_add(cnt_ptr + tile, parts, sem="acq_rel")
+            if arrived + parts == spans:
+                total = gl.load(ws_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+                gl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
+                # Zeros made from the sums read: each goes out from the thread that read its element.
+                gl.store(ws_ptrs, gl.where(mask, 0.0, total), mask=mask, cache_modifier=".cg")
+                gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
+
+    @gluon.jit
+    def _span_scaled(acc, words, s_buf, x_smem, stage, a_layout: gl.constexpr, dtype: gl.constexpr,
+                     PACK: gl.constexpr, BITS: gl.constexpr):  # fmt: skip
+        """One span's weights decoded and scaled into wgmma's register operand, multiplied into acc."""
+        scale = s_buf.load(gl.SliceLayout(1, a_layout))
+        if BITS == 4:
+            scale2 = gl.broadcast(gl.expand_dims(_packed_scale(scale), 1), words)[0]
+            for b in gl.static_range(4):
+                even, odd = _slots(words, scale2, b, dtype == gl.bfloat16)
+                acc = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * b).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * b + 1).permute((1, 0)), acc, is_async=True)
+        else:
+            scale = gl.expand_dims(scale, 1)
+            for j in gl.static_range(PACK):
+                q = _slot8(words, j, dtype)
+                acc = warpgroup_mma(q * scale, x_smem.index(stage * PACK + j).permute((1, 0)), acc, is_async=True)
+        return warpgroup_mma_wait(0, deps=(acc,))
+
+    @gluon.jit
+    def _consumer(y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, ready, empty, M, N, K, stride_ym, stride_yn,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPAN: gl.constexpr, PACK: gl.constexpr,
+                  BITS: gl.constexpr, NUM_STAGES: gl.constexpr, SCALE_ACC: gl.constexpr):  # fmt: skip
+        """One warpgroup: decode each step's span slice by slice into wgmma's register operand."""
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_M, 16])  # fmt: skip
+        a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+        dtype: gl.constexpr = y_ptr.dtype.element_ty
+        start, end, spans, m_tiles = _share(M, N, K, BLOCK_M, BLOCK_N, SPAN)
+        acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
+        first = start % spans  # the first span of the current tile's part
+        for step in range(start, end):
+            i = step - start
+            stage = i % NUM_STAGES
+            mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
+            # TMA wrote the boxes unswizzled, row-major: read them as that (an NVMMA layout of swizzle 0 is
+            # read as the MMA's 8-row core matrices, a different order).
+            w_buf = _as_plain(
+                w_smem.index(stage), gl.int32, [_SLICE, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+            )
+            words = w_buf.permute((1, 0)).load(a_layout)  # (BLOCK_N, 16): word row j is K column j
+            s_buf = _as_plain(s_smem.index(stage), s_smem.dtype, [BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            if SCALE_ACC:  # the span's product of exact q, scaled once per output element
+                scale_acc = gl.expand_dims(s_buf.load(gl.SliceLayout(1, acc_layout)).to(gl.float32), 1)
+                part = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
+                if BITS == 4:
+                    for b in gl.static_range(4):
+                        even, odd = _slots_q(words, b, dtype == gl.bfloat16)
+                        part = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * b).permute((1, 0)), part,
+                                             use_acc=b > 0, is_async=True)  # fmt: skip
+                        part = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * b + 1).permute((1, 0)), part,
+                                             is_async=True)  # fmt: skip
+                else:
+                    for j in gl.static_range(PACK):
+                        part = warpgroup_mma(_slot8(words, j, dtype), x_smem.index(stage * PACK + j).permute((1, 0)),
+                                             part, use_acc=j > 0, is_async=True)  # fmt: skip
+                part = warpgroup_mma_wait(0, deps=(part,))
+                mbarrier.arrive(empty.index(stage), count=1)
+                acc = acc + part * scale_acc
+            else:
+                acc = _span_scaled(acc, words, s_buf, x_smem, stage, a_layout, dtype, PACK, BITS)
+                mbarrier.arrive(empty.index(stage), count=1)
+            s = step % spans
+            if (s == spans - 1) | (step == end - 1):  # the tile's part ends here
+                tile = step // spans
+                _finish(acc, tile, s - first + 1, spans, (tile % m_tiles) * BLOCK_M, (tile // m_tiles) * BLOCK_N,
+                        M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn, BLOCK_M, BLOCK_N)  # fmt: skip
+                acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
+                first = 0
+
+    @gluon.jit
+    def ws_quant_kernel(x_desc, w_desc, s_desc, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_ym, stride_yn,
+                        BITS: gl.constexpr, GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        NUM_STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, SCALE_ACC: gl.constexpr):  # fmt: skip
+        """A persistent program: one loader warp and one consumer warpgroup over an equal run of steps."""
+        PACK: gl.constexpr = 32 // BITS
+        SPAN: gl.constexpr = 16 * PACK
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * PACK, BLOCK_M, _SLICE], x_desc.layout)
+        w_smem = gl.allocate_shared_memory(gl.int32, [NUM_STAGES, _SLICE, BLOCK_N], w_desc.layout)
+        s_smem = gl.allocate_shared_memory(s_desc.dtype, [NUM_STAGES, 1, BLOCK_N], s_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NUM_STAGES):
+            mbarrier.init(ready.index(i), count=1)
+            mbarrier.init(empty.index(i), count=1)
+        gl.warp_specialize(
+            [
+                (_consumer, (y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, ready, empty, M, N, K, stride_ym,
+                             stride_yn, BLOCK_M, BLOCK_N, SPAN, PACK, BITS, NUM_STAGES, SCALE_ACC)),
+                (_loader, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M, BLOCK_N,
+                           SPAN, PACK, GROUP_SIZE, NUM_STAGES)),
+            ],
+            [1],
+            [LOADER_REGS],
+        )  # fmt: skip
+
+
+def shared_memory_bytes(bits: int, BLOCK_M: int, BLOCK_N: int, NUM_STAGES: int) -> int:
+    """The ring's words, scales and X slices (16-bit X), plus 1024 bytes for barriers and alignment."""
+    per_stage = SLICE * BLOCK_N * 4 + BLOCK_N * 2 + span(bits) * BLOCK_M * 2
+    return NUM_STAGES * per_stage + 1024
+
+
+def check_config(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, NUM_STAGES: int,
+                 PROGRAMS_PER_SM: int, LOADER_REGS: int, SCALE_ACC: int = 0) -> str | None:  # fmt: skip
+    """Why the kernel cannot run this product and config (None when it can), naming the field."""
+    if bits not in (4, 8):
+        return f"bits must be 4 or 8, got {bits!r}"
+    if group_size % span(bits) or k % group_size:
+        return f"group_size must be a multiple of the int{bits} span ({span(bits)}) dividing K={k}, got {group_size}"
+    if BLOCK_N not in BLOCK_NS:
+        return f"BLOCK_N must be one of {BLOCK_NS}, got {BLOCK_N}"
+    if BLOCK_M not in BLOCK_MS:
+        return f"BLOCK_M must be one of {BLOCK_MS}, got {BLOCK_M}"
+    if NUM_STAGES < 2:
+        return f"NUM_STAGES must be >= 2, got {NUM_STAGES}"
+    if not 1 <= PROGRAMS_PER_SM <= 4:
+        return f"PROGRAMS_PER_SM must be in [1, 4], got {PROGRAMS_PER_SM}"
+    if LOADER_REGS % 8 or not 24 <= LOADER_REGS <= 256:
+        return f"LOADER_REGS must be a multiple of 8 in [24, 256], got {LOADER_REGS}"
+    if SCALE_ACC not in (0, 1):
+        return f"SCALE_ACC must be 0 or 1, got {SCALE_ACC}"
+    if n % 8:
+        return f"TMA needs N a multiple of 8 (16-byte rows of scales), got N={n}"
+    if m < 1:
+        return f"M must be positive, got {m}"
+    shared = shared_memory_bytes(bits, BLOCK_M, BLOCK_N, NUM_STAGES) * PROGRAMS_PER_SM
+    if shared > SMEM_BYTES:
+        return f"shared memory {shared} B ({PROGRAMS_PER_SM} programs of {NUM_STAGES} stages) exceeds {SMEM_BYTES} B"
+    return None
+
+
+def _meta(m: int, n: int, k: int, bits: int, group_size: int, knobs: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(knobs) - set(KNOBS)
+    if unknown:
+        raise ValueError(f"unknown knobs of the warp-specialized int{bits} GEMM: {sorted(unknown)}")
+    merged = {**KNOBS, **{name: int(value) for name, value in knobs.items()}}
+    reason = check_config(m, n, k, bits, group_size, **merged)
+    if reason:
+        raise ValueError(reason)
+    # Registers a thread at launch, so that PROGRAMS_PER_SM programs of 8 warps (the loader's warpgroup is
+    # padded) fit the SM's 65,536; setmaxnreg then moves the loader's surplus to the consumer.
+    maxnreg = min(256, 65536 // (256 * merged.pop("PROGRAMS_PER_SM")) // 8 * 8)
+    return {"BITS": bits, "GROUP_SIZE": group_size, **merged, "num_warps": 4, "maxnreg": maxnreg}
+
+
+def _steps(m: int, n: int, k: int, bits: int, meta: dict[str, Any]) -> tuple[int, int]:
+    """(all (tile, span) steps, tiles)."""
+    tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+    return tiles * (k // span(bits)), tiles
+
+
+def _descriptors(x: Any, qweight: Any, scales: Any, m: int, n: int, k: int, bits: int, meta: dict[str, Any]) -> tuple:
+    dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    bm, bn = meta["BLOCK_M"], meta["BLOCK_N"]
+    plain32 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    plain16 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
+    rows = k // pack_factor(bits)
+    groups = k // meta["GROUP_SIZE"]
+    return (
+        TensorDescriptor(x, [m, k], [k, 1], [bm, SLICE], gl.NVMMASharedLayout.get_default_for([bm, SLICE], dtype)),
+        TensorDescriptor(qweight, [rows, n], [n, 1], [SLICE, bn], plain32),
+        TensorDescriptor(scales, [groups, n], [n, 1], [1, bn], plain16),
+    )
+
+
+def ws_quant_matmul(
+    x: torch.Tensor,
+    weights: PackedWeights,
+    *,
+    out: torch.Tensor | None = None,
+    num_sms: int | None = None,
+    **knobs: Any,
+) -> torch.Tensor:
+    """``Y = X @ dequant(weights)``, one launch on the current stream: ``x`` (M, K) bf16/fp16 row-major,
+    ``weights`` in the packed layout with scales in x's dtype, ``out`` (M, N) contiguous in x's dtype.
+    ``knobs``: those of :data:`KNOBS`. ``num_sms``: the SMs to spread over (default: the device's)."""
+    if not available():
+        raise ValueError("the warp-specialized quantized GEMM needs Gluon (Triton >= 3.6) on an sm_90 GPU")
+    if x.dtype not in (torch.bfloat16, torch.float16) or x.ndim != 2 or x.stride(1) != 1 or (x.shape[1] * 2) % 16:
+        raise ValueError(f"x must be 2-D bf16/fp16 with contiguous rows of 16-byte multiples, got {x.dtype} "
+                         f"{tuple(x.shape)} strides {x.stride()}")  # fmt: skip
+    qweight, scales, bits, group_size = weights.qweight, weights.scales, weights.bits, weights.group_size
+    m, k = x.shape
+    n = qweight.shape[1]
+    if qweight.dtype != torch.int32 or not qweight.is_contiguous() or qweight.shape[0] * pack_factor(bits) != k:
+        raise ValueError(f"qweight must be contiguous int32 ({k // pack_factor(bits)}, {n}), got {qweight.dtype} "
+                         f"{tuple(qweight.shape)}")  # fmt: skip
+    if scales.dtype != x.dtype or not scales.is_contiguous() or tuple(scales.shape) != (k // group_size, n):
+        raise ValueError(f"scales must be contiguous {x.dtype} ({k // group_size}, {n}), got {scales.dtype} "
+                         f"{tuple(scales.shape)}")  # fmt: skip
+    meta = _meta(m, n, k, bits, group_size, knobs)
+    if out is None:
+        out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    elif tuple(out.shape) != (m, n) or out.dtype != x.dtype:
+        raise ValueError(f"out must be ({m}, {n}) {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+    from kernels.quant_gemm_packed import scratch
+
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    steps, tiles = _steps(m, n, k, bits, meta)
+    programs = min(steps, num_sms * int({**KNOBS, **knobs}["PROGRAMS_PER_SM"]))
+    ws, cnt = scratch(x.device, m * n, tiles)
+    descs = _descriptors(x, qweight, scales, m, n, k, bits, meta)
+    ws_quant_kernel[(programs,)](*descs, out, ws, cnt, m, n, k, out.stride(0), out.stride(1), **meta)
+    return out
+
+
+def _mock_args(m: int, n: int, k: int, bits: int, precision: torch.dtype, meta: dict[str, Any]) -> tuple[Any, ...]:
+    from kernels.attention import mock_tensor_class
+
+    MockTensor = mock_tensor_class()
+    x = MockTensor(precision, [m, k])
+    qweight = MockTensor(torch.int32, [k // pack_factor(bits), n])
+    scales = MockTensor(precision, [k // meta["GROUP_SIZE"], n])
+    y, ws, cnt = MockTensor(precision, [m, n]), MockTensor(torch.float32, [m * n]), MockTensor(torch.int32, [64])
+    return (*_descriptors(x, qweight, scales, m, n, k, bits, meta), y, ws, cnt, m, n, k, n, 1)
+
+
+def compile_only(m: int, n: int, k: int, *, bits: int = 4, group_size: int = 128,
+                 precision: torch.dtype = torch.bfloat16, num_sms: int | None = None,
+                 **knobs: Any) -> Any | None:  # fmt: skip
+    """Compile the kernel :func:`ws_quant_matmul` launches for the current GPU, without launching it (None when
+    Gluon is missing or the kernels are interpreted): a process pool can fill the cache ahead."""
+    if not available():
+        return None
+    meta = _meta(m, n, k, bits, group_size, knobs)
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    programs = min(_steps(m, n, k, bits, meta)[0], num_sms * int({**KNOBS, **knobs}["PROGRAMS_PER_SM"]))
+    args = _mock_args(m, n, k, bits, precision, meta)
+    return ws_quant_kernel.warmup(*args, **meta, grid=(programs,))
+
+
+def compile_for_target(m: int, n: int, k: int, *, bits: int = 4, group_size: int = 128,
+                       precision: torch.dtype = torch.bfloat16, capability: int = 90, **knobs: Any) -> Any:  # fmt: skip
+    """``triton.compile`` for ``GPUTarget("cuda", capability, 32)`` with no GPU (PTX, registers, shared memory)."""
+    from kernels.attention import compile_jit_for_target
+
+    meta = _meta(m, n, k, bits, group_size, knobs)
+    return compile_jit_for_target(ws_quant_kernel, _mock_args(m, n, k, bits, precision, meta), meta, capability)

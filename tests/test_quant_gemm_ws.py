@@ -1,0 +1,194 @@
+"""The warp-specialized Gluon int4/int8 GEMM (``kernels/quant_gemm_ws.py``): its static rules on the CPU, an
+ahead-of-time sm_90 compile (wgmma with the decoded weights in registers, TMA loads, the two-word PTX decode,
+no spills at two and three programs an SM), and on a GPU the product against the fp32 one for ragged shapes,
+both bit widths and both 16-bit types, and many launches of a split tile's in-kernel sum."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from conftest import compiled_gpu
+
+
+def test_check_config_names_the_field_it_refuses() -> None:
+    from kernels.quant_gemm_ws import KNOBS, check_config, shared_memory_bytes
+
+    ok = dict(KNOBS)
+    assert check_config(1, 4096, 14336, 4, 128, **ok) is None
+    assert check_config(64, 4096, 4096, 8, 128, **ok) is None
+    assert "bits" in (check_config(1, 4096, 4096, 2, 128, **ok) or "")
+    assert "group_size" in (check_config(1, 4096, 4096, 4, 64, **ok) or "")  # smaller than the int4 span
+    assert "BLOCK_N" in (check_config(1, 4096, 4096, 4, 128, **{**ok, "BLOCK_N": 96}) or "")
+    assert "BLOCK_M" in (check_config(1, 4096, 4096, 4, 128, **{**ok, "BLOCK_M": 128}) or "")
+    assert "N a multiple of 8" in (check_config(1, 4100, 4096, 4, 128, **ok) or "")
+    assert "LOADER_REGS" in (check_config(1, 4096, 4096, 4, 128, **{**ok, "LOADER_REGS": 20}) or "")
+    big = {**ok, "BLOCK_M": 64, "BLOCK_N": 256, "NUM_STAGES": 8, "PROGRAMS_PER_SM": 1}
+    assert "shared memory" in (check_config(64, 4096, 4096, 4, 128, **big) or "")
+    assert shared_memory_bytes(4, 16, 128, 4) == 4 * (16 * 128 * 4 + 128 * 2 + 128 * 16 * 2) + 1024
+
+
+_AOT_SCRIPT = """
+import json, re, subprocess, sys, tempfile
+from kernels import quant_gemm_ws
+if not quant_gemm_ws.available():
+    print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
+    sys.exit(0)
+for job in json.loads(sys.argv[1]):
+    kernel = compile_or_skip(lambda: quant_gemm_ws.compile_for_target(*job["shape"], bits=job["bits"], **job["knobs"]))
+    ptx = kernel.asm["ptx"]
+    spills = re.findall(r"(\\d+) bytes spill stores", kernel.asm.get("sass", "") or "")
+    print(json.dumps({**job, "shared": kernel.metadata.shared, "n_spills": getattr(kernel.metadata, "n_spills", None),
+                      "wgmma_register_a": len(re.findall(r"wgmma\\.mma_async[^;]*\\{[^}]*\\}, \\{", ptx)),
+                      "tma_load": "cp.async.bulk.tensor.2d.shared" in ptx,
+                      "two_word_decode": ptx.count("prmt.b32 x,"), "maxnreg": re.findall(r"\\.maxnreg (\\d+)", ptx)}),
+          flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_kernel_compiles_for_sm90_with_register_operands_and_tma(aot_child: Any) -> None:
+    from kernels.quant_gemm_ws import shared_memory_bytes
+
+    jobs = [
+        {"shape": [1, 4096, 14336], "bits": 4, "knobs": {}},
+        {
+            "shape": [64, 14336, 4096],
+            "bits": 4,
+            "knobs": {"BLOCK_M": 64, "BLOCK_N": 64, "NUM_STAGES": 8, "PROGRAMS_PER_SM": 1},
+        },
+        {"shape": [1, 4096, 4096], "bits": 4, "knobs": {"BLOCK_M": 8, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24}},
+        {"shape": [1, 4096, 4096], "bits": 8, "knobs": {"BLOCK_N": 256}},
+        {"shape": [16, 4096, 4096], "bits": 4, "knobs": {"SCALE_ACC": 1}},
+    ]
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=290)
+    assert len(lines) == len(jobs), lines
+    for result in lines:
+        assert result["tma_load"] and result["wgmma_register_a"] > 0, result
+        # int4: one two-word decode per pair of word rows, per slot byte: (BLOCK_N x 16 words) / 128 threads / 2 x 4
+        if result["bits"] == 4:
+            assert result["two_word_decode"] > 0, result
+        knobs = {"BLOCK_M": 16, "BLOCK_N": 128, "NUM_STAGES": 4, **result["knobs"]}
+        programs = knobs.pop("PROGRAMS_PER_SM", 2)
+        knobs.pop("LOADER_REGS", None)
+        knobs.pop("SCALE_ACC", None)
+        estimate = shared_memory_bytes(result["bits"], **knobs)
+        assert estimate - 1024 <= result["shared"] <= estimate, (result, estimate)
+        assert result["maxnreg"] == [str(min(256, 65536 // (256 * programs) // 8 * 8))], result
+
+
+def _product(m: int, n: int, k: int, bits: int, dtype: Any, seed: int) -> tuple[Any, Any, Any]:
+    import torch
+
+    from kernels.quant_layout import quantize_packed
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(k, n, device="cuda", generator=gen) * 0.05
+    packed = quantize_packed(w, bits, 128, scale_dtype=dtype)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+    return x, packed, x.float() @ packed.dequantize()
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_gpu_product_matches_fp32_for_ragged_shapes(bits: int, precision: str) -> None:
+    """M below, at and above BLOCK_M (two M tiles), N not a multiple of BLOCK_N, tiles whole in one program and
+    split between several (few spans, many programs), one program for everything."""
+    import torch
+
+    from kernels.quant_gemm_ws import ws_quant_matmul
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    cases = [
+        ((1, 4096, 4096), None, {}),
+        ((5, 1000, 1024), None, {"BLOCK_M": 8, "BLOCK_N": 64}),
+        ((16, 4104, 2048), None, {"BLOCK_M": 16, "BLOCK_N": 256, "NUM_STAGES": 8, "PROGRAMS_PER_SM": 1}),
+        ((100, 3000, 1024), None, {"BLOCK_M": 64, "BLOCK_N": 128, "SCALE_ACC": 1}),
+        ((3, 2048, 4096), None, {"BLOCK_M": 8, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24, "SCALE_ACC": 1}),
+        ((33, 512, 8192), 3, {"BLOCK_M": 32}),  # three programs: every tile summed over parts of two programs
+        ((64, 2048, 512), 1, {"BLOCK_M": 64, "NUM_STAGES": 2}),  # one program walks every tile in turn
+    ]
+    for (m, n, k), sms, knobs in cases:
+        x, packed, reference = _product(m, n, k, bits, dtype, seed=m + n)
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+        ws_quant_matmul(x, packed, out=out, num_sms=sms, **knobs)
+        torch.cuda.synchronize()
+        error = ((out.float() - reference).abs().max() / reference.abs().max()).item()
+        assert error < (1e-2 if precision == "bf16" else 3e-3), ((m, n, k), sms, knobs, error)
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+def test_gpu_split_tiles_are_summed_right_in_every_launch() -> None:
+    """300 launches per config whose tiles are cut between programs, beside a second stream's traffic: every
+    result equal to the first (fp32 atomics commute to within rounding: compared with a tolerance) and right."""
+    import torch
+
+    from kernels.quant_gemm_ws import ws_quant_matmul
+
+    x, packed, reference = _product(16, 4096, 14336, 4, torch.bfloat16, seed=7)
+    side = torch.cuda.Stream()
+    noise = torch.randn(4096, 4096, device="cuda")
+    sink = torch.empty_like(noise)
+    for knobs in ({}, {"BLOCK_N": 64, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24, "SCALE_ACC": 1}, {"BLOCK_N": 256}):
+        outs = []
+        for _ in range(300):
+            with torch.cuda.stream(side):
+                torch.matmul(noise, noise, out=sink)
+            outs.append(ws_quant_matmul(x, packed, **knobs))
+        torch.cuda.synchronize()
+        scale = reference.abs().max()
+        wrong = sum(int(((o.float() - reference).abs().max() / scale) > 1e-2) for o in outs)
+        assert wrong == 0, (knobs, wrong)
+
+
+def test_ws_tiles_offered_to_the_packed_layers_tuner_only_where_they_run(monkeypatch: Any) -> None:
+    """Without Gluon (or interpreted) no tile is offered; with it, every offered tile is named ``WS: 1`` and passes
+    the kernel's rules, none for a product the kernel refuses (N not a multiple of 8, groups smaller than a span)."""
+    from kernels import quant_gemm_ws
+    from models.quant_linear import ws_candidates
+
+    monkeypatch.setattr(quant_gemm_ws, "available", lambda: False)
+    assert ws_candidates(1, 4096, 4096, 4, 128) == []
+    monkeypatch.setattr(quant_gemm_ws, "available", lambda: True)
+    for m, block_m in ((1, 8), (16, 16), (40, 64), (300, 64)):
+        tiles = ws_candidates(m, 4096, 4096, 4, 128)
+        assert tiles and all(t["WS"] == 1 and t["BLOCK_M"] == block_m for t in tiles), (m, tiles)
+        for tile in tiles:
+            knobs = {name: value for name, value in tile.items() if name != "WS"}
+            assert quant_gemm_ws.check_config(m, 4096, 4096, 4, 128, **knobs) is None
+    assert ws_candidates(1, 4100, 4096, 4, 128) == [] and ws_candidates(1, 4096, 4096, 4, 64) == []
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+def test_gpu_packed_layer_with_a_ws_tile_matches_its_fallback_eager_and_compiled() -> None:
+    """A packed QuantLinear told to use a Gluon tile (through the tuner::packed_linear op) gives the fallback's
+    product, eager and under torch.compile; the tuner's measured pick for its shape runs and is right too."""
+    import torch
+
+    from models.quant_linear import QuantLinear, tune_packed_tile
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    linear = torch.nn.Linear(2048, 6144, bias=False, device="cuda")
+    layer = QuantLinear.from_linear(linear, bits=4, group_size=128).packed()
+    for m in (1, 16, 64):
+        x = torch.randn(m, 2048, device="cuda", generator=gen).to(torch.bfloat16)
+        reference = QuantLinear.forward(layer, x.float()).float()  # CPU-free fallback path: fp32 input
+        layer.set_tile(m, {"WS": 1, "BLOCK_N": 128, "BLOCK_M": 8 if m == 1 else min(64, m), "NUM_STAGES": 4,
+                           "PROGRAMS_PER_SM": 2, "LOADER_REGS": 40, "SCALE_ACC": int(m == 16)})  # fmt: skip
+        eager = layer(x).float()
+        compiled = torch.compile(layer, fullgraph=True)(x).float()
+        for got in (eager, compiled):
+            error = ((got - reference).abs().max() / reference.abs().max()).item()
+            assert error < 1e-2, (m, error)
+        tuned = tune_packed_tile(m, 6144, 2048, 4, 128, torch.bfloat16, torch.device("cuda"))
+        layer.set_tile(m, tuned)
+        error = ((layer(x).float() - reference).abs().max() / reference.abs().max()).item()
+        assert error < 1e-2, (m, tuned, error)
