@@ -16,8 +16,12 @@ operand; the tile's BLOCK_M columns of Y are the MMA's N, 8 to 64).
   barrier each), so the weights' HBM stream never waits on the decode.
 - **Consumer** (one warpgroup): per step, the words go from shared memory straight into the wgmma operand
   layout (word row j is K column j of every slice, so slot i of the words *is* slice i, with no value moving
-  between threads); each slice is decoded (int4: two slots a word in three PTX instructions,
-  :mod:`kernels.quant_decode`), scaled, and multiplied, asynchronously, while the next slice decodes.
+  between threads); each slice is decoded (int4: one PTX call turns byte b of two words, K rows j and j + 1,
+  into the K pairs of slices 2b and 2b + 1), scaled, and multiplied, asynchronously, while the next slice
+  decodes. ``SCALE_ACC`` decodes exact q instead and scales the span's fp32 product once per output element
+  (fewer instructions where BLOCK_M is small: the fastest at M <= 16 on an H200).
+- **Registers**: ``maxnreg`` is set so that ``PROGRAMS_PER_SM`` programs of 8 warps fit the SM (the loader's
+  warpgroup is padded), and ``setmaxnreg`` moves the loader's surplus (``LOADER_REGS``) to the consumer.
 
 X and Y bf16 or fp16 (X row-major with K contiguous), scales in X's dtype, one scale row per ``group_size``
 rows, ``group_size`` a multiple of the span (128 rows for int4, 64 for int8). TMA needs N a multiple of 8.
