@@ -1,0 +1,286 @@
+"""The consumer side of :mod:`kernels.attention_ws`, in Gluon: the work items a program takes, the masks and the
+base-2 online softmax, the consumer warpgroups' key-block loops (plain, ``OVERLAP``, ``CHAIN``) and the epilogue.
+
+Device functions only; the partitions, the loader, the kernel and its launch live in :mod:`kernels.attention_ws`.
+"""
+
+from __future__ import annotations
+
+import triton
+
+try:  # Gluon (Triton >= 3.6); the functions are defined only where it exists
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+except ImportError:  # pragma: no cover - older Triton
+    gluon = None
+
+MASKED_SCORE = triton.language.constexpr(-1.0e30)  # finite: a fully masked block cannot make NaN
+
+if gluon is not None:
+
+    @gluon.jit
+    def _tile_extent(start_m, SEQ_LEN, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, CONSUMERS: gl.constexpr):
+        """(key blocks wholly left of the tile's first row, key blocks the tile reads) for query block start_m."""
+        if CAUSAL:
+            n_full = (start_m * (64 * CONSUMERS)) // BLOCK_N
+            n_blocks = gl.cdiv(gl.minimum((start_m + 1) * (64 * CONSUMERS), SEQ_LEN), BLOCK_N)
+        else:
+            n_full = SEQ_LEN // BLOCK_N
+            n_blocks = gl.cdiv(SEQ_LEN, BLOCK_N)
+        return n_full, n_blocks
+
+    @gluon.jit
+    def _program_tile(SEQ_LEN, CAUSAL: gl.constexpr, HEAD_MAJOR: gl.constexpr, CONSUMERS: gl.constexpr):
+        """(batch*head, query block) of a program of the one-tile grid; causal query blocks longest first."""
+        if HEAD_MAJOR:
+            off_hz = gl.program_id(1)
+            m_index = gl.program_id(0)
+        else:
+            off_hz = gl.program_id(0)
+            m_index = gl.program_id(1)
+        if CAUSAL:
+            m_index = gl.cdiv(SEQ_LEN, 64 * CONSUMERS) - 1 - m_index
+        return off_hz, m_index
+
+    @gluon.jit
+    def _work_item(item, num_m, CAUSAL: gl.constexpr):
+        """(batch*head, first query block, second, tiles) of work item ``item`` of the persistent grid.
+
+        Items run head-major (the tiles of one head together, its K/V shared in L2). Full attention: one tile
+        per item. Causal: query block num_m-1-k with block k (the longest with the shortest) in one item, so
+        every item reads num_m+1 query blocks' worth of keys and programs striding over the items get equal work
+        (the middle block of an odd num_m alone).
+        """
+        if CAUSAL:
+            per_head = (num_m + 1) // 2
+            off_hz = item // per_head
+            k = item % per_head
+            first = num_m - 1 - k
+            second = k
+            tiles = gl.where(first == second, 1, 2)
+        else:
+            off_hz = item // num_m
+            first = item % num_m
+            second = first
+            tiles = 1
+        return off_hz, first, second, tiles
+
+    @gluon.jit
+    def _num_items(num_m, BH, CAUSAL: gl.constexpr):
+        if CAUSAL:
+            return BH * ((num_m + 1) // 2)
+        else:
+            return BH * num_m
+
+    @gluon.jit
+    def _masked(s, keys, rows, SEQ_LEN, mask_now, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+        """Raw scores, masked where ``MASK`` and ``mask_now`` (a runtime flag: the block may cross the diagonal or
+        the end): keys past SEQ_LEN, and with CAUSAL keys past the row."""
+        if MASK:
+            if mask_now:
+                valid = gl.expand_dims(keys, 0) < SEQ_LEN
+                if CAUSAL:
+                    valid = valid & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1))
+                s = gl.where(valid, s, MASKED_SCORE)
+        return s
+
+    @gluon.jit
+    def _online_softmax(s, m_i, l_i, keys, rows, qk_scale, SEQ_LEN, mask_now, MASK: gl.constexpr,
+                        CAUSAL: gl.constexpr):  # fmt: skip
+        """One block's step of the online softmax: P, the rescale of what came before, the new max and sum.
+
+        The row maximum is taken over the raw scores and scaled once per row (``qk_scale > 0``), so each score
+        costs one fused multiply-add before its ``exp2`` instead of a multiply and a subtraction."""
+        s = _masked(s, keys, rows, SEQ_LEN, mask_now, MASK, CAUSAL)
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, alpha, m_new, l_i
+
+    @gluon.jit
+    def _consume(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base, qk_scale,
+                 SEQ_LEN, mask_from, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr,
+                 CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):  # fmt: skip
+        """Fold key blocks ``lo .. hi-1`` into (acc, m_i, l_i): S = Q K^T, online softmax, acc += P V; with
+        ``MASK`` the blocks from ``mask_from`` on are masked.
+
+        Key block j sits in ring slot ``base + j`` (stage ``% NUM_BUFFERS``, phase from the lap): ``base`` is
+        the number of blocks the program consumed in its earlier tiles (0 unless persistent)."""
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
+        for j in range(lo, hi):
+            stage = (base + j) % NUM_BUFFERS
+            phase = ((base + j) // NUM_BUFFERS) & 1
+            mbarrier.wait(k_ready.index(stage), phase)
+            k_t = k_smem.index(stage).permute((1, 0))
+            s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
+            s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
+            p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
+                                                   j >= mask_from, MASK, CAUSAL)  # fmt: skip
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+            p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+            mbarrier.wait(v_ready.index(stage), phase)
+            v = v_smem.index(stage)
+            acc = warpgroup_mma(p_op, v, acc, is_async=True)
+            # Wait before the next block: the in-flight wgmma reads P from registers.
+            acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+            mbarrier.arrive(kv_empty.index(stage), count=1)
+            m_i = m_new
+        return acc, m_i, l_i
+
+    @gluon.jit
+    def _consume_overlap(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base, qk_scale,
+                         SEQ_LEN, mask_from, q_free, release_q, my_turn, their_turn, turns, BLOCK_N: gl.constexpr,
+                         NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
+                         p_layout: gl.constexpr, c: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+        """As :func:`_consume` (blocks from ``mask_from`` on masked with ``MASK``), with the scores of block j+1 in
+        flight while P_j V_j and the softmax of j+1 run.
+
+        Per step: issue S_{j+1} = Q K_{j+1}^T and acc += P_j V_j (both async), wait for S_{j+1} only
+        (one wgmma left in flight), compute P_{j+1} while P_j V_j runs, then wait for it, release
+        stage j and rescale. Needs ``hi > lo``.
+        """
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
+        stage = (base + lo) % NUM_BUFFERS
+        phase = ((base + lo) // NUM_BUFFERS) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        k_t = k_smem.index(stage).permute((1, 0))
+        s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
+        s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
+        p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, lo * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
+                                               lo >= mask_from, MASK, CAUSAL)  # fmt: skip
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+        p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+        m_i = m_new
+        for j in range(lo + 1, hi):
+            nstage = (base + j) % NUM_BUFFERS
+            nphase = ((base + j) // NUM_BUFFERS) & 1
+            mbarrier.wait(k_ready.index(nstage), nphase)
+            mbarrier.wait(v_ready.index(stage), phase)
+            if PINGPONG:  # consumer 0 takes the first turn: its first wait is on a fresh barrier's parity 1
+                mbarrier.wait(my_turn, (turns & 1) ^ (1 if c == 0 else 0))
+            k_t = k_smem.index(nstage).permute((1, 0))
+            s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
+            v = v_smem.index(stage)
+            acc = warpgroup_mma(p_op, v, acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(their_turn, count=1)
+                turns += 1
+            s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
+            p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
+                                                   j >= mask_from, MASK, CAUSAL)  # fmt: skip
+            acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+            mbarrier.arrive(kv_empty.index(stage), count=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+            p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+            m_i = m_new
+            stage = nstage
+            phase = nphase
+        if release_q:
+            mbarrier.arrive(q_free, count=1)
+        mbarrier.wait(v_ready.index(stage), phase)
+        v = v_smem.index(stage)
+        acc = warpgroup_mma(p_op, v, acc, is_async=True)
+        acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+        mbarrier.arrive(kv_empty.index(stage), count=1)
+        return acc, m_i, l_i, turns
+
+    @gluon.jit
+    def _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr):
+        """A consumer's epilogue: O = acc / l for its rows inside the sequence (and the base-2 log-sum-exp)."""
+        o_layout: gl.constexpr = acc.type.layout
+        if STORE_LSE:
+            gl.store(Lse + row0 + rows, m_i + gl.log2(l_i), mask=rows < SEQ_LEN)
+        acc = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
+        o_rows = gl.convert_layout(rows, gl.SliceLayout(1, o_layout))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        ptrs = Out + (row0 + gl.expand_dims(o_rows, 1)) * HEAD_DIM + gl.expand_dims(offs_d, 0)
+        gl.store(ptrs, acc.to(Out.dtype.element_ty), mask=gl.expand_dims(o_rows < SEQ_LEN, 1))
+
+    @gluon.jit
+    def _consume_chained(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
+                         c: gl.constexpr, SEQ_LEN, BH, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                         NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
+                         CONSUMERS: gl.constexpr):  # fmt: skip
+        """Consumer ``c`` of the persistent grid with ``CHAIN``: all its tiles' key blocks as one overlapped
+        stream, so a tile's first scores and softmax run under the previous tile's last P V.
+
+        Step g (block j of tile t): issue S_g = Q_t K_g^T and acc += P_{g-1} V_{g-1} (the previous block's, of
+        this tile or the last), wait for S_g, softmax of g while P_{g-1} V_{g-1} runs, wait for it; at j = 0 the
+        finished accumulator is tile t-1's output: stored, then the rescale by alpha = 0 (a fresh row maximum)
+        clears it. The consumer's first step multiplies zeros by V_0 (finite: its load is awaited) so that every
+        step issues the same two wgmmas and nothing in flight crosses a branch. Q is released after a tile's last
+        Q K^T. As ``OVERLAP`` with ``ONE_LOOP`` (the masked blocks behind a runtime branch)."""
+        BLOCK_M: gl.constexpr = 64 * CONSUMERS
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        dtype: gl.constexpr = k_smem.dtype
+        offs_m = c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+        offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
+        acc = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
+        p_op = gl.zeros([64, BLOCK_N], dtype, p_layout)
+        m_i = gl.full([64], MASKED_SCORE, gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.full([64], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+        num_m = gl.cdiv(SEQ_LEN, BLOCK_M)
+        base = 0  # key blocks this consumer has taken so far: ring slot of the next
+        i = 0  # tiles so far: the phase of the Q barriers
+        prev_start_m = 0
+        prev_row0 = 0
+        pstage = 0  # ring slot of the block whose P V is pending (block 0 at the start: the zero product)
+        pphase = 0
+        for item in range(gl.program_id(0), _num_items(num_m, BH, CAUSAL), gl.num_programs(0)):
+            off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
+            for h in range(tiles):
+                start_m = first + h * (second - first)
+                n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                rows = start_m * BLOCK_M + offs_m
+                mbarrier.wait(q_bar.index(c), i & 1)
+                q = q_smem.index(c)
+                for j in range(n_blocks):
+                    stage = (base + j) % NUM_BUFFERS
+                    phase = ((base + j) // NUM_BUFFERS) & 1
+                    mbarrier.wait(k_ready.index(stage), phase)
+                    mbarrier.wait(v_ready.index(pstage), pphase)
+                    k_t = k_smem.index(stage).permute((1, 0))
+                    s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
+                    v = v_smem.index(pstage)
+                    acc = warpgroup_mma(p_op, v, acc, is_async=True)
+                    s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
+                    if j == n_blocks - 1:
+                        mbarrier.arrive(q_empty.index(c), count=1)
+                    fresh = j == 0  # a new tile: the running max and sum start over
+                    p, alpha, m_new, l_new = _online_softmax(
+                        s, gl.where(fresh, MASKED_SCORE, m_i), gl.where(fresh, 0.0, l_i), j * BLOCK_N + offs_n,
+                        rows, qk_scale, SEQ_LEN, j >= n_full, True, CAUSAL,
+                    )  # fmt: skip
+                    acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+                    if base + j > 0:
+                        mbarrier.arrive(kv_empty.index(pstage), count=1)
+                        if fresh:
+                            _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0,
+                                        SEQ_LEN, HEAD_DIM, STORE_LSE)  # fmt: skip
+                    acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+                    p_op = gl.convert_layout(p.to(dtype), p_layout)
+                    m_i = m_new
+                    l_i = l_new
+                    pstage = stage
+                    pphase = phase
+                base += n_blocks
+                i += 1
+                prev_start_m = start_m
+                prev_row0 = off_hz * SEQ_LEN
+        if base > 0:  # the last tile's last P V, and its output
+            mbarrier.wait(v_ready.index(pstage), pphase)
+            v = v_smem.index(pstage)
+            acc = warpgroup_mma(p_op, v, acc, is_async=True)
+            acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+            mbarrier.arrive(kv_empty.index(pstage), count=1)
+            _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0, SEQ_LEN, HEAD_DIM,
+                        STORE_LSE)  # fmt: skip
