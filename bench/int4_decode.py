@@ -30,6 +30,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "int4_packed": {**INT4, "quant_kernel": "packed", "compile": "off"},
     "int4_packed_compiled": {**INT4, "quant_kernel": "packed", "compile": "default"},
     "int4_tiled_compiled": {**INT4, "quant_kernel": "tiled", "compile": "default"},
+    # split-K's partial products left to the next operation (PARTIALS tiles; Inductor sums them there)
+    "int4_packed_compiled_fused": {**INT4, "quant_kernel": "packed", "compile": "default", "split_sums": "fused"},
 }
 GOALS = {1: 1.5, 8: 1.25, 64: 1.0}
 

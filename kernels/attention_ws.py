@@ -72,10 +72,16 @@ except ImportError:  # pragma: no cover - older Triton
 #: Query rows per consumer warpgroup (one wgmma M=64 atom); consumers per program (``CONSUMERS``: three hold
 #: 64 x D accumulators in 160 registers a thread, so only at D = 64); the program's tile is ``SUB_M * CONSUMERS``.
 SUB_M = 64
-CONSUMER_COUNTS = (2, 3)
+CONSUMER_COUNTS = (1, 2, 3)
 HEAD_DIMS = (64, 128)
 BLOCK_NS = (64, 128)
 LOADER_REGS = 24
+#: Programs an SM runs at once (``CTAS_PER_SM``): two only with one consumer warpgroup (64 query rows a program,
+#: cuDNN's tile), whose shared memory and registers then fit two programs. (Three leave 80 registers a thread at
+#: launch, which Triton 3.6's ptxas refuses for the kernel's wgmma: "Insufficient registers".)
+CTAS_PER_SM = (1, 2)
+#: Shared memory of an H100/H200 multiprocessor (227 KiB a program at most, 1 KiB reserved per program).
+SM_SHARED_BYTES = 228 * 1024
 
 
 def available() -> bool:
@@ -245,7 +251,7 @@ if gluon is not None:
                                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
                                 PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
-                                ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr):  # fmt: skip
+                                ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
         in L2), or, ``PERSISTENT``, a grid of at most one program per SM striding over work items
@@ -270,7 +276,20 @@ if gluon is not None:
             mbarrier.init(v_ready.index(i), count=1)
             mbarrier.init(kv_empty.index(i), count=CONSUMERS)  # one arrival per consumer
 
-        if CONSUMERS == 3:
+        if CONSUMERS == 1:
+            gl.warp_specialize(
+                [
+                    (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
+                                 qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
+                    (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                               kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
+                               CONSUMERS)),
+                ],
+                [1],
+                [24],
+            )  # fmt: skip
+        elif CONSUMERS == 3:
             gl.warp_specialize(
                 [
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
@@ -307,8 +326,10 @@ if gluon is not None:
             )  # fmt: skip
 
 
-def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, consumers: int = 2) -> str | None:
-    """Why the kernel cannot run this config (None when it can): head dims, key blocks, consumers, shared memory."""
+def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, consumers: int = 2,
+                 ctas_per_sm: int = 1) -> str | None:  # fmt: skip
+    """Why the kernel cannot run this config (None when it can): head dims, key blocks, consumers, programs per
+    SM, shared memory."""
     if precision not in PRECISIONS:
         return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
     if head_dim not in HEAD_DIMS:
@@ -319,30 +340,37 @@ def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, 
         return f"NUM_BUFFERS must be 2, 3 or 4, got {num_buffers}"
     if consumers not in CONSUMER_COUNTS:
         return f"CONSUMERS must be one of {CONSUMER_COUNTS}, got {consumers}"
-    if consumers == 3 and head_dim != 64:
+    if ctas_per_sm not in CTAS_PER_SM:
+        return f"CTAS_PER_SM must be one of {CTAS_PER_SM}, got {ctas_per_sm}"
+    regs = consumer_regs_limit(consumers, ctas_per_sm)
+    if (consumers == 3 or regs < 200) and head_dim != 64:
         return (
-            f"CONSUMERS=3 leaves {consumer_regs_limit(3)} registers a thread: a 64x{head_dim} fp32 accumulator "
-            "beside the scores does not fit (head_dim 64 only)"
+            f"CONSUMERS={consumers} with CTAS_PER_SM={ctas_per_sm} leaves {regs} registers a thread: a "
+            f"64x{head_dim} fp32 accumulator beside the scores does not fit (head_dim 64 only)"
         )
     block_m = SUB_M * consumers
     shared = 2 * (block_m * head_dim + 2 * num_buffers * block_n * head_dim) + 1024
-    if shared > 227 * 1024:
+    if shared > 227 * 1024 or ctas_per_sm * (shared + 1024) > SM_SHARED_BYTES:
         return (
             f"shared memory {shared} B (Q {block_m}x{head_dim}, {num_buffers} K/V stages of {block_n}x{head_dim}) "
-            "exceeds the 227 KiB of an H100/H200 multiprocessor"
+            f"for {ctas_per_sm} program(s) per SM exceeds the 228 KiB of an H100/H200 multiprocessor (227 KiB a "
+            "program, 1 KiB each reserved)"
         )
     return None
 
 
-def _maxnreg(consumers: int) -> int:
-    """Registers per thread over the program's warpgroups (the consumers' and the loader's, padded to one):
-    65,536 / (128 * warpgroups), a multiple of 8: 168 with two consumers, 128 with three."""
-    return 65536 // (128 * (consumers + 1)) // 8 * 8
+def _maxnreg(consumers: int, ctas_per_sm: int = 1) -> int:
+    """Registers per thread over the program's warpgroups (the consumers' and the loader's, padded to one), so that
+    ``ctas_per_sm`` programs fit an SM: 65,536 / (programs * 128 * warpgroups), a multiple of 8, at most 256: 168
+    with two consumers, 128 with three or with one consumer and two programs per SM."""
+    return min(256, 65536 // (ctas_per_sm * 128 * (consumers + 1)) // 8 * 8)
 
 
-def consumer_regs_limit(consumers: int) -> int:
-    """The most registers a consumer thread can take (``setmaxnreg``) once the loader's warpgroup keeps 24."""
-    return (65536 - 128 * LOADER_REGS) // (128 * consumers) // 8 * 8
+def consumer_regs_limit(consumers: int, ctas_per_sm: int = 1) -> int:
+    """The most registers a consumer thread can take (``setmaxnreg``, at most 256): the program's launch budget
+    (:func:`_maxnreg` over its warpgroups) less the loader warpgroup's 24, shared by the consumers."""
+    per_thread = ((consumers + 1) * _maxnreg(consumers, ctas_per_sm) - LOADER_REGS) // consumers
+    return min(256, per_thread // 8 * 8)
 
 
 def _descriptors(q: Any, k: Any, v: Any, rows: int, head_dim: int, block_n: int) -> tuple[Any, Any, Any]:
@@ -362,7 +390,7 @@ def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[st
     ``CONSUMER_REGS`` defaults to the most the consumers can take."""
     merged = {**KNOBS, **knobs}
     if merged["CONSUMER_REGS"] is None:
-        merged["CONSUMER_REGS"] = consumer_regs_limit(merged["CONSUMERS"])
+        merged["CONSUMER_REGS"] = consumer_regs_limit(merged["CONSUMERS"], merged["CTAS_PER_SM"])
     flags = {name: bool(value) if isinstance(KNOBS[name], bool) else value for name, value in merged.items()}
     return {
         "HEAD_DIM": head_dim,
@@ -372,7 +400,7 @@ def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[st
         "num_warps": 4,
         # Registers per thread over all warps (with two consumers 12 warps: 65,536 / 384 = 170): the partitions'
         # budgets are carved from it (``setmaxnreg``): the loader keeps 24, the consumers take what that frees.
-        "maxnreg": _maxnreg(merged["CONSUMERS"]),
+        "maxnreg": _maxnreg(merged["CONSUMERS"], merged["CTAS_PER_SM"]),
     }
 
 
@@ -390,7 +418,7 @@ def work_items(bh: int, seq_len: int, consumers: int, causal: bool) -> int:
 
 def _grid(bh: int, seq_len: int, meta: dict[str, Any], num_sms: int) -> tuple[int, ...]:
     if meta["PERSISTENT"]:
-        return (min(work_items(bh, seq_len, meta["CONSUMERS"], meta["CAUSAL"]), num_sms),)
+        return (min(work_items(bh, seq_len, meta["CONSUMERS"], meta["CAUSAL"]), num_sms * meta.get("CTAS_PER_SM", 1)),)
     tiles = _query_tiles(seq_len, meta["CONSUMERS"])
     return (tiles, bh) if meta["HEAD_MAJOR"] else (bh, tiles)
 
@@ -400,15 +428,18 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
     if unknown:
         raise ValueError(f"unknown knobs of the warp-specialized attention kernel: {sorted(unknown)}")
     consumers = knobs.get("CONSUMERS", 2)
-    reason = check_config(head_dim, knobs.get("BLOCK_N", 128), knobs.get("NUM_BUFFERS", 2), precision, consumers)
+    ctas = knobs.get("CTAS_PER_SM", 1)
+    reason = check_config(head_dim, knobs.get("BLOCK_N", 128), knobs.get("NUM_BUFFERS", 2), precision, consumers, ctas)
     if reason:
         raise ValueError(reason)
-    regs, limit = knobs.get("CONSUMER_REGS"), consumer_regs_limit(consumers)
+    regs, limit = knobs.get("CONSUMER_REGS"), consumer_regs_limit(consumers, ctas)
     if regs is not None and not (isinstance(regs, int) and 24 <= regs <= limit and regs % 8 == 0):
         raise ValueError(f"CONSUMER_REGS must be a multiple of 8 in [24, {limit}] with CONSUMERS={consumers}, "
                          f"got {regs!r}")  # fmt: skip
     if knobs.get("PINGPONG") and not knobs.get("OVERLAP"):
         raise ValueError("PINGPONG orders the OVERLAP loop's wgmmas between the consumers: it needs OVERLAP=True")
+    if knobs.get("PINGPONG") and consumers < 2:
+        raise ValueError("PINGPONG passes the turn between consumers: it needs CONSUMERS >= 2")
     if knobs.get("CHAIN"):
         given = {name: bool(knobs.get(name)) for name in ("PERSISTENT", "OVERLAP", "ONE_LOOP", "PINGPONG")}
         if given != {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "PINGPONG": False}:
@@ -419,7 +450,7 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
 #: The kernel's knobs (keyword arguments of :func:`attention_ws`) and their defaults.
 KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
-    "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False,
+    "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False, "CTAS_PER_SM": 1,
 }  # fmt: skip
 
 

@@ -237,8 +237,10 @@ def _tile_offsets(tile, M, N, k0, x_ptr, s_ptr, stride_xm, stride_xk, stride_sn,
 
 @triton.jit
 def _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, parts, stride_ym, stride_yn,
-                USE_DOT: tl.constexpr, SWAP: tl.constexpr, COMPILED: tl.constexpr):  # fmt: skip
-    """Write the tile's accumulator to Y (``parts == 1``) or add it as one of ``parts`` partial sums."""
+                USE_DOT: tl.constexpr, SWAP: tl.constexpr, COMPILED: tl.constexpr, PARTIALS: tl.constexpr = False,
+                part=0):  # fmt: skip
+    """Write the tile's accumulator to Y (``parts == 1``) or add it as one of ``parts`` partial sums; with
+    ``PARTIALS`` store it as partial ``part`` of the (parts, M, N) fp32 partials at ``ws_ptr`` instead."""
     if USE_DOT:
         out = acc
         rows = offs_m
@@ -253,7 +255,9 @@ def _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, 
         mask = (rows[:, None] < M) & (offs_n[None, :] < N)
         y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :] * stride_yn
         ws_ptrs = ws_ptr + rows[:, None] * N + offs_n[None, :]
-    if parts == 1:
+    if PARTIALS:
+        tl.store(ws_ptrs + part * M * N, out, mask=mask)
+    elif parts == 1:
         tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         _reduce_split(out, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, parts, COMPILED)
@@ -266,6 +270,7 @@ def packed_quant_kernel(
     BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, FAST_DECODE: tl.constexpr,
     STAGES: tl.constexpr, TMA: tl.constexpr, SWAP: tl.constexpr, STREAM: tl.constexpr, COMPILED: tl.constexpr,
+    PARTIALS: tl.constexpr = False,
 ):  # fmt: skip
     """One (BLOCK_M, BLOCK_N) tile of Y over one K split, or, ``STREAM``, an equal share of every tile's spans
     (layout and paths: the module docstring)."""
@@ -339,7 +344,7 @@ def packed_quant_kernel(
                 w_ptrs += 16 * stride_wr
             x_ptrs += SPAN * stride_xk
         _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, SPLIT_K, stride_ym, stride_yn,
-                    USE_DOT, SWAP, COMPILED)  # fmt: skip
+                    USE_DOT, SWAP, COMPILED, PARTIALS, tl.program_id(1))  # fmt: skip
 
 
 # --------------------------------------------------------------------------- launch
@@ -401,12 +406,17 @@ def scratch(device: torch.device, elements: int, tiles: int) -> tuple[torch.Tens
 
 def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, UNROLL: int, num_warps: int,
           num_stages: int, PREFETCH: int, FAST_DECODE: int, MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0,
-          STREAM: int = 0) -> dict[str, Any]:  # fmt: skip
+          STREAM: int = 0, PARTIALS: int = 0) -> dict[str, Any]:  # fmt: skip
     """Constexprs and launch options; FAST_DECODE (inline PTX) only for int4 and only when compiling;
     ``MAXNREG`` > 0 caps the registers per thread (more programs per SM keep more loads in flight);
     ``TMA`` loads the words through a tensor descriptor (``PREFETCH`` then has nothing to do: off);
     ``SWAP`` (tensor-core tiles only) computes Y's tile transposed, the decoded weights as the MMA's A operand;
-    ``STREAM`` (programs per SM) gives each program an equal share of all tiles' spans (``SPLIT_K`` must be 1)."""
+    ``STREAM`` (programs per SM) gives each program an equal share of all tiles' spans (``SPLIT_K`` must be 1);
+    ``PARTIALS`` stores each split's fp32 partial tile instead of summing them (not with ``STREAM``)."""
+    if PARTIALS and STREAM:
+        raise ValueError(
+            "PARTIALS stores one partial per K split: STREAM, whose programs share tiles unevenly, has none"
+        )
     if STREAM and SPLIT_K != 1:
         raise ValueError(
             f"STREAM shares each tile's K spans among the programs itself: SPLIT_K must be 1, got {SPLIT_K}"
@@ -422,6 +432,7 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
         "PREFETCH": bool(PREFETCH) and not TMA and not STREAM,
         "TMA": bool(TMA),
         "STREAM": bool(STREAM),
+        "PARTIALS": bool(PARTIALS),
         "COMPILED": not interpreter_active(),
         "SWAP": int(SWAP) if BLOCK_M > 1 else 0,
         "FAST_DECODE": decode,
@@ -453,9 +464,15 @@ def packed_matmul(
     TMA: int = 0,
     SWAP: int = 0,
     STREAM: int = 0,
+    PARTIALS: int = 0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``Y = X @ dequant(weights)`` with one tile config, one kernel launch; returns Y (``out`` if given).
+
+    ``PARTIALS``: the K splits are not summed; returns their fp32 partial products, ``(SPLIT_K, M, N)`` (``out``
+    if given, of that shape and dtype), whose sum over the first axis is Y. A caller that adds them in the next
+    operation (``torch.compile`` fuses ``partials.sum(0)`` into it) skips split-K's reduction in the kernel: the
+    atomics, the arrival count and the last program's reads, a chain of round trips a small product waits on.
 
     ``x`` (M, K) bf16/fp16 with unit stride along K or not; ``out`` (M, N) in x's dtype. Launches
     asynchronously on the current stream; split-K's scratch is this module's (:func:`scratch`).
@@ -477,16 +494,20 @@ def packed_matmul(
         )
     if scales.dtype not in ACT_DTYPES.values() or tuple(scales.shape) != (k // group_size, n):
         raise ValueError(f"scales must be bf16/fp16 ({k // group_size}, {n}), got {scales.dtype} {tuple(scales.shape)}")
+    shape, dtype = ((SPLIT_K, m, n), torch.float32) if PARTIALS else ((m, n), x.dtype)
     if out is None:
-        out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    elif tuple(out.shape) != (m, n) or out.dtype != x.dtype:
-        raise ValueError(f"out must be ({m}, {n}) {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+        out = torch.empty(shape, device=x.device, dtype=dtype)
+    elif tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous {shape} {dtype}, got {tuple(out.shape)} {out.dtype}")
     meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP, STREAM)  # fmt: skip
+                 MAXNREG, TMA, SWAP, STREAM, PARTIALS)  # fmt: skip
     sms = _multiprocessors(x.device) if STREAM else 1
     grid = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K, STREAM, sms, k // span(bits))
     tiles = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0]  # one arrival counter per tile
-    ws, cnt = scratch(x.device, m * n, tiles) if SPLIT_K > 1 or STREAM else (out, out)
+    if PARTIALS:  # the partials are the workspace; Y's strides are unused
+        ws, cnt = out, out
+    else:
+        ws, cnt = scratch(x.device, m * n, tiles) if SPLIT_K > 1 or STREAM else (out, out)
     if TMA:
         check_tma(n, BLOCK_N)
         if not qweight.is_contiguous():
@@ -495,7 +516,7 @@ def packed_matmul(
     packed_quant_kernel[grid](
         x, w_arg, scales, out, ws, cnt, m, n, k,
         x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
-        out.stride(0), out.stride(1), **meta,
+        out.stride(-2), out.stride(-1), **meta,
     )  # fmt: skip
     return out
 
@@ -517,8 +538,8 @@ def _word_descriptor(words: Any, BLOCK_N: int) -> Any:
 
 
 def _mock_launch(m: int, n: int, k: int, precision: str, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int,
-                 SPLIT_K: int, scale_dtype: torch.dtype | None, TMA: int = 0,
-                 STREAM: int = 0) -> tuple[Any, ...]:  # fmt: skip
+                 SPLIT_K: int, scale_dtype: torch.dtype | None, TMA: int = 0, STREAM: int = 0,
+                 PARTIALS: int = 0) -> tuple[Any, ...]:  # fmt: skip
     """Placeholder tensors with the dtypes, shapes and row-major strides of a contiguous launch, and the ints."""
     from kernels.gemm import strided_mock
 
@@ -531,8 +552,8 @@ def _mock_launch(m: int, n: int, k: int, precision: str, bits: int, group_size: 
     x = row_major(dtype, [m, k])
     w = row_major(torch.int32, [k // pack_factor(bits), n])
     s = row_major(scale_dtype or dtype, [k // group_size, n])
-    y = row_major(dtype, [m, n])
-    split = SPLIT_K > 1 or STREAM
+    y = row_major(torch.float32 if PARTIALS else dtype, [m, n])
+    split = (SPLIT_K > 1 or STREAM) and not PARTIALS
     ws = row_major(torch.float32, [m * n, 1]) if split else y
     cnt = row_major(torch.int32, [_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0], 1]) if split else y
     w_arg = _word_descriptor(w, BLOCK_N) if TMA else w
@@ -559,6 +580,7 @@ def compile_only(
     TMA: int = 0,
     SWAP: int = 0,
     STREAM: int = 0,
+    PARTIALS: int = 0,
     scale_dtype: torch.dtype | None = None,
 ) -> Any | None:
     """Compile the kernel :func:`packed_matmul` launches for contiguous operands on this GPU, without launching.
@@ -570,8 +592,9 @@ def compile_only(
     if TMA:
         check_tma(n, BLOCK_N)
     meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP, STREAM)  # fmt: skip
-    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, scale_dtype, TMA, STREAM)
+                 MAXNREG, TMA, SWAP, STREAM, PARTIALS)  # fmt: skip
+    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, scale_dtype, TMA, STREAM,
+                        PARTIALS)  # fmt: skip
     warmup = getattr(packed_quant_kernel, "warmup", None)
     if interpreter_active() or warmup is None:
         return None
@@ -585,7 +608,7 @@ def compile_only(
 def compile_for_target(
     m: int, n: int, k: int, *, precision: str, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int,
     num_warps: int, num_stages: int = 2, UNROLL: int = 1, PREFETCH: int = 1, FAST_DECODE: int = 2,
-    MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0, STREAM: int = 0, capability: int = 90,
+    MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0, STREAM: int = 0, PARTIALS: int = 0, capability: int = 90,
 ) -> Any:  # fmt: skip
     """``triton.compile`` for ``GPUTarget("cuda", capability, 32)`` with no GPU (ahead-of-time checks on a CPU)."""
     from kernels.attention import compile_jit_for_target
@@ -593,9 +616,9 @@ def compile_for_target(
     check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
     if TMA:
         check_tma(n, BLOCK_N)
-    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, None, TMA, STREAM)
+    args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, None, TMA, STREAM, PARTIALS)
     meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP, STREAM)  # fmt: skip
+                 MAXNREG, TMA, SWAP, STREAM, PARTIALS)  # fmt: skip
     return compile_jit_for_target(packed_quant_kernel, args, meta, capability)
 
 

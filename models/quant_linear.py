@@ -151,11 +151,48 @@ def packed_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     return packed_product(x, PackedWeights(qweight, scales, bits, group_size), dict(zip(names, values, strict=True)))
 
 
+@torch.library.custom_op(
+    "tuner::packed_linear_partials",
+    mutates_args=(),
+    schema="(Tensor x, Tensor qweight, Tensor scales, int bits, int group_size, str[] names, int[] values) -> Tensor",
+)
+def packed_linear_partials(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int,
+                           names: list[str], values: list[int]) -> torch.Tensor:  # fmt: skip
+    """The fp32 partial products ``(SPLIT_K, M, N)`` of a ``PARTIALS`` tile, as an opaque operator: the caller's
+    ``.sum(0)`` is left to ``torch.compile``, which fuses it into the operation that reads the product."""
+    from kernels.quant_gemm_packed import PackedWeights
+
+    weights = PackedWeights(qweight, scales, bits, group_size)
+    return packed_product(x, weights, dict(zip(names, values, strict=True)), sum_partials=False)
+
+
+@packed_linear_partials.register_fake
+def _packed_linear_partials_shape(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int,
+                                  group_size: int, names: list[str], values: list[int]) -> torch.Tensor:  # fmt: skip
+    split = dict(zip(names, values, strict=True))["SPLIT_K"]
+    return x.new_empty((split, x.shape[0], qweight.shape[1]), dtype=torch.float32)
+
+
 def packed_product(
-    x: torch.Tensor, weights: Any, tile: dict[str, int], out: torch.Tensor | None = None
+    x: torch.Tensor,
+    weights: Any,
+    tile: dict[str, int],
+    out: torch.Tensor | None = None,
+    sum_partials: bool = True,
 ) -> torch.Tensor:
     """``x @ dequant(weights)`` with a packed-layout tile: ``WS: 1`` names the warp-specialized Gluon kernel
-    (:mod:`kernels.quant_gemm_ws`, the other keys its knobs), any other tile :func:`packed_matmul`'s."""
+    (:mod:`kernels.quant_gemm_ws`, the other keys its knobs), any other tile :func:`packed_matmul`'s. A
+    ``PARTIALS`` tile's fp32 partial products are summed here (``sum_partials``, into ``out``), or returned as
+    they are."""
+    if tile.get("PARTIALS"):
+        from kernels.quant_gemm_packed import packed_matmul
+
+        partials = packed_matmul(x, weights, **tile)
+        if not sum_partials:
+            return partials
+        if out is None:
+            return partials.sum(0).to(x.dtype)
+        return out.copy_(partials.sum(0))
     if tile.get("WS") and weights.scales.dtype == x.dtype:
         from kernels.quant_gemm_ws import ws_quant_matmul
 
@@ -274,10 +311,12 @@ def tune_tile(
 
 
 def autotune_tiles(
-    model: nn.Module, m: int, dtype: torch.dtype = torch.bfloat16
+    model: nn.Module, m: int, dtype: torch.dtype = torch.bfloat16, partials: bool = False
 ) -> dict[tuple[int, int], dict[str, int]]:
-    """Measure the best tile (:func:`tune_tile`) for every distinct shape of ``model``'s CUDA
-    :class:`QuantLinear` modules at ``m`` rows and make them use it; returns ``{(K, N): tile}``.
+    """Measure the best tile (:func:`tune_tile`, :func:`tune_packed_tile`) for every distinct shape of ``model``'s
+    CUDA :class:`QuantLinear` modules at ``m`` rows and make them use it; returns ``{(K, N): tile}``.
+    ``partials``: packed layers may take ``PARTIALS`` tiles, whose split-K sums the model leaves to the operation
+    after each product (for a model run under ``torch.compile``, which fuses them there).
 
     Call it before capturing a CUDA graph of the model (tuning launches kernels). On a model without
     CUDA QuantLinears (CPU, or the interpreter) it does nothing and returns ``{}``.
@@ -289,12 +328,24 @@ def autotune_tiles(
     for layer in layers:
         shape = (layer.in_features, layer.out_features)
         if shape not in chosen:
-            tune = tune_packed_tile if layer.kernel == "packed" else tune_tile
-            chosen[shape] = tune(
-                m, layer.out_features, layer.in_features, layer.bits, layer.group_size, dtype, layer.qweight.device
-            )
+            args = (m, layer.out_features, layer.in_features, layer.bits, layer.group_size, dtype, layer.qweight.device)
+            chosen[shape] = tune_packed_tile(*args, partials) if layer.kernel == "packed" else tune_tile(*args)
         layer._tiles[(m, str(layer.qweight.device))] = chosen[shape]
     return chosen
+
+
+def partial_candidates(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]:
+    """``PARTIALS`` tiles: the split-K tiles of :func:`packed_candidates` (STREAM's aside) with their partial products
+    left unsummed, and at one row the GEMV split finer (16 and 32 ways), which costs little without a reduction."""
+    tiles = [{**t, "PARTIALS": 1} for t in packed_candidates(m, n, k, bits) if t["SPLIT_K"] > 1 and not t.get("STREAM")]
+    if m == 1:
+        span = 16 * (32 // bits)
+        tiles += [
+            {"BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": 4, "num_stages": 1, "PREFETCH": pf, "PARTIALS": 1}
+            for bn, sk, pf in itertools.product((32, 64, 128), (16, 32), (0, 1))
+            if k % (sk * span) == 0 and bn <= max(16, n)
+        ]
+    return tiles
 
 
 def packed_candidates(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]:
@@ -335,21 +386,52 @@ def packed_candidates(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]
 
 
 def tune_packed_tile(
-    m: int, n: int, k: int, bits: int, group_size: int, dtype: torch.dtype, device: torch.device
+    m: int,
+    n: int,
+    k: int,
+    bits: int,
+    group_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    partials: bool = False,
 ) -> dict[str, int]:
-    """The fastest :func:`packed_candidates` tile for an (M, K) x (K, N) product on this GPU, measured as
-    :func:`tune_tile` measures (compiled ahead, CUDA graph, weights rotating through HBM); cached per
-    GPU and shape for the process."""
+    """The fastest :func:`packed_candidates` (and :func:`ws_candidates`) tile for an (M, K) x (K, N) product on
+    this GPU, measured by :func:`time_packed_tiles`; cached per GPU and shape for the process. ``partials``: the
+    caller sums split-K's partial products in its next operation (a compiled model), so the split-K tiles are
+    also timed with ``PARTIALS`` (:func:`partial_candidates`), the kernel alone."""
+    key = ("packed", torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype, partials)
+    if key in _TUNED:
+        return dict(_TUNED[key])
+    candidates = packed_candidates(m, n, k, bits) + ws_candidates(m, n, k, bits, group_size)
+    if partials:
+        candidates += partial_candidates(m, n, k, bits)
+    timed = time_packed_tiles(m, n, k, bits, group_size, dtype, device, candidates)
+    best = min(timed, key=lambda pair: pair[1])[0] if timed else packed_tile(m, n, k, bits)
+    _TUNED[key] = dict(best)
+    return dict(best)
+
+
+def time_packed_tiles(
+    m: int,
+    n: int,
+    k: int,
+    bits: int,
+    group_size: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    candidates: list[dict[str, int]],
+) -> list[tuple[dict[str, int], float]]:
+    """``(tile, ms per product)`` for every candidate that compiles here (``WS: 1`` tiles on the Gluon kernel), as
+    :func:`tune_tile` measures: compiled ahead on a thread pool, timed in a CUDA graph over copies of random
+    weights rotating through :data:`ROTATE_BYTES` (each product streams its weights from HBM)."""
+    import concurrent.futures
+
     from kernels import quant_gemm_ws
     from kernels.quant_gemm_packed import PackedWeights, compile_only, pack_factor
     from tuner.fingerprint import device_info
     from tuner.measure import time_fn
 
-    key = ("packed", torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype)
-    if key in _TUNED:
-        return dict(_TUNED[key])
     precision = "bf16" if dtype == torch.bfloat16 else "fp16"
-    import concurrent.futures
 
     def compiles(tile: dict[str, int]) -> bool:
         try:
@@ -362,11 +444,10 @@ def tune_packed_tile(
             return False
         return True
 
-    candidates = packed_candidates(m, n, k, bits) + ws_candidates(m, n, k, bits, group_size)
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
         tiles = [t for t, ok in zip(candidates, pool.map(compiles, candidates), strict=True) if ok]
     if not tiles:
-        return packed_tile(m, n, k, bits)
+        return []
     rows = k // pack_factor(bits)
     copies = max(1, min(64, ROTATE_BYTES // (rows * n * 4 + (k // group_size) * n * 2)))
     weights = [
@@ -381,20 +462,18 @@ def tune_packed_tile(
     x = torch.randn((m, k), device=device).to(dtype)
     out = torch.empty((m, n), device=device, dtype=dtype)
     info = device_info()
-    best, best_ms = tiles[0], float("inf")
+    timed = []
     for tile in tiles:
 
         def products(tile: dict[str, int] = tile) -> None:
-            for w in weights:
-                packed_product(x, w, tile, out=out)
+            for w in weights:  # PARTIALS tiles: the kernel alone (its sum goes into the next operation)
+                packed_product(x, w, tile, out=out, sum_partials=False)
 
         products()  # split-K scratch allocated before the graph capture
         timing = time_fn(products, info, warmup_ms=2.0, rep_ms=10.0, min_reps=5, max_reps=50, flush_l2=False,
                          cuda_graph=True, graph_calls=1)  # fmt: skip
-        if timing.median_ms / copies < best_ms:
-            best, best_ms = tile, timing.median_ms / copies
-    _TUNED[key] = dict(best)
-    return dict(best)
+        timed.append((tile, timing.median_ms / copies))
+    return timed
 
 
 def _device_smem_bytes(device: torch.device) -> int:
@@ -540,8 +619,19 @@ class QuantLinear(nn.Module):
         x2 = x.reshape(-1, self.in_features)
         if self._kernel_wanted(x2) and self.kernel == "packed":
             tile = self._tile(x2.shape[0], x2.device)
-            y = packed_linear(x2, self.qweight, self.scales, self.bits, self.group_size, list(tile),
-                              [int(v) for v in tile.values()])  # fmt: skip
+            args = (
+                x2,
+                self.qweight,
+                self.scales,
+                self.bits,
+                self.group_size,
+                list(tile),
+                [int(v) for v in tile.values()],
+            )
+            if tile.get("PARTIALS"):  # summed by whatever reads y: under torch.compile, in that kernel
+                y = packed_linear_partials(*args).sum(0).to(x.dtype)
+            else:
+                y = packed_linear(*args)
         elif self._kernel_wanted(x2):
             from kernels.quant_gemm import quant_matmul
 

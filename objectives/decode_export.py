@@ -44,7 +44,12 @@ def decoder_source(e: dict[str, Any]) -> str:
             f"int8_first_blocks={e['int8_first_blocks']!r})"
         )
     if e["weight_bits"] != 16:
-        lines.append(f"autotune_tiles(model, m={e['batch']!r})  # times kernel tiles per Linear shape (GPU only)")
+        # split_sums=fused: split-K tiles may leave their partial products to the next operation (torch.compile sums
+        # them there)
+        partials = ", partials=True" if e.get("split_sums") == "fused" else ""
+        lines.append(
+            f"autotune_tiles(model, m={e['batch']!r}{partials})  # times kernel tiles per Linear shape (GPU only)"
+        )
     lines += [
         f"batch, kv_dtype, cuda_graphs = {e['batch']!r}, {e['kv_cache_dtype']}, {e['cuda_graphs']!r}",
         "cache = model.init_cache(batch, max_len=cfg.seq_len, dtype=kv_dtype)",

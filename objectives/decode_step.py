@@ -10,7 +10,10 @@ runs :mod:`models.gptq` on synthetic calibration tokens, optional, ``rtn`` when 
 prefill), ``attention`` (``sdpa`` or ``math``), ``cuda_graphs`` (replay one captured decode
 step instead of launching its kernels one by one; GPU only) and ``compile`` (``off`` or
 ``default``: the decode step through ``torch.compile``, which fuses its norms, residual adds and
-cache writes into fewer kernels; captured in the same CUDA graph; optional, ``off`` when absent).
+cache writes into fewer kernels; captured in the same CUDA graph; optional, ``off`` when absent) and, compiled
+with the packed kernel, ``split_sums`` (``kernel``: split-K tiles sum their parts in the kernel; ``fused``: the tiles
+may leave their fp32 partial products to the next operation, which Inductor sums them in; optional, ``kernel``
+when absent).
 
 Why ``compile``: a 1B-parameter step at batch 1 launches ~300 kernels (bf16) or ~440 (int4, whose
 Linears are Triton kernels with their own set-up), and on an H200 it takes 1.39 ms where its 2 GB of
@@ -83,6 +86,9 @@ QUANTIZERS: tuple[str, ...] = ("rtn", "gptq")
 #: (kernels/quant_gemm.py) or ``packed`` (kernels/quant_gemm_packed.py, one launch per product).
 QUANT_KERNELS: tuple[str, ...] = ("tiled", "packed")
 COMPILE_MODES: tuple[str, ...] = ("off", "default")
+#: Where a packed split-K tile's partial products are summed: in the kernel (atomics, the last program writes Y)
+#: or by the next operation of the compiled step (``PARTIALS`` tiles, :func:`models.quant_linear.partial_candidates`).
+SPLIT_SUMS: tuple[str, ...] = ("kernel", "fused")
 #: Default floor of ``top1_agreement`` below which a config is a NUMERICS_FAIL (see the module docstring).
 MIN_TOP1_AGREEMENT = 0.5
 #: Bytes per KV-cache element per ``kv_dtype``.
@@ -119,6 +125,11 @@ def _int8_first_blocks(config: dict[str, Any]) -> int:
 def _compile_mode(config: dict[str, Any]) -> str:
     """The config's ``compile`` (optional: ``off`` when absent)."""
     return str(config.get("compile") or "off")
+
+
+def _split_sums(config: dict[str, Any]) -> str:
+    """The config's ``split_sums`` (optional: ``kernel`` when absent)."""
+    return str(config.get("split_sums") or "kernel")
 
 
 def _quant_kernel(config: dict[str, Any]) -> str | None:
@@ -302,6 +313,14 @@ class DecodeStep(MeasuredWorkload):
             return f"attention must be one of {ATTENTION}, got {attention!r}"
         if config.get("compile") is not None and config["compile"] not in COMPILE_MODES:
             return f"compile must be one of {COMPILE_MODES}, got {config['compile']!r}"
+        sums = config.get("split_sums")
+        if sums is not None and sums not in SPLIT_SUMS:
+            return f"split_sums must be one of {SPLIT_SUMS}, got {sums!r}"
+        if sums == "fused" and (_compile_mode(config) == "off" or _quant_kernel(config) != "packed"):
+            return (
+                "split_sums=fused leaves split-K's sums to the next operation, which only torch.compile fuses them "
+                "into: it needs compile=default and quant_kernel=packed"
+            )
         if not isinstance(config["cuda_graphs"], bool):
             return f"cuda_graphs must be true or false, got {config['cuda_graphs']!r}"
         if config["cuda_graphs"] and not device.is_gpu:
@@ -578,6 +597,7 @@ class DecodeStep(MeasuredWorkload):
             keep,
             quantizer,
             quant_kernel,
+            _split_sums(config),
             config["kv_dtype"],
             config["attention"],
             bool(config["cuda_graphs"]),
@@ -595,7 +615,9 @@ class DecodeStep(MeasuredWorkload):
         if bits != 16 and device.is_gpu:
             from models.quant_linear import autotune_tiles
 
-            autotune_tiles(model, batch)  # measured kernel tiles for this batch, before any graph capture
+            # measured kernel tiles for this batch, before any graph capture; with split_sums=fused the split-K
+            # tiles may leave their partial products to the next operation (Inductor sums them there)
+            autotune_tiles(model, batch, partials=_split_sums(config) == "fused")
         kv = model.init_cache(batch, self.max_len, getattr(torch, KV_TORCH_DTYPES[config["kv_dtype"]]), torch_device)
         decode = model.decode
         if _compile_mode(config) != "off":
@@ -636,6 +658,7 @@ class DecodeStep(MeasuredWorkload):
             "attention": config["attention"],
             "cuda_graphs": bool(config["cuda_graphs"]),
             "compile": _compile_mode(config),
+            "split_sums": _split_sums(config),
         }
 
     def export_python(self, config: dict[str, Any]) -> str:

@@ -123,6 +123,11 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
         config = {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2, "OVERLAP": o, "PERSISTENT": p,
                   "PINGPONG": o and p, "CONSUMERS": consumers, "ONE_LOOP": one_loop}  # fmt: skip
         jobs.append({"shape": [2, 16, 2048, d], "config": config})
+    for d, c in ((128, True), (64, False)):  # one consumer, two programs an SM
+        config = {"causal": c, "BLOCK_N": 64 if d == 128 else 128, "NUM_BUFFERS": 2, "OVERLAP": True,
+                  "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": 1, "CTAS_PER_SM": 2,
+                  "ONE_LOOP": True}  # fmt: skip
+        jobs.append({"shape": [2, 16, 2048, d], "config": config})
     for d, c, consumers in ((128, True, 2), (64, False, 3)):  # CHAIN: a persistent program's tiles chained
         config = {"causal": c, "BLOCK_N": 128, "NUM_BUFFERS": 3 if d == 128 else 2, "OVERLAP": True,
                   "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": consumers, "ONE_LOOP": True,
@@ -134,9 +139,9 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
         config, head_dim = result["config"], result["shape"][3]
         assert result["wgmma"] > 0 and result["tma"], result
         assert 24 in result["setmaxnreg"], result  # the loader warp's budget
-        consumers = config["CONSUMERS"]
-        assert consumer_regs_limit(consumers) in result["setmaxnreg"], result  # the consumers take what it frees
-        assert check_config(head_dim, config["BLOCK_N"], config["NUM_BUFFERS"], "bf16", consumers) is None
+        consumers, ctas = config["CONSUMERS"], config.get("CTAS_PER_SM", 1)
+        assert consumer_regs_limit(consumers, ctas) in result["setmaxnreg"], result  # what the loader frees
+        assert check_config(head_dim, config["BLOCK_N"], config["NUM_BUFFERS"], "bf16", consumers, ctas) is None
         rows = 64 * consumers
         estimate = 2 * (rows * head_dim + 2 * config["NUM_BUFFERS"] * config["BLOCK_N"] * head_dim) + 1024
         assert estimate - 1024 <= result["shared"] <= estimate, (result, estimate)
@@ -194,6 +199,25 @@ def test_three_consumers_are_checked_before_compiling() -> None:
     assert "CONSUMERS must be one of" in (check_config(64, 128, 2, "bf16", 4) or "")
     with pytest.raises(ValueError, match=r"CONSUMER_REGS must be a multiple of 8 in \[24, 160\]"):
         _check(64, "bf16", {"CONSUMERS": 3, "CONSUMER_REGS": 240})
+
+
+@pytest.mark.timeout(60)
+def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memory() -> None:
+    """One consumer warpgroup a program (64 query rows) with two programs an SM: 128 registers a thread at launch,
+    232 for the consumer; a K/V ring that fits twice in the SM's 228 KiB; no ping-pong (no one to hand over to)."""
+    from kernels.attention_ws import _check, _grid, _maxnreg, check_config, consumer_regs_limit
+
+    assert (_maxnreg(1, 2), consumer_regs_limit(1, 2), consumer_regs_limit(1)) == (128, 232, 256)
+    assert check_config(128, 64, 2, "bf16", 1, 2) is None  # 82 KB a program
+    assert check_config(64, 128, 2, "bf16", 1, 2) is None
+    assert "for 2 program(s) per SM exceeds" in (check_config(128, 128, 2, "bf16", 1, 2) or "")  # 148 KB
+    assert "CTAS_PER_SM must be one of" in (check_config(64, 64, 2, "bf16", 1, 3) or "")
+    assert "head_dim 64 only" in (check_config(128, 64, 2, "bf16", 2, 2) or "")  # two consumers: 104 registers
+    with pytest.raises(ValueError, match="PINGPONG passes the turn between consumers"):
+        _check(128, "bf16", {"CONSUMERS": 1, "OVERLAP": True, "PINGPONG": True, "BLOCK_N": 64})
+    meta = {"PERSISTENT": True, "CONSUMERS": 1, "CAUSAL": False, "HEAD_MAJOR": True, "CTAS_PER_SM": 2}
+    assert _grid(256, 1024, meta, 132) == (264,)  # two programs an SM, 16 tiles of 64 rows a head
+    assert _grid(2, 1024, meta, 132) == (32,)
 
 
 def test_persistent_grid_counts_its_work_items_once() -> None:

@@ -118,6 +118,46 @@ def test_packed_layer_runs_as_one_opaque_operator_under_torch_compile(interprete
     assert any("tuner.packed_linear" in str(node.target) for gm in graphs for node in gm.graph.nodes)
 
 
+@pytest.mark.timeout(240)
+def test_partials_tile_leaves_its_sum_to_the_graph(interpreter: None) -> None:
+    """A ``PARTIALS`` tile goes through ``tuner::packed_linear_partials``, whose (SPLIT_K, M, N) partial products are
+    summed by an operation of the traced graph (which Inductor fuses into the next kernel): eager and compiled give
+    the fallback's values."""
+    gen = torch.Generator().manual_seed(5)
+    linear = torch.nn.Linear(512, 48, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(48, 512, generator=gen))
+    x = torch.randn(1, 512, generator=gen).to(torch.float16)
+    packed = QuantLinear.from_linear(linear, 4, 128, scale_dtype=torch.float16, use_kernel=True).packed()
+    packed.set_tile(1, {"BLOCK_M": 1, "BLOCK_N": 16, "SPLIT_K": 4, "num_warps": 4, "PREFETCH": 0, "PARTIALS": 1},
+                    device="cpu")  # fmt: skip
+    expected = QuantLinear.from_linear(linear, 4, 128, scale_dtype=torch.float16, use_kernel=False)(x).float()
+    graphs: list[Any] = []
+
+    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(packed, backend=backend, fullgraph=True)
+    for y in (packed(x), compiled(x)):
+        assert y.dtype == torch.float16 and tuple(y.shape) == (1, 48)
+        assert float((y.float() - expected).abs().max() / expected.abs().max()) < 2e-3
+    nodes = [node for gm in graphs for node in gm.graph.nodes]
+    op = next(node for node in nodes if "tuner.packed_linear_partials" in str(node.target))
+    assert any("sum" in str(user.target) for user in op.users)  # the sum is the graph's, not the operator's
+
+
+def test_partial_candidates_are_split_tiles_left_unsummed() -> None:
+    from models.quant_linear import partial_candidates
+
+    for m in (1, 8, 64):
+        tiles = partial_candidates(m, 2048, 2048, 4)
+        assert tiles and all(t["PARTIALS"] == 1 and t["SPLIT_K"] > 1 and not t.get("STREAM") for t in tiles)
+        assert all(2048 % (t["SPLIT_K"] * 128) == 0 for t in tiles)  # whole int4 spans of 128 rows a split
+    assert max(t["SPLIT_K"] for t in partial_candidates(1, 2048, 2048, 4)) == 16  # one span a program
+    assert max(t["SPLIT_K"] for t in partial_candidates(1, 2048, 8192, 4)) == 32
+
+
 def test_default_tile_fits_decode_and_prefill_shapes() -> None:
     # One row: the GEMV kernel; split-K only for the 8192-row down projection (128 KB per program unsplit).
     tile = default_tile(1, 2048, 2048, 4, 128, smem_bytes=232448)
@@ -259,6 +299,8 @@ def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.Mon
         "quantizer must be one of": (_cfg(bits=4, group=32, quantizer="awq"), CPU),
         "quantizer applies to quantized weights only": (_cfg(quantizer="gptq"), CPU),
         "compile must be one of ('off', 'default')": (_cfg(compile="max-autotune"), CPU),
+        "split_sums must be one of": (_cfg(bits=4, group=32, split_sums="atomic"), CPU),
+        "split_sums=fused leaves": (_cfg(bits=4, group=32, compile="default", split_sums="fused"), CPU),
         "config lacks batch": ({k: v for k, v in _cfg().items() if k != "batch"}, CPU),
         "compute capability": (_cfg(), DeviceInfo(kind="cuda", name="T4", compute_capability=(7, 5))),
         "GB": (_cfg(batch=64), DeviceInfo(kind="cuda", name="small", total_memory_bytes=10_000)),
@@ -302,6 +344,9 @@ def test_work_exports_and_registry() -> None:
     compiled = w.export_python({**config, "compile": "default"})
     compile(compiled, "<export>", "exec")
     assert "decode = torch.compile(model.decode, mode='default', dynamic=False)" in compiled
+    assert "partials" not in compiled and w.export_config(config)["split_sums"] == "kernel"
+    fused = {**config, "compile": "default", "quant_kernel": "packed", "split_sums": "fused"}
+    assert "autotune_tiles(model, m=4, partials=True)" in w.export_python(fused)
     assert workload_class("decode_step") is DecodeStep
 
 

@@ -207,6 +207,39 @@ def test_streamed_shares_match_the_reference(interpreter: None, bits: int, case:
     assert torch.equal(packed_matmul(x, weights, **tile, PREFETCH=0, TMA=tma, SWAP=swap, STREAM=stream), y)
 
 
+#: (M, BLOCK_M, BLOCK_N, SPLIT_K, group, SWAP): split-K tiles whose partials are left unsummed, GEMV and tensor-core
+#: paths, swapped, ragged M and N, a span holding several groups.
+PARTIAL_CASES = [(1, 1, 32, 4, 128, 0), (3, 1, 16, 2, 32, 0), (17, 16, 32, 2, 128, 0), (20, 16, 16, 4, 128, 2)]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize(
+    "case", PARTIAL_CASES, ids=[f"m{c[0]}-bm{c[1]}-bn{c[2]}-sk{c[3]}-g{c[4]}-sw{c[5]}" for c in PARTIAL_CASES]
+)
+def test_partials_sum_to_the_product(interpreter: None, bits: int, case: tuple[int, ...]) -> None:
+    """``PARTIALS``: one fp32 partial product per K split, each the product over its own K rows, summing to Y; the
+    split-K scratch is not touched."""
+    m, block_m, block_n, split_k, group, swap = case
+    k, n = 512, 40
+    weights, x, reference = _operands(m, k, n, bits, group, seed=m * 5 + bits + split_k)
+    tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SPLIT_K": split_k, "num_warps": 4, "PREFETCH": 0, "SWAP": swap}
+    out = torch.full((split_k, m, n), float("nan"))
+    partials = packed_matmul(x, weights, **tile, PARTIALS=1, out=out)
+    assert partials is out and partials.dtype == torch.float32 and not partials.isnan().any()
+    assert _relative_error(partials.sum(0), reference) < 1e-4
+    dequantized, rows = weights.dequantize(), k // split_k
+    first = x[:, :rows].float() @ dequantized[:rows]  # split 0: the first K / SPLIT_K rows only
+    assert _relative_error(partials[0], first) < 1e-4
+    assert _relative_error(packed_matmul(x, weights, **tile), reference) < 2e-3
+    workspace, counters = scratch(x.device, 1, 1)
+    assert not workspace.any() and not counters.any()
+    with pytest.raises(ValueError, match=rf"out must be contiguous \(2, {m}, 40\) torch.float32"):
+        packed_matmul(x, weights, **{**tile, "SPLIT_K": 2}, PARTIALS=1, out=torch.empty(m, 40))
+    with pytest.raises(ValueError, match="PARTIALS stores one partial per K split"):
+        packed_matmul(x, weights, **{**tile, "SPLIT_K": 1}, STREAM=2, PARTIALS=1)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "case", [(1, 32, 1, 128), (2, 16, 4, 256), (1, 32, 2, 64)], ids=["sk1-g128", "sk4-g256", "g64-fallback"]
@@ -294,6 +327,34 @@ def test_gpu_tma_and_swapped_tiles_agree(shape: tuple[int, int, int]) -> None:
             assert error < 4e-3, (bits, tile, error)
         workspace, counters = scratch(x.device, 1, 1)
         assert not workspace.any() and not counters.any()
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("shape", [(1, 2048, 2048), (1, 8192, 2040), (64, 2048, 6144)], ids=["m1", "m1-k8192", "m64"])
+def test_gpu_partials_sum_to_the_product(shape: tuple[int, int, int]) -> None:
+    """On the GPU, ``PARTIALS`` tiles (GEMV, swapped and unswapped tensor-core tiles, TMA or not) leave partial
+    products, NaN-filled beforehand, that sum to the dequantized product at the decode step's shapes."""
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(k + n + m)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16).cuda()
+    weights = quantize_packed(torch.randn(k, n, generator=gen) * 0.02, 4, 128, torch.bfloat16)
+    weights = type(weights)(weights.qweight.cuda(), weights.scales.cuda(), 4, 128)
+    reference = x.float() @ weights.dequantize()
+    if m == 1:
+        tiles = [{"BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": 4, "num_stages": 1, "PREFETCH": pf}
+                 for bn, sk, pf in ((64, 16, 1), (32, 16, 0), (128, 8, 0))]  # fmt: skip
+    else:
+        tiles = [{"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT_K": 2, "num_warps": 4, "num_stages": 3, "TMA": 1, "SWAP": 2},
+                 {"BLOCK_M": 64, "BLOCK_N": 64, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3, "TMA": 1, "SWAP": 3},
+                 {"BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 3}]  # fmt: skip
+    for tile in tiles:
+        split = tile["SPLIT_K"]
+        out = torch.full((split, m, n), float("nan"), device="cuda")
+        partials = packed_matmul(x, weights, **tile, PARTIALS=1, out=out)
+        error = float((partials.sum(0) - reference).abs().max() / reference.abs().max())
+        assert error < 4e-3, (tile, error)  # SWAP=3 rounds the scaled weights to bf16
 
 
 @pytest.mark.gpu
