@@ -34,6 +34,10 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   a tile, so the next tile's Q and first K/V stages load while it normalizes and stores. On an H200 this
   gave up to 1.2x at short sequences (S = 1024, 2048), where one program per tile waits for its first
   loads and its stores every few key blocks.
+- ``CONSUMERS=1`` with ``CTAS_PER_SM=2``: cuDNN's tile at these shapes, 64 query rows and one consumer warpgroup a
+  program, two programs an SM (registers and the K/V ring sized for two), so one program's loads, drain and stores
+  overlap the other's wgmmas. Right on an H200, but 2-10% slower than two consumers at S = 1024 / 2048 (not in the
+  default search space; ``bench/results/kernel-variants-attention-ws-single-h200.json``).
 - ``CHAIN`` (with ``PERSISTENT``, ``OVERLAP`` and ``ONE_LOOP``, without ``PINGPONG``): a program's tiles as one
   stream of key blocks, a tile's first scores and softmax under the previous tile's last P V. Right on an H200
   (GPU test), but 1-5% slower than the same config without it at S = 1024 (not in the default search space).
@@ -471,7 +475,8 @@ def attention_ws(
     ``lse`` ``[B, H, S]`` fp32 when given). ``knobs``: those of :data:`KNOBS` (``BLOCK_N``, ``NUM_BUFFERS``,
     ``OVERLAP``, ``CONSUMER_REGS``, ``HEAD_MAJOR``, ``PERSISTENT``: one program per SM over all
     tiles, ``PINGPONG``: the consumers take turns to issue their wgmmas, with ``OVERLAP``; ``CONSUMERS``: 2, or 3
-    at D = 64; ``ONE_LOOP``: a tile's key blocks in one loop). Launches
+    at D = 64, or 1; ``ONE_LOOP``: a tile's key blocks in one loop; ``CTAS_PER_SM``: programs an SM, 2 with one
+    consumer). Launches
     asynchronously on the current stream.
     """
     out = check_operands(q, k, v, out, lse)
