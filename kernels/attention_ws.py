@@ -354,7 +354,7 @@ def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, 
         )
     block_m = SUB_M * consumers
     shared = 2 * (block_m * head_dim + 2 * num_buffers * block_n * head_dim) + 1024
-    if shared > 227 * 1024 or ctas_per_sm * (shared + 1024) > SM_SHARED_BYTES:
+    if ctas_per_sm * (shared + 1024) > SM_SHARED_BYTES:  # one program: shared <= 227 KiB
         return (
             f"shared memory {shared} B (Q {block_m}x{head_dim}, {num_buffers} K/V stages of {block_n}x{head_dim}) "
             f"for {ctas_per_sm} program(s) per SM exceeds the 228 KiB of an H100/H200 multiprocessor (227 KiB a "

@@ -136,34 +136,36 @@ def _candidate_tiles(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]:
 _TUNED: dict[tuple[Any, ...], dict[str, int]] = {}
 
 
-@torch.library.custom_op(
-    "tuner::packed_linear",
-    mutates_args=(),
-    schema="(Tensor x, Tensor qweight, Tensor scales, int bits, int group_size, str[] names, int[] values) -> Tensor",
+#: The packed layers' operators take the layer's buffers and its tile as two lists, the knobs' names and values.
+_PACKED_SCHEMA = (
+    "(Tensor x, Tensor qweight, Tensor scales, int bits, int group_size, str[] names, int[] values) -> Tensor"
 )
+
+
+def _packed_call(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int,
+                 names: list[str], values: list[int], sum_partials: bool) -> torch.Tensor:  # fmt: skip
+    """:func:`packed_product` of an operator's arguments."""
+    from kernels.quant_gemm_packed import PackedWeights
+
+    weights = PackedWeights(qweight, scales, bits, group_size)
+    return packed_product(x, weights, dict(zip(names, values, strict=True)), sum_partials=sum_partials)
+
+
+@torch.library.custom_op("tuner::packed_linear", mutates_args=(), schema=_PACKED_SCHEMA)
 def packed_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int,
                   names: list[str], values: list[int]) -> torch.Tensor:  # fmt: skip
     """:func:`kernels.quant_gemm_packed.packed_matmul` (tile ``dict(zip(names, values))``) as an opaque operator:
     torch.compile calls it as it is. Traced as a Triton kernel instead, its non-pure inline PTX (split-K's barrier)
     defeats Inductor's mutation analysis, which then takes every tensor argument, the weights too, as written."""
-    from kernels.quant_gemm_packed import PackedWeights
-
-    return packed_product(x, PackedWeights(qweight, scales, bits, group_size), dict(zip(names, values, strict=True)))
+    return _packed_call(x, qweight, scales, bits, group_size, names, values, sum_partials=True)
 
 
-@torch.library.custom_op(
-    "tuner::packed_linear_partials",
-    mutates_args=(),
-    schema="(Tensor x, Tensor qweight, Tensor scales, int bits, int group_size, str[] names, int[] values) -> Tensor",
-)
+@torch.library.custom_op("tuner::packed_linear_partials", mutates_args=(), schema=_PACKED_SCHEMA)
 def packed_linear_partials(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int,
                            names: list[str], values: list[int]) -> torch.Tensor:  # fmt: skip
     """The fp32 partial products ``(SPLIT_K, M, N)`` of a ``PARTIALS`` tile, as an opaque operator: the caller's
     ``.sum(0)`` is left to ``torch.compile``, which fuses it into the operation that reads the product."""
-    from kernels.quant_gemm_packed import PackedWeights
-
-    weights = PackedWeights(qweight, scales, bits, group_size)
-    return packed_product(x, weights, dict(zip(names, values, strict=True)), sum_partials=False)
+    return _packed_call(x, qweight, scales, bits, group_size, names, values, sum_partials=False)
 
 
 @packed_linear_partials.register_fake
@@ -182,17 +184,13 @@ def packed_product(
 ) -> torch.Tensor:
     """``x @ dequant(weights)`` with a packed-layout tile: ``WS: 1`` names the warp-specialized Gluon kernel
     (:mod:`kernels.quant_gemm_ws`, the other keys its knobs), any other tile :func:`packed_matmul`'s. A
-    ``PARTIALS`` tile's fp32 partial products are summed here (``sum_partials``, into ``out``), or returned as
-    they are."""
+    ``PARTIALS`` tile's fp32 partial products (``out`` unused) are summed here with ``sum_partials``, else
+    returned as they are, ``(SPLIT_K, M, N)``."""
     if tile.get("PARTIALS"):
         from kernels.quant_gemm_packed import packed_matmul
 
         partials = packed_matmul(x, weights, **tile)
-        if not sum_partials:
-            return partials
-        if out is None:
-            return partials.sum(0).to(x.dtype)
-        return out.copy_(partials.sum(0))
+        return partials.sum(0).to(x.dtype) if sum_partials else partials
     if tile.get("WS") and weights.scales.dtype == x.dtype:
         from kernels.quant_gemm_ws import ws_quant_matmul
 

@@ -94,25 +94,36 @@ def test_quant_linear_kernel_path_matches_the_torch_fallback(interpreter: None, 
     assert float((y_kernel - y_fallback).abs().max() / y_fallback.abs().max()) < 2e-3
 
 
-@pytest.mark.timeout(240)
-def test_packed_layer_runs_as_one_opaque_operator_under_torch_compile(interpreter: None) -> None:
-    """The packed kernel is reached through ``tuner::packed_linear`` (the interpreter here): eager and compiled
-    (fullgraph, so the operator is not traced into) give the fallback's values."""
-    gen = torch.Generator().manual_seed(3)
-    linear = torch.nn.Linear(256, 64, bias=False)
+def _packed_layer(in_features: int, out_features: int, seed: int) -> tuple[QuantLinear, torch.Tensor, torch.Tensor]:
+    """A packed int4 layer (group 128, fp16 scales) of a seeded Linear, one fp16 row of X, and the fallback's
+    product of them in fp32."""
+    gen = torch.Generator().manual_seed(seed)
+    linear = torch.nn.Linear(in_features, out_features, bias=False)
     with torch.no_grad():
-        linear.weight.copy_(torch.randn(64, 256, generator=gen))
-    x = torch.randn(1, 256, generator=gen).to(torch.float16)
+        linear.weight.copy_(torch.randn(out_features, in_features, generator=gen))
+    x = torch.randn(1, in_features, generator=gen).to(torch.float16)
     packed = QuantLinear.from_linear(linear, 4, 128, scale_dtype=torch.float16, use_kernel=True).packed()
     fallback = QuantLinear.from_linear(linear, 4, 128, scale_dtype=torch.float16, use_kernel=False)
-    expected = fallback(x).float()
+    return packed, x, fallback(x).float()
+
+
+def _compiled_capturing(module: torch.nn.Module) -> tuple[Any, list[Any]]:
+    """``module`` through torch.compile (fullgraph), with the traced FX graphs kept (and run as they are)."""
     graphs: list[Any] = []
 
     def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
         graphs.append(gm)
         return gm.forward
 
-    compiled = torch.compile(packed, backend=backend, fullgraph=True)
+    return torch.compile(module, backend=backend, fullgraph=True), graphs
+
+
+@pytest.mark.timeout(240)
+def test_packed_layer_runs_as_one_opaque_operator_under_torch_compile(interpreter: None) -> None:
+    """The packed kernel is reached through ``tuner::packed_linear`` (the interpreter here): eager and compiled
+    (fullgraph, so the operator is not traced into) give the fallback's values."""
+    packed, x, expected = _packed_layer(256, 64, seed=3)
+    compiled, graphs = _compiled_capturing(packed)
     for y in (packed(x).float(), compiled(x).float()):
         assert float((y - expected).abs().max() / expected.abs().max()) < 2e-3
     assert any("tuner.packed_linear" in str(node.target) for gm in graphs for node in gm.graph.nodes)
@@ -123,22 +134,10 @@ def test_partials_tile_leaves_its_sum_to_the_graph(interpreter: None) -> None:
     """A ``PARTIALS`` tile goes through ``tuner::packed_linear_partials``, whose (SPLIT_K, M, N) partial products are
     summed by an operation of the traced graph (which Inductor fuses into the next kernel): eager and compiled give
     the fallback's values."""
-    gen = torch.Generator().manual_seed(5)
-    linear = torch.nn.Linear(512, 48, bias=False)
-    with torch.no_grad():
-        linear.weight.copy_(torch.randn(48, 512, generator=gen))
-    x = torch.randn(1, 512, generator=gen).to(torch.float16)
-    packed = QuantLinear.from_linear(linear, 4, 128, scale_dtype=torch.float16, use_kernel=True).packed()
+    packed, x, expected = _packed_layer(512, 48, seed=5)
     packed.set_tile(1, {"BLOCK_M": 1, "BLOCK_N": 16, "SPLIT_K": 4, "num_warps": 4, "PREFETCH": 0, "PARTIALS": 1},
                     device="cpu")  # fmt: skip
-    expected = QuantLinear.from_linear(linear, 4, 128, scale_dtype=torch.float16, use_kernel=False)(x).float()
-    graphs: list[Any] = []
-
-    def backend(gm: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-        graphs.append(gm)
-        return gm.forward
-
-    compiled = torch.compile(packed, backend=backend, fullgraph=True)
+    compiled, graphs = _compiled_capturing(packed)
     for y in (packed(x), compiled(x)):
         assert y.dtype == torch.float16 and tuple(y.shape) == (1, 48)
         assert float((y.float() - expected).abs().max() / expected.abs().max()) < 2e-3
