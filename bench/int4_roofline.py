@@ -89,6 +89,8 @@ def packed_candidates(m: int, bits: int) -> list[dict[str, int]]:
         for bm in (32, 64):
             out += swapped(bm, (64, 128, 256), (1, 2, 4, 8), (4, 8), (3, 4))
             out += streamed(bm, (128,), (4, 8), (3, 4), (2, 3), (2, 3))
+        # two warpgroups sharing X's slices (the TMA 2 winners at K >= 8192), pipelined 2 or 5 deep
+        out += [c for c in swapped(64, (128, 256), (2, 4, 8), (8,), (2, 5)) if c["TMA"] == 2 and c["SWAP"] >= 2]
     if bits == 8:
         out = [c for c in out if c["num_warps"] >= 4 and "FAST_DECODE" not in c]
     return out
@@ -98,12 +100,14 @@ def swapped(block_m: int, bns: tuple[int, ...], splits: tuple[int, ...], warps: 
             stages: tuple[int, ...]) -> list[dict[str, int]]:  # fmt: skip
     """Tensor-core tiles computing Y's tile transposed (``SWAP``: the decoded weights as the A operand, held in
     registers; X through shared memory), the words by TMA; ``SWAP`` 1 multiplies 16-row slices, 2 whole spans,
-    3 whole spans with the scales folded into the weights (the product accumulated across spans)."""
+    3 whole spans with the scales folded into the weights (the product accumulated across spans). Whole-span
+    tiles come twice: X loaded by the threads (``TMA`` 1) and X's span slices by tensor copies (``TMA`` 2)."""
     return [
         {"UNROLL": 1, "BLOCK_M": block_m, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "PREFETCH": 0,
-         "num_stages": st, "TMA": 1, "SWAP": swap}
-        for bn, sk, w, st, swap in itertools.product(bns, splits, warps, stages, (1, 2, 3))
+         "num_stages": st, "TMA": tma, "SWAP": swap}
+        for bn, sk, w, st, swap, tma in itertools.product(bns, splits, warps, stages, (1, 2, 3), (1, 2))
         if not (w == 8 and bn < 128)  # a warpgroup's wgmma takes 64 rows of the weights' tile
+        and (tma == 1 or swap >= 2)
     ]  # fmt: skip
 
 
@@ -363,18 +367,23 @@ def main() -> None:
     parser.add_argument("--ms", default="1,16,64")
     parser.add_argument("--quick", action="store_true", help="one shape, fewer candidates (smoke run)")
     parser.add_argument("--floor", action="store_true", help="also measure the pure-read floor of every weight set")
+    parser.add_argument("--shapes", default=None, help="(N, K) pairs as N:K,N:K (default: the three of SHAPES)")
+    parser.add_argument("--bits", default="4,8", help="weight widths to sweep (int8 at M = 1 only)")
     args = parser.parse_args()
     import torch
 
     started = time.time()
     ms = [int(v) for v in args.ms.split(",")]
     shapes = SHAPES[:1] if args.quick else SHAPES
-    plan = [(4, n, k, m) for n, k in shapes for m in ms] + [(8, n, k, 1) for n, k in shapes]
+    if args.shapes:
+        shapes = [(int(n), int(k)) for n, k in (pair.split(":") for pair in args.shapes.split(","))]
+    widths = [int(v) for v in args.bits.split(",")]
+    plan = [(bits, n, k, m) for bits in widths for n, k in shapes for m in (ms if bits == 4 else [1])]
     failed = precompile(plan, args.workers)
     bandwidth = copy_bandwidth_gbs()
     print(f"copy bandwidth {bandwidth:.0f} GB/s", flush=True)
     shapes_out: list[dict[str, Any]] = []
-    for bits in (4, 8):
+    for bits in widths:
         for n, k in shapes:
             bench = Bench(n, k, bits)
             floor = read_floor(bench) if args.floor else None

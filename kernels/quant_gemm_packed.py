@@ -47,6 +47,11 @@ wgmma chain and one wait per span instead of one per slice (on an H200 1.16-1.18
 0.70-0.86x without it); ``SWAP=3`` also folds the scales into the weights (rounded to X's dtype), so the
 product accumulates across spans and the next span decodes while the last one's wgmmas run. Both need
 one scale row per span (``group_size >= SPAN``); with smaller groups they take ``SWAP=1``'s slices.
+``TMA=2`` (with ``SWAP >= 2``) reads X's (BLOCK_M, SPAN) slices by tensor copies as well: they land in shared
+memory in the async proxy the wgmma reads from, so X skips the load into registers, the store back and the proxy
+fence that ``TMA=1`` needs (an X slice holds 2-4x the bytes of its span's words at 64 rows). On an H200 at M = 64
+it took the (N, K) = (4096, 14336) product from 31.7 to 24.8 us (1.43x bf16), at M = 16 from 17.8 to 16.9 us
+(bench/results/int4-roofline-xtma-h200.json).
 
 Split-K without extra launches (``SPLIT_K > 1``): program ``(tile, s)`` covers K rows
 ``[s K / SPLIT_K, (s + 1) K / SPLIT_K)``, adds its partial into an fp32 workspace with atomics,
@@ -184,20 +189,25 @@ def _reduce_split(acc, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, parts, COMPILED: tl
 def _span_product(words, x_ptrs, s_ptrs, acc, k0, stride_xk, stride_sg, dtype: tl.constexpr, BITS: tl.constexpr,
                   GROUP_SIZE: tl.constexpr, FAST_DECODE: tl.constexpr, USE_DOT: tl.constexpr,
                   ONE_SCALE: tl.constexpr, WIDE: tl.constexpr, FOLD: tl.constexpr, SWAP: tl.constexpr,
-                  COMPILED: tl.constexpr):  # fmt: skip
-    """Fold one span (K rows ``k0 .. k0 + 16 * PACK``, its words already loaded) into the accumulator."""
+                  COMPILED: tl.constexpr, x_tile=None):  # fmt: skip
+    """Fold one span (K rows ``k0 .. k0 + 16 * PACK``, its words already loaded) into the accumulator;
+    ``x_tile``: the span's (BLOCK_M, SPAN) X slice already in shared memory (``TMA`` 2), else X is read here."""
     PACK: tl.constexpr = 32 // BITS
     if ONE_SCALE:  # issued before the decode, so that its latency hides behind it
         scale = tl.load(s_ptrs + (k0 // GROUP_SIZE) * stride_sg)
         if not FOLD:
             scale = scale.to(tl.float32)
+    if WIDE:
+        if x_tile is None:
+            x_t = tl.trans(_through_registers(tl.load(x_ptrs), COMPILED))
+        else:  # written by the tensor copy, read by the wgmma: both in the async proxy, no register pass
+            x_t = tl.trans(x_tile)
     if FOLD:  # the scaled weights straight into the accumulator: no per-span partial
         weights_t = span_decoded_t(words, dtype, BITS, FAST_DECODE) * scale.to(dtype)[:, None]
-        acc = tl.dot(weights_t, tl.trans(_through_registers(tl.load(x_ptrs), COMPILED)), acc)
+        acc = tl.dot(weights_t, x_t, acc)
     else:
         part = tl.zeros_like(acc)
         if WIDE:
-            x_t = tl.trans(_through_registers(tl.load(x_ptrs), COMPILED))
             part = tl.dot(span_decoded_t(words, dtype, BITS, FAST_DECODE), x_t)
         elif FAST_DECODE == 2:  # GEMV, int4, one scale per span: raw fp32 values, offsets removed once per span
             part = _span_fp32_pairs(words, x_ptrs, stride_xk, part)
@@ -270,7 +280,7 @@ def _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, 
 
 @triton.jit
 def packed_quant_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
+    x_ptr, x_desc, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
     stride_xm, stride_xk, stride_wr, stride_wn, stride_sg, stride_sn, stride_ym, stride_yn,
     BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, FAST_DECODE: tl.constexpr,
@@ -287,6 +297,7 @@ def packed_quant_kernel(
     # SWAP 3: the scales folded into the decoded weights (rounded to X's dtype), the product accumulated in acc
     # across spans, so the pipeliner can keep one span's wgmma in flight while the next span decodes
     FOLD: tl.constexpr = SWAP == 3 and WIDE
+    X_TMA: tl.constexpr = TMA == 2  # X's (BLOCK_M, SPAN) slices by tensor copies too (WIDE tiles only: checked)
     dtype = x_ptr.dtype.element_ty
     offs_j = tl.arange(0, 16)
     if WIDE or USE_DOT:
@@ -312,8 +323,10 @@ def packed_quant_kernel(
                 words = w_ptr.load([it * 16, pid_n * BLOCK_N])
             else:
                 words = tl.load(w_ptr + (it * 16 + offs_j)[:, None] * stride_wr + (offs_n % N)[None, :] * stride_wn)
+            x_tile = x_desc.load([pid_m * BLOCK_M, it * SPAN]) if X_TMA else None
             acc = _span_product(words, x_ptrs, s_ptrs, acc, it * SPAN, stride_xk, stride_sg, dtype, BITS,
-                                GROUP_SIZE, FAST_DECODE, USE_DOT, ONE_SCALE, WIDE, FOLD, SWAP, COMPILED)  # fmt: skip
+                                GROUP_SIZE, FAST_DECODE, USE_DOT, ONE_SCALE, WIDE, FOLD, SWAP, COMPILED,
+                                x_tile)  # fmt: skip
             if (it == n_spans - 1) | (t == last - 1):
                 # the programs whose shares hold one of the tile's steps: those of its first and last step, between
                 parts = ((tile + 1) * n_spans - 1) // share - (tile * n_spans) // share + 1
@@ -341,8 +354,10 @@ def packed_quant_kernel(
                 upcoming = tl.load(w_ptrs + (tl.minimum(it + 1, n_iter - 1) - it) * 16 * stride_wr)
             else:  # loaded at the top of the iteration, where the pipeliner (num_stages > 1) issues it ahead
                 words = tl.load(w_ptrs)
+            x_tile = x_desc.load([pid_m * BLOCK_M, k_begin + it * SPAN]) if X_TMA else None
             acc = _span_product(words, x_ptrs, s_ptrs, acc, k_begin + it * SPAN, stride_xk, stride_sg, dtype, BITS,
-                                GROUP_SIZE, FAST_DECODE, USE_DOT, ONE_SCALE, WIDE, FOLD, SWAP, COMPILED)  # fmt: skip
+                                GROUP_SIZE, FAST_DECODE, USE_DOT, ONE_SCALE, WIDE, FOLD, SWAP, COMPILED,
+                                x_tile)  # fmt: skip
             if PREFETCH:
                 words = upcoming
             if not TMA:
@@ -414,7 +429,8 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
           STREAM: int = 0, PARTIALS: int = 0) -> dict[str, Any]:  # fmt: skip
     """Constexprs and launch options; FAST_DECODE (inline PTX) only for int4 and only when compiling;
     ``MAXNREG`` > 0 caps the registers per thread (more programs per SM keep more loads in flight);
-    ``TMA`` loads the words through a tensor descriptor (``PREFETCH`` then has nothing to do: off);
+    ``TMA`` loads the words through a tensor descriptor (``PREFETCH`` then has nothing to do: off), ``TMA=2``
+    X's span slices too (swapped span tiles: ``SWAP >= 2``);
     ``SWAP`` (tensor-core tiles only) computes Y's tile transposed, the decoded weights as the MMA's A operand;
     ``STREAM`` (programs per SM) gives each program an equal share of all tiles' spans (``SPLIT_K`` must be 1);
     ``PARTIALS`` stores each split's fp32 partial tile instead of summing them (not with ``STREAM``)."""
@@ -428,6 +444,14 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
         )
     if STREAM < 0:
         raise ValueError(f"STREAM (programs per multiprocessor) must be >= 0, got {STREAM}")
+    if TMA not in (0, 1, 2):
+        raise ValueError(f"TMA must be 0 (no tensor copies), 1 (the words) or 2 (the words and X), got {TMA!r}")
+    if TMA == 2 and not (SWAP >= 2 and BLOCK_M >= DOT_MIN_M and group_size >= span(bits)):
+        raise ValueError(
+            "TMA=2 (X by tensor copies) feeds X's span slices straight to the wgmma: it needs SWAP >= 2, "
+            f"BLOCK_M >= {DOT_MIN_M} and group_size >= {span(bits)}, got SWAP={SWAP}, BLOCK_M={BLOCK_M}, "
+            f"group_size={group_size}"
+        )
     extra = {"maxnreg": MAXNREG} if MAXNREG and not interpreter_active() else {}
     if FAST_DECODE == 2 and bits == 4 and BLOCK_M == 1 and group_size >= span(bits):
         decode = 2  # plain Triton bit operations: the interpreter runs it too
@@ -435,7 +459,7 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
         decode = int(bool(FAST_DECODE) and bits == 4 and not interpreter_active())
     return extra | {
         "PREFETCH": bool(PREFETCH) and not TMA and not STREAM,
-        "TMA": bool(TMA),
+        "TMA": int(TMA),
         "STREAM": bool(STREAM),
         "PARTIALS": bool(PARTIALS),
         "COMPILED": not interpreter_active(),
@@ -518,8 +542,11 @@ def packed_matmul(
         if not qweight.is_contiguous():
             raise ValueError("TMA needs contiguous words (qweight)")
     w_arg = _word_descriptor(qweight, BLOCK_N) if TMA else qweight
+    if TMA == 2:
+        check_x_tma(k, x.element_size(), x.stride())
+    x_arg = _x_descriptor(x, BLOCK_M, bits) if TMA == 2 else x
     packed_quant_kernel[grid](
-        x, w_arg, scales, out, ws, cnt, m, n, k,
+        x, x_arg, w_arg, scales, out, ws, cnt, m, n, k,
         x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
         out.stride(-2), out.stride(-1), **meta,
     )  # fmt: skip
@@ -532,6 +559,23 @@ def check_tma(n: int, BLOCK_N: int) -> None:
         raise ValueError(f"TMA needs N a multiple of 4 (16-byte rows of int32 words), got N={n}")
     if BLOCK_N > 256:
         raise ValueError(f"TMA boxes are at most 256 words wide: BLOCK_N={BLOCK_N}")
+
+
+def check_x_tma(k: int, element_size: int, strides: tuple[int, ...]) -> None:
+    """Raise ValueError where X cannot be read by tensor copies (``TMA=2``): unit stride along K, 16-byte rows."""
+    if strides[1] != 1 or (strides[0] * element_size) % 16 or (k * element_size) % 16:
+        raise ValueError(
+            f"TMA=2 reads X by tensor copies: X needs unit stride along K and rows of a multiple of 16 bytes, "
+            f"got strides {tuple(strides)} and K={k}"
+        )
+
+
+def _x_descriptor(x: Any, BLOCK_M: int, bits: int) -> Any:
+    """Host-side descriptor of X (M, K), one (BLOCK_M, SPAN) box per span of a tile (rows past M read zeros)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    m, k = x.shape
+    return TensorDescriptor(x, [m, k], [x.stride()[0], 1], [BLOCK_M, span(bits)])
 
 
 def _word_descriptor(words: Any, BLOCK_N: int) -> Any:
@@ -562,7 +606,8 @@ def _mock_launch(m: int, n: int, k: int, precision: str, bits: int, group_size: 
     ws = row_major(torch.float32, [m * n, 1]) if split else y
     cnt = row_major(torch.int32, [_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0], 1]) if split else y
     w_arg = _word_descriptor(w, BLOCK_N) if TMA else w
-    return (x, w_arg, s, y, ws, cnt, m, n, k, *x.stride(), *w.stride(), *s.stride(), *y.stride())
+    x_arg = _x_descriptor(x, BLOCK_M, bits) if TMA == 2 else x
+    return (x, x_arg, w_arg, s, y, ws, cnt, m, n, k, *x.stride(), *w.stride(), *s.stride(), *y.stride())
 
 
 def compile_only(

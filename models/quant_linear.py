@@ -366,11 +366,18 @@ def packed_candidates(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]
         swapped = itertools.product((16,), (128, 256), (2, 4, 8), (3, 4), (1, 2))
     else:
         swapped = itertools.product((32, 64), (64, 128), (1, 2, 4), (3, 4), (2, 3))
+    # Whole-span tiles (SWAP >= 2) also with X's slices by tensor copies (TMA 2): no pass through registers, the
+    # fastest tiles at 8-64 rows on an H200 (bench/results/int4-roofline-xtma-h200.json); at 32-64 rows also two
+    # warpgroups on a 128-256 column tile, which share each X slice (the winners at K = 8192-14336 there).
+    swapped = [(bm, bn, sk, st, swap, 4, tma) for (bm, bn, sk, st, swap), tma in itertools.product(swapped, (1, 2))]
+    if m > 16:
+        swapped += [(bm, bn, sk, 3, swap, 8, 2) for bm, bn, sk, swap in itertools.product((32, 64), (128, 256),
+                                                                                         (1, 2, 4), (2, 3))]
     tiles += [
-        {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": 4, "num_stages": st, "PREFETCH": 0, "TMA": 1,
+        {"BLOCK_M": bm, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": w, "num_stages": st, "PREFETCH": 0, "TMA": tma,
          "SWAP": swap}
-        for bm, bn, sk, st, swap in swapped
-        if n % 4 == 0
+        for bm, bn, sk, st, swap, w, tma in swapped
+        if n % 4 == 0 and (tma == 1 or swap >= 2)
     ]  # fmt: skip
     # STREAM: two programs per SM sharing every tile's spans, one pipelined loop (the fastest tile at M = 1,
     # 4096 <- 14336 on an H200: bench/results/int4-roofline-stream-h200.json)

@@ -307,9 +307,15 @@ class QuantGemm(KernelWorkload):
         span = PACKED_SPAN[bits]
         if values["SPLIT_K"] < 1 or self.k % (values["SPLIT_K"] * span):
             return f"SPLIT_K * {span} (the int{bits} span) = {values['SPLIT_K'] * span} must divide k={self.k}"
-        for flag in ("PREFETCH", "TMA", "SWAP_AB"):
+        for flag in ("PREFETCH", "SWAP_AB"):
             if config.get(flag, 0) not in (0, 1, False, True, None):
                 return f"{flag} must be 0 or 1, got {config.get(flag)!r}"
+        if config.get("TMA", 0) not in (0, 1, 2, False, True, None):
+            return f"TMA must be 0, 1 (the words by tensor copies) or 2 (X too), got {config.get('TMA')!r}"
+        if config.get("TMA") == 2 and not (config.get("SWAP_AB") and config.get("SPAN_DOT") and group >= span):
+            got = f"SWAP_AB={config.get('SWAP_AB')!r}, SPAN_DOT={config.get('SPAN_DOT')!r}, group_size={group}"
+            return (f"TMA=2 (X by tensor copies) needs a span-wide swapped tile: SWAP_AB 1, SPAN_DOT >= 1 and "
+                    f"group_size >= {span}, got {got}")  # fmt: skip
         if config.get("SWAP_AB") and block_m == 1:
             return "SWAP_AB applies to tensor-core tiles (BLOCK_M >= 16), not the GEMV (BLOCK_M = 1)"
         if config.get("SPAN_DOT", 0) not in (0, 1, 2, None):

@@ -431,6 +431,15 @@ def test_packed_kernel_runs_as_a_variant_with_the_same_checks(interpreter: None,
     assert wide["kwargs"]["SWAP"] == 3
     unswapped = {**base, "BLOCK_M": 16, "SPLIT_K": 1, "SPAN_DOT": 1}
     assert "SPAN_DOT applies" in (workload.static_check(unswapped, H200) or "")
+    # TMA 2: X's span slices by tensor copies too, for span-wide swapped tiles with a scale row per span
+    x_tma = {**base, "group_size": 128, "BLOCK_M": 16, "SPLIT_K": 1, "TMA": 2, "SWAP_AB": 1, "SPAN_DOT": 2,
+             "num_stages": 3}  # fmt: skip
+    result = workload.run(x_tma, CPU, TrialContext(trial_number=0))
+    assert result.status == TrialStatus.OK and result.extra["dequant_rel_error"] <= 1e-3, result.error
+    assert workload.export_config(x_tma)["kwargs"]["TMA"] == 2
+    assert "span-wide swapped" in (workload.static_check({**x_tma, "SPAN_DOT": 0}, H200) or "")
+    assert "span-wide swapped" in (workload.static_check({**x_tma, "group_size": 32}, H200) or "")
+    assert "TMA must be 0, 1" in (workload.static_check({**x_tma, "TMA": 3}, H200) or "")
     exported = workload.export_config({**base, "BLOCK_M": 1, "SPLIT_K": 2})
     assert exported["function"] == "kernels.quant_gemm_packed.packed_matmul"
     assert exported["kwargs"] == {"BLOCK_M": 1, "BLOCK_N": 32, "SPLIT_K": 2, "PREFETCH": 1, "TMA": 0, "SWAP": 0,

@@ -140,7 +140,7 @@ def test_kernel_matches_dequantized_reference(interpreter: None, bits: int, case
 #: (M, BLOCK_M, BLOCK_N, SPLIT_K, group, TMA, SWAP): the words by tensor descriptor on both paths, and the
 #: transposed tensor-core product (weights as the A operand) with one and several groups per span, split-K;
 #: SWAP 2 multiplies a whole span at once, SWAP 3 also folds the scales into the weights (several groups per
-#: span: 16-row slices, as SWAP 1).
+#: span: 16-row slices, as SWAP 1); TMA 2 reads X's span slices by tensor copies too (rows past M read zeros).
 VARIANT_CASES = [
     (1, 1, 32, 2, 128, 1, 0),
     (20, 16, 32, 2, 128, 1, 0),
@@ -152,6 +152,8 @@ VARIANT_CASES = [
     (9, 16, 32, 2, 32, 1, 2),
     (64, 64, 32, 2, 128, 1, 3),
     (21, 16, 16, 1, 32, 1, 3),
+    (37, 32, 32, 2, 128, 2, 2),
+    (20, 16, 16, 1, 128, 2, 3),
 ]
 
 
@@ -184,6 +186,7 @@ STREAM_CASES = [
     (37, 32, 32, 2, 128, 1, 2),
     (64, 64, 32, 1, 128, 1, 3),
     (2, 1, 16, 8, 128, 0, 0),
+    (37, 32, 32, 2, 128, 2, 3),
 ]
 
 
@@ -295,7 +298,8 @@ def test_gpu_decodes_and_pipelines_agree(shape: tuple[int, int, int]) -> None:
 @pytest.mark.parametrize("shape", [(1, 4096, 1000), (37, 2048, 4104), (64, 4096, 1024)], ids=["m1", "m37", "m64"])
 def test_gpu_tma_and_swapped_tiles_agree(shape: tuple[int, int, int]) -> None:
     """On the GPU the TMA word loads (GEMV and tensor cores) and the swapped wgmma tiles (weights in registers
-    as the A operand) give the dequantized product at ragged M and N, int4 and int8."""
+    as the A operand; X's slices by tensor copies or not) give the dequantized product at ragged M and N, int4
+    and int8."""
     m, k, n = shape
     gen = torch.Generator().manual_seed(k + n + m)
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16).cuda()
@@ -322,9 +326,10 @@ def test_gpu_tma_and_swapped_tiles_agree(shape: tuple[int, int, int]) -> None:
             tiles.append({"BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 8, "num_warps": 4, "num_stages": 4, "SWAP": 0})
             tiles.append({"BLOCK_M": 1, "BLOCK_N": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4, "STREAM": 2})
         for tile in tiles:
-            y = packed_matmul(x, weights, **tile, PREFETCH=0, TMA=1)
-            error = float((y.float() - reference).abs().max() / reference.abs().max())
-            assert error < 4e-3, (bits, tile, error)
+            for tma in (1, 2) if tile.get("SWAP", 0) >= 2 else (1,):  # TMA 2: X's span slices by tensor copies
+                y = packed_matmul(x, weights, **tile, PREFETCH=0, TMA=tma)
+                error = float((y.float() - reference).abs().max() / reference.abs().max())
+                assert error < 4e-3, (bits, tile, tma, error)
         workspace, counters = scratch(x.device, 1, 1)
         assert not workspace.any() and not counters.any()
 
@@ -394,6 +399,13 @@ def test_bad_operands_and_tiles_are_rejected_naming_the_argument(interpreter: No
         packed_matmul(x, odd, **tile, TMA=1)
     with pytest.raises(ValueError, match="SPLIT_K must be 1"):
         packed_matmul(x, weights, **{**tile, "SPLIT_K": 2}, STREAM=1)
+    wide = {**tile, "BLOCK_M": 16, "PREFETCH": 0}
+    with pytest.raises(ValueError, match=r"TMA=2 .* needs SWAP >= 2"):
+        packed_matmul(x, weights, **wide, TMA=2, SWAP=1)
+    with pytest.raises(ValueError, match="TMA must be 0"):
+        packed_matmul(x, weights, **wide, TMA=3, SWAP=2)
+    with pytest.raises(ValueError, match="unit stride along K"):
+        packed_matmul(x.t().contiguous().t(), weights, **wide, TMA=2, SWAP=2)
 
 
 _AOT_SCRIPT = """
@@ -435,10 +447,12 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
                                                 "PREFETCH": 0, "num_stages": 4, "TMA": 1, "SWAP": 2}},
         {"shape": [1, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 16, "BLOCK_N": 256, "SPLIT_K": 1,
                                                "PREFETCH": 0, "num_stages": 4, "TMA": 1, "SWAP": 1, "STREAM": 2}},
+        {"shape": [64, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 2,
+                                                "PREFETCH": 0, "num_stages": 4, "TMA": 2, "SWAP": 2}},
     ]  # fmt: skip
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
     assert len(lines) == len(jobs), lines
-    gemv4, gemv8, dot16, dot64, piped, prefetched, swapped, wide, streamed = lines
+    gemv4, gemv8, dot16, dot64, piped, prefetched, swapped, wide, streamed, x_tma = lines
     assert gemv4["lop3"] and gemv4["mma"] is None and gemv4["vector_loads"], gemv4
     assert not gemv8["lop3"] and gemv8["vector_loads"], gemv8
     assert dot16["lop3"] and dot16["mma"] is not None, dot16
@@ -452,6 +466,8 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
     # STREAM's one loop over (tile, span) steps, with the split-K reduction inside it, is still pipelined: three
     # (16, 256) word boxes in flight (a CTA barrier in the loop as tl.debug_barrier would leave it unpipelined)
     assert streamed["tma"] and streamed["mma"] == "wgmma" and streamed["shared"] >= 3 * 16 * 256 * 4, streamed
+    # TMA 2: X's span slices by tensor copies as well: no cp.async left, the wgmma reads them where they land
+    assert wide["cp_async"] and x_tma["tma"] and not x_tma["cp_async"] and x_tma["mma"] == "wgmma", (wide, x_tma)
     assert all(line["shared"] <= 227 * 1024 for line in lines), lines
 
 
