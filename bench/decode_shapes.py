@@ -6,9 +6,9 @@ kernels of the step taking longer than the bytes say at these small shapes (2-8 
 and row count, in CUDA graphs over weight copies rotating through 256 MB (as the decode tuner times them):
 
 - bf16 ``F.linear`` (cuBLAS), the baseline's product;
-- every int4 tile the decode tuner measures (:func:`models.quant_linear.packed_candidates` and
-  :func:`~models.quant_linear.ws_candidates`), and with ``--partials`` the split-K tiles whose partial products are
-  left to the next operation (:func:`~models.quant_linear.partial_candidates`, the kernel alone), best first;
+- every int4 tile the decode tuner measures (:func:`models.quant_tiles.packed_candidates` and
+  :func:`~models.quant_tiles.ws_candidates`), and with ``--partials`` the split-K tiles whose partial products are
+  left to the next operation (:func:`~models.quant_tiles.partial_candidates`, the kernel alone), best first;
 - the read floor of the int4 words (:mod:`bench.stream_floor`'s flat reader, the fastest of its configs).
 
     PYTHONPATH=. python bench/decode_shapes.py --rows 1 64 --partials \
@@ -44,7 +44,7 @@ EXTRA_GEMV = [
 def bf16_ms(m: int, n: int, k: int) -> float:
     import torch
 
-    from models.quant_linear import ROTATE_BYTES
+    from models.quant_tiles import ROTATE_BYTES
     from tuner.fingerprint import device_info
     from tuner.measure import time_fn
 
@@ -66,7 +66,7 @@ def floor_ms(n: int, k: int) -> tuple[float, dict[str, Any]]:
     import torch
 
     from bench.stream_floor import candidates, reader
-    from models.quant_linear import ROTATE_BYTES
+    from models.quant_tiles import ROTATE_BYTES
     from tuner.fingerprint import device_info
     from tuner.measure import time_fn
 
@@ -93,7 +93,7 @@ def main() -> None:
     import torch
 
     from bench.common import write_result
-    from models.quant_linear import packed_candidates, partial_candidates, time_packed_tiles, ws_candidates
+    from models.quant_tiles import packed_candidates, partial_candidates, time_packed_tiles, ws_candidates
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="*", default=[1, 64])

@@ -34,8 +34,9 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "int4_packed_compiled_fused": {**INT4, "quant_kernel": "packed", "compile": "default", "split_sums": "fused"},
     # GPTQ's rounding (models/gptq.py) instead of round-to-nearest: the same kernels, closer to the bf16 model
     "int4_packed_compiled_gptq": {**INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq"},
-    "int4_packed_compiled_fused_gptq": {**INT4, "quant_kernel": "packed", "compile": "default", "split_sums": "fused",
-                                        "quantizer": "gptq"},
+    "int4_packed_compiled_fused_gptq": {
+        **INT4, "quant_kernel": "packed", "compile": "default", "split_sums": "fused", "quantizer": "gptq"
+    },
 }
 GOALS = {1: 1.5, 8: 1.25, 64: 1.0}
 

@@ -87,7 +87,7 @@ QUANTIZERS: tuple[str, ...] = ("rtn", "gptq")
 QUANT_KERNELS: tuple[str, ...] = ("tiled", "packed")
 COMPILE_MODES: tuple[str, ...] = ("off", "default")
 #: Where a packed split-K tile's partial products are summed: in the kernel (atomics, the last program writes Y)
-#: or by the next operation of the compiled step (``PARTIALS`` tiles, :func:`models.quant_linear.partial_candidates`).
+#: or by the next operation of the compiled step (``PARTIALS`` tiles, :func:`models.quant_tiles.partial_candidates`).
 SPLIT_SUMS: tuple[str, ...] = ("kernel", "fused")
 #: Default floor of ``top1_agreement`` below which a config is a NUMERICS_FAIL (see the module docstring).
 MIN_TOP1_AGREEMENT = 0.5

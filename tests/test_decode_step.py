@@ -21,12 +21,11 @@ torch = pytest.importorskip("torch")
 from models.gpt import PRESETS, make_model  # noqa: E402
 from models.quant_linear import (  # noqa: E402
     QuantLinear,
-    _candidate_tiles,
     autotune_tiles,
-    default_tile,
     parameter_bytes,
     quantize_linears,
 )
+from models.quant_tiles import _candidate_tiles, default_tile  # noqa: E402
 from objectives.decode_step import DecodeStep  # noqa: E402
 from tuner.workload import DeviceInfo, TrialContext, TrialStatus  # noqa: E402
 
@@ -147,7 +146,7 @@ def test_partials_tile_leaves_its_sum_to_the_graph(interpreter: None) -> None:
 
 
 def test_partial_candidates_are_split_tiles_left_unsummed() -> None:
-    from models.quant_linear import partial_candidates
+    from models.quant_tiles import partial_candidates
 
     for m in (1, 8, 64):
         tiles = partial_candidates(m, 2048, 2048, 4)
@@ -634,7 +633,7 @@ def test_quant_linear_kernel_on_gpu(bits: int) -> None:
 @gpu_test
 def test_autotuned_tiles_are_correct_and_no_slower_than_the_heuristic() -> None:
     device = _cuda()
-    from models.quant_linear import tune_tile
+    from models.quant_tiles import tune_tile
     from tuner.measure import time_fn
 
     gen = torch.Generator(device="cuda").manual_seed(0)

@@ -151,7 +151,7 @@ def test_ws_tiles_offered_to_the_packed_layers_tuner_only_where_they_run(monkeyp
     """Without Gluon (or interpreted) no tile is offered; with it, every offered tile is named ``WS: 1`` and passes
     the kernel's rules, none for a product the kernel refuses (N not a multiple of 8, groups smaller than a span)."""
     from kernels import quant_gemm_ws
-    from models.quant_linear import ws_candidates
+    from models.quant_tiles import ws_candidates
 
     monkeypatch.setattr(quant_gemm_ws, "available", lambda: False)
     assert ws_candidates(1, 4096, 4096, 4, 128) == []
@@ -173,7 +173,8 @@ def test_gpu_packed_layer_with_a_ws_tile_matches_its_fallback_eager_and_compiled
     product, eager and under torch.compile; the tuner's measured pick for its shape runs and is right too."""
     import torch
 
-    from models.quant_linear import QuantLinear, tune_packed_tile
+    from models.quant_linear import QuantLinear
+    from models.quant_tiles import tune_packed_tile
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     linear = torch.nn.Linear(2048, 6144, bias=False, device="cuda")
