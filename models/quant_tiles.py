@@ -130,7 +130,10 @@ def packed_product(
     """``x @ dequant(weights)`` with a packed-layout tile: ``WS: 1`` names the warp-specialized Gluon kernel
     (:mod:`kernels.quant_gemm_ws`, the other keys its knobs), any other tile :func:`packed_matmul`'s. A
     ``PARTIALS`` tile's fp32 partial products (``out`` unused) are summed here with ``sum_partials``, else
-    returned as they are, ``(SPLIT_K, M, N)``."""
+    returned as they are, ``(SPLIT_K, M, N)``. A ``TMA: 2`` tile reads X by tensor copies: an X without unit
+    stride along K or 16-byte rows is copied to a contiguous one first."""
+    if tile.get("TMA") == 2 and (x.stride(-1) != 1 or (x.stride(0) * x.element_size()) % 16):
+        x = x.contiguous()
     if tile.get("PARTIALS"):
         from kernels.quant_gemm_packed import packed_matmul
 

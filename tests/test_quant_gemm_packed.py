@@ -408,6 +408,21 @@ def test_bad_operands_and_tiles_are_rejected_naming_the_argument(interpreter: No
         packed_matmul(x.t().contiguous().t(), weights, **wide, TMA=2, SWAP=2)
 
 
+@pytest.mark.timeout(120)
+def test_packed_product_hands_a_tma2_tile_a_contiguous_x(interpreter: None) -> None:
+    """The quantized layers' dispatch (:func:`models.quant_tiles.packed_product`) copies an X that tensor copies
+    cannot read (K not the unit stride) before a ``TMA=2`` tile, where ``packed_matmul`` itself refuses it."""
+    from models.quant_tiles import packed_product
+
+    weights, x, reference = _operands(20, 256, 32, 4, 128, seed=7)
+    strided = x.t().contiguous().t()
+    tile = {"BLOCK_M": 16, "BLOCK_N": 32, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "PREFETCH": 0, "TMA": 2,
+            "SWAP": 2}  # fmt: skip
+    with pytest.raises(ValueError, match="unit stride along K"):
+        packed_matmul(strided, weights, **tile)
+    assert _relative_error(packed_product(strided, weights, tile), reference) < 2e-3
+
+
 _AOT_SCRIPT = """
 import json, sys
 from kernels.quant_gemm_packed import compile_for_target
