@@ -14,7 +14,10 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
         --out bench/results/kernel-variants-attention-ws-persistent-h200.json
 
 - ``persistent``: the persistent grid's candidates (:data:`PERSISTENT_CONFIGS`) and the best one-tile config at
-  every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``).
+  every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``);
+- ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``: the same per shape for one
+  variant's candidates beside the winners (``chain`` and ``epilogue`` also re-measure the best config without
+  the variant).
 """
 
 from __future__ import annotations
@@ -114,6 +117,7 @@ def _unusable(head_dim: int, config: dict[str, Any]) -> str | None:
         "bf16",
         config.get("CONSUMERS", 2),
         config.get("CTAS_PER_SM", 1),
+        config.get("EPILOGUE", 0),
     )
 
 
@@ -263,6 +267,17 @@ SINGLE_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+#: The output stored as 16-byte row vectors (``EPILOGUE=1``, a layout conversion in each consumer) against the
+#: accumulator layout's 4-byte stores, for the persistent winners of both consumer counts and the one-tile
+#: program (``epilogue`` phase; each shape's best with and without it are both re-measured beside SDPA).
+EPILOGUE_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": pe, "PINGPONG": pp, "CONSUMERS": c,
+     "ONE_LOOP": True, "EPILOGUE": ep}
+    for (c, nb, pe, pp), ep in itertools.product(((2, 3, True, False), (2, 2, True, False), (2, 2, True, True),
+                                                  (2, 2, False, False), (3, 3, True, False)), (0, 1))
+]  # fmt: skip (at D = 128 three stages and the epilogue's scratch exceed shared memory: _unusable drops them)
+
+
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,
               contrast: str | None = None, checked: bool = True) -> dict[str, Any]:  # fmt: skip
     """At every target shape (or those of ``seq_lens``): one round over ``configs`` picks the fastest, which is
@@ -309,7 +324,7 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong", "consumers", "oneloop",
-                                          "chain", "single"])  # fmt: skip
+                                          "chain", "single", "epilogue"])  # fmt: skip
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
@@ -321,10 +336,12 @@ def main() -> None:
     swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
     if ns.phase == "order":
         result = grid_order(ns.rounds)
-    elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop", "chain", "single"):
+    elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop", "chain", "single", "epilogue"):
         phases = {"persistent": PERSISTENT_CONFIGS, "pingpong": PINGPONG_CONFIGS, "consumers": CONSUMER_CONFIGS,
-                  "oneloop": ONE_LOOP_CONFIGS, "chain": CHAIN_CONFIGS, "single": SINGLE_CONFIGS}  # fmt: skip
-        result = per_shape(phases[ns.phase], ns.rounds, ns.out, ns.seq, "CHAIN" if ns.phase == "chain" else None,
+                  "oneloop": ONE_LOOP_CONFIGS, "chain": CHAIN_CONFIGS, "single": SINGLE_CONFIGS,
+                  "epilogue": EPILOGUE_CONFIGS}  # fmt: skip
+        contrast = {"chain": "CHAIN", "epilogue": "EPILOGUE"}.get(ns.phase)
+        result = per_shape(phases[ns.phase], ns.rounds, ns.out, ns.seq, contrast,
                            not ns.no_check)  # fmt: skip
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)

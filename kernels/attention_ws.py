@@ -38,6 +38,10 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   program, two programs an SM (registers and the K/V ring sized for two), so one program's loads, drain and stores
   overlap the other's wgmmas. Right on an H200, but 2-10% slower than two consumers at S = 1024 / 2048 (not in the
   default search space; ``bench/results/kernel-variants-attention-ws-single-h200.json``).
+- ``EPILOGUE=1``: a consumer moves its normalized output tile (in Out's dtype) from the wgmma accumulator's layout,
+  where each thread holds two columns of every 8-column group (4-byte stores), to a row-major one of 8 columns a
+  thread (16-byte stores, a warp writing whole rows), through the compiler's shared-memory scratch (16 KiB more a
+  program on sm_90). Not yet measured on a GPU; not in the default search space.
 - ``CHAIN`` (with ``PERSISTENT``, ``OVERLAP`` and ``ONE_LOOP``, without ``PINGPONG``): a program's tiles as one
   stream of key blocks, a tile's first scores and softmax under the previous tile's last P V. Right on an H200
   (GPU test), but 1-5% slower than the same config without it at S = 1024 (not in the default search space).
@@ -84,6 +88,9 @@ LOADER_REGS = 24
 #: cuDNN's tile), whose shared memory and registers then fit two programs. (Three leave 80 registers a thread at
 #: launch, which Triton 3.6's ptxas refuses for the kernel's wgmma: "Insufficient registers".)
 CTAS_PER_SM = (1, 2)
+#: How a consumer stores its output tile (``EPILOGUE``): 0 from the wgmma accumulator's layout (4-byte stores),
+#: 1 moved to a row-major layout first (16-byte stores, whole rows a warp; ``attention_ws_steps._store_tile``).
+EPILOGUES = (0, 1)
 #: Shared memory of an H100/H200 multiprocessor (227 KiB a program at most, 1 KiB reserved per program).
 SM_SHARED_BYTES = 228 * 1024
 
@@ -165,7 +172,7 @@ if gluon is not None:
                      row0, n_full, n_blocks, base, q_phase, turns, qk_scale, c: gl.constexpr, SEQ_LEN,
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
                      OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
-                     CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr):  # fmt: skip
+                     CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, EPILOGUE: gl.constexpr):  # fmt: skip
         """Consumer ``c`` on one tile: query rows ``start_m * 64 * CONSUMERS + c * 64 + [0, 64)`` over all its key
         blocks.
 
@@ -211,7 +218,7 @@ if gluon is not None:
                     qk_scale, SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout,
                 )  # fmt: skip
             mbarrier.arrive(q_empty.index(c), count=1)
-        _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM, STORE_LSE)
+        _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)
         return turns
 
     @gluon.jit
@@ -219,12 +226,13 @@ if gluon is not None:
                   c: gl.constexpr, SEQ_LEN, BH, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                   NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                   HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
-                  CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr):  # fmt: skip
+                  CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr,
+                  EPILOGUE: gl.constexpr):  # fmt: skip
         """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn."""
         if CHAIN:
             _consume_chained(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
                              c, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, STORE_LSE,
-                             CONSUMERS)  # fmt: skip
+                             CONSUMERS, EPILOGUE)  # fmt: skip
         elif PERSISTENT:
             num_m = gl.cdiv(SEQ_LEN, 64 * CONSUMERS)
             base = 0
@@ -238,7 +246,7 @@ if gluon is not None:
                     turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                          kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
                                          turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
-                                         OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP)  # fmt: skip
+                                         OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE)  # fmt: skip
                     base += n_blocks
                     i += 1
         else:
@@ -247,7 +255,7 @@ if gluon is not None:
             _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
                          off_hz * SEQ_LEN, n_full, n_blocks, 0, 0, gl.program_id(0) * 0, qk_scale, c, SEQ_LEN,
                          HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS,
-                         ONE_LOOP)  # fmt: skip
+                         ONE_LOOP, EPILOGUE)  # fmt: skip
 
     @gluon.jit
     def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, sm_scale, SEQ_LEN, BH,
@@ -255,7 +263,8 @@ if gluon is not None:
                                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
                                 PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
-                                ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr):  # fmt: skip
+                                ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr,
+                                EPILOGUE: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
         in L2), or, ``PERSISTENT``, a grid of at most one program per SM striding over work items
@@ -285,7 +294,7 @@ if gluon is not None:
                 [
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -298,13 +307,13 @@ if gluon is not None:
                 [
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 2, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -317,10 +326,10 @@ if gluon is not None:
                 [
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -331,9 +340,10 @@ if gluon is not None:
 
 
 def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, consumers: int = 2,
-                 ctas_per_sm: int = 1) -> str | None:  # fmt: skip
+                 ctas_per_sm: int = 1, epilogue: int = 0) -> str | None:  # fmt: skip
     """Why the kernel cannot run this config (None when it can): head dims, key blocks, consumers, programs per
-    SM, shared memory."""
+    SM, epilogue, shared memory (``EPILOGUE`` 1 adds the layout conversion's scratch, bounded by one 64 x D tile
+    a consumer: sm_90 compiles took 16 KiB with two consumers at D = 64 and 128)."""
     if precision not in PRECISIONS:
         return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
     if head_dim not in HEAD_DIMS:
@@ -346,6 +356,8 @@ def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, 
         return f"CONSUMERS must be one of {CONSUMER_COUNTS}, got {consumers}"
     if ctas_per_sm not in CTAS_PER_SM:
         return f"CTAS_PER_SM must be one of {CTAS_PER_SM}, got {ctas_per_sm}"
+    if epilogue not in EPILOGUES:
+        return f"EPILOGUE must be one of {EPILOGUES}, got {epilogue!r}"
     regs = consumer_regs_limit(consumers, ctas_per_sm)
     if (consumers == 3 or regs < 200) and head_dim != 64:
         return (
@@ -354,9 +366,11 @@ def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, 
         )
     block_m = SUB_M * consumers
     shared = 2 * (block_m * head_dim + 2 * num_buffers * block_n * head_dim) + 1024
+    shared += 2 * block_m * head_dim if epilogue == 1 else 0
     if ctas_per_sm * (shared + 1024) > SM_SHARED_BYTES:  # one program: shared <= 227 KiB
         return (
-            f"shared memory {shared} B (Q {block_m}x{head_dim}, {num_buffers} K/V stages of {block_n}x{head_dim}) "
+            f"shared memory {shared} B (Q {block_m}x{head_dim}, {num_buffers} K/V stages of {block_n}x{head_dim}"
+            f"{', the epilogue scratch' if epilogue == 1 else ''}) "
             f"for {ctas_per_sm} program(s) per SM exceeds the 228 KiB of an H100/H200 multiprocessor (227 KiB a "
             "program, 1 KiB each reserved)"
         )
@@ -433,7 +447,8 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
         raise ValueError(f"unknown knobs of the warp-specialized attention kernel: {sorted(unknown)}")
     consumers = knobs.get("CONSUMERS", 2)
     ctas = knobs.get("CTAS_PER_SM", 1)
-    reason = check_config(head_dim, knobs.get("BLOCK_N", 128), knobs.get("NUM_BUFFERS", 2), precision, consumers, ctas)
+    reason = check_config(head_dim, knobs.get("BLOCK_N", 128), knobs.get("NUM_BUFFERS", 2), precision, consumers, ctas,
+                          knobs.get("EPILOGUE", 0))  # fmt: skip
     if reason:
         raise ValueError(reason)
     regs, limit = knobs.get("CONSUMER_REGS"), consumer_regs_limit(consumers, ctas)
@@ -455,6 +470,7 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
 KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
     "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False, "CTAS_PER_SM": 1,
+    "EPILOGUE": 0,
 }  # fmt: skip
 
 
@@ -476,8 +492,8 @@ def attention_ws(
     ``OVERLAP``, ``CONSUMER_REGS``, ``HEAD_MAJOR``, ``PERSISTENT``: one program per SM over all
     tiles, ``PINGPONG``: the consumers take turns to issue their wgmmas, with ``OVERLAP``; ``CONSUMERS``: 2, or 3
     at D = 64, or 1; ``ONE_LOOP``: a tile's key blocks in one loop; ``CTAS_PER_SM``: programs an SM, 2 with one
-    consumer). Launches
-    asynchronously on the current stream.
+    consumer; ``EPILOGUE``: 1 stores the output in 16-byte vectors of a row-major layout). Launches asynchronously
+    on the current stream.
     """
     out = check_operands(q, k, v, out, lse)
     if not available():

@@ -189,22 +189,31 @@ if gluon is not None:
         return acc, m_i, l_i, turns
 
     @gluon.jit
-    def _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr):
-        """A consumer's epilogue: O = acc / l for its rows inside the sequence (and the base-2 log-sum-exp)."""
+    def _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr,
+                    EPILOGUE: gl.constexpr = 0):  # fmt: skip
+        """A consumer's epilogue: O = acc / l for its rows inside the sequence (and the base-2 log-sum-exp).
+        ``EPILOGUE`` 0 stores from the wgmma accumulator's layout (4-byte pieces, two per thread and 8-column
+        group); 1 first moves O (in Out's dtype) to a row-major layout, 8 columns a thread, so each thread stores
+        16-byte vectors and a warp whole rows (through the compiler's shared-memory scratch)."""
         o_layout: gl.constexpr = acc.type.layout
         if STORE_LSE:
             gl.store(Lse + row0 + rows, m_i + gl.log2(l_i), mask=rows < SEQ_LEN)
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
-        o_rows = gl.convert_layout(rows, gl.SliceLayout(1, o_layout))
-        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+        if EPILOGUE == 1:
+            store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // HEAD_DIM, HEAD_DIM // 8], [4, 1], [1, 0])
+        else:
+            store_layout: gl.constexpr = o_layout
+        o = gl.convert_layout(acc.to(Out.dtype.element_ty), store_layout)
+        o_rows = gl.convert_layout(rows, gl.SliceLayout(1, store_layout))
+        offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, store_layout))
         ptrs = Out + (row0 + gl.expand_dims(o_rows, 1)) * HEAD_DIM + gl.expand_dims(offs_d, 0)
-        gl.store(ptrs, acc.to(Out.dtype.element_ty), mask=gl.expand_dims(o_rows < SEQ_LEN, 1))
+        gl.store(ptrs, o, mask=gl.expand_dims(o_rows < SEQ_LEN, 1))
 
     @gluon.jit
     def _consume_chained(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
                          c: gl.constexpr, SEQ_LEN, BH, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                         CONSUMERS: gl.constexpr):  # fmt: skip
+                         CONSUMERS: gl.constexpr, EPILOGUE: gl.constexpr = 0):  # fmt: skip
         """Consumer ``c`` of the persistent grid with ``CHAIN``: all its tiles' key blocks as one overlapped
         stream, so a tile's first scores and softmax run under the previous tile's last P V.
 
@@ -265,7 +274,7 @@ if gluon is not None:
                         mbarrier.arrive(kv_empty.index(pstage), count=1)
                         if fresh:
                             _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0,
-                                        SEQ_LEN, HEAD_DIM, STORE_LSE)  # fmt: skip
+                                        SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)  # fmt: skip
                     acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
                     p_op = gl.convert_layout(p.to(dtype), p_layout)
                     m_i = m_new
@@ -283,4 +292,4 @@ if gluon is not None:
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
             mbarrier.arrive(kv_empty.index(pstage), count=1)
             _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0, SEQ_LEN, HEAD_DIM,
-                        STORE_LSE)  # fmt: skip
+                        STORE_LSE, EPILOGUE)  # fmt: skip

@@ -103,7 +103,8 @@ for job in json.loads(sys.argv[1]):
     ptx = kernel.asm["ptx"]
     budgets = re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)
     print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
-                      "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(int(n) for n in budgets))}),
+                      "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(int(n) for n in budgets)),
+                      "stores": {"v4": ptx.count("st.global.v4"), "b32": ptx.count("st.global.b32")}}),
           flush=True)
 """
 
@@ -145,6 +146,61 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
         rows = 64 * consumers
         estimate = 2 * (rows * head_dim + 2 * config["NUM_BUFFERS"] * config["BLOCK_N"] * head_dim) + 1024
         assert estimate - 1024 <= result["shared"] <= estimate, (result, estimate)
+
+
+@pytest.mark.timeout(300)
+def test_vector_epilogue_stores_16_byte_rows_within_the_checked_shared_memory(aot_child: Any) -> None:
+    """``EPILOGUE=1`` (sm_90 PTX, no GPU): every output store a 16-byte vector (none of the accumulator layout's
+    4-byte pieces), with and without the persistent grid, chained tiles and three consumers; its shared memory
+    within :func:`check_config`'s bound, which refuses the stage count it no longer fits."""
+    from kernels.attention_ws import check_config
+
+    jobs = []
+    for d, consumers, extra in ((128, 2, {}), (128, 2, {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}),
+                                (64, 3, {}), (128, 2, {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True,
+                                                       "CHAIN": True})):  # fmt: skip
+        for epilogue in (0, 1):
+            config = {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2, "CONSUMERS": consumers, "EPILOGUE": epilogue,
+                      **extra}  # fmt: skip
+            jobs.append({"shape": [2, 16, 1024, d], "config": config})
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
+    assert len(lines) == len(jobs), lines
+    for plain, vector in zip(lines[::2], lines[1::2], strict=True):
+        assert plain["stores"]["b32"] > 0 and plain["stores"]["v4"] == 0, plain
+        assert vector["stores"]["v4"] > 0 and vector["stores"]["b32"] == 0, vector
+        assert vector["shared"] > plain["shared"], (plain, vector)  # the conversion's scratch
+        config, head_dim = vector["config"], vector["shape"][3]
+        consumers = config["CONSUMERS"]
+        bound = 2 * (64 * consumers * head_dim + 2 * 2 * 128 * head_dim) + 1024 + 2 * 64 * consumers * head_dim
+        assert check_config(head_dim, 128, 2, "bf16", consumers, 1, 1) is None and vector["shared"] <= bound
+    assert check_config(128, 128, 3, "bf16", 2, 1, 0) is None
+    assert "epilogue scratch" in (check_config(128, 128, 3, "bf16", 2, 1, 1) or "")
+    assert "EPILOGUE must be" in (check_config(128, 128, 2, "bf16", 2, 1, 2) or "")
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 16, 1024, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_vector_epilogue_matches_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
+    """``EPILOGUE=1`` (the output stored as 16-byte row vectors after a layout conversion in each consumer):
+    outputs (NaN-filled first: a row never stored fails) and log-sum-exp against fp32 math, one program per tile
+    and persistent, chained tiles, two and three consumers, at a ragged length (S = 1000)."""
+    import torch
+
+    from kernels.attention_ws import attention_ws
+
+    q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 7)
+    persistent = {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}
+    variants = [{}, persistent, {**persistent, "CHAIN": True}] + ([{"CONSUMERS": 3}] if shape[3] == 64 else [])
+    for knobs in variants:
+        lse = torch.full(shape[:3], float("nan"), device="cuda", dtype=torch.float32)
+        out = torch.full_like(q, float("nan"))
+        attention_ws(q, k, v, causal=causal, lse=lse, out=out, BLOCK_N=128, NUM_BUFFERS=2, EPILOGUE=1, **knobs)
+        error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
+        assert error < 1e-2, (knobs, error)
+        assert torch.allclose(lse, expected_lse, atol=1e-2), knobs
 
 
 @pytest.mark.gpu
