@@ -41,8 +41,11 @@ CANDIDATES: dict[str, dict[str, Any]] = {
 GOALS = {1: 1.5, 8: 1.25, 64: 1.0}
 
 
-def kernels_per_step(workload: Any, config: dict[str, Any], batch: int) -> int:
-    """CUDA kernels one eager decode step of the config's model launches (torch.profiler)."""
+def kernels_per_step(workload: Any, config: dict[str, Any], batch: int) -> dict[str, Any]:
+    """CUDA kernels one eager decode step of the config's model launches (torch.profiler): ``total`` and the
+    count of each kernel name (the ten most frequent), so that a difference between two models names its kernels."""
+    from collections import Counter
+
     import torch
 
     from objectives.decode_step import _int8_first_blocks, _quant_kernel, _quantizer
@@ -69,7 +72,8 @@ def kernels_per_step(workload: Any, config: dict[str, Any], batch: int) -> int:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             model.decode(token, kv, pos)
             torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    names = Counter(e.name[:80] for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return {"total": sum(names.values()), "by_name": dict(names.most_common(10))}
 
 
 def measure_batch(batch: int, args: argparse.Namespace, seed: int, names: list[str]) -> dict[str, Any]:
