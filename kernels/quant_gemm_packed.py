@@ -505,7 +505,8 @@ def packed_matmul(
 
     ``x`` (M, K) bf16/fp16 with unit stride along K or not; ``out`` (M, N) in x's dtype. Launches
     asynchronously on the current stream; split-K's scratch is this module's (:func:`scratch`).
-    ``TMA``: the words are read by bulk tensor copies (Hopper; contiguous words, N a multiple of 4).
+    ``TMA``: the words are read by bulk tensor copies (Hopper; contiguous words, N a multiple of 4); ``TMA=2``
+    X's span slices too (``SWAP`` >= 2; X with unit stride along K and 16-byte rows).
     ``STREAM``: ``STREAM`` programs per multiprocessor, each taking an equal share of all tiles' K spans in one
     pipelined loop (``SPLIT_K`` 1; a tile shared between programs is summed in the kernel as split-K is).
     """
