@@ -303,9 +303,17 @@ def packed_candidates(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]
     # 4096 <- 14336 on an H200: bench/results/int4-roofline-stream-h200.json)
     if m <= 16 and n % 4 == 0:
         tiles += [
-            {"BLOCK_M": 16, "BLOCK_N": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": st, "PREFETCH": 0, "TMA": 1,
+            {"BLOCK_M": 16, "BLOCK_N": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": st, "PREFETCH": 0, "TMA": tma,
              "SWAP": swap, "STREAM": 2}
-            for st, swap in itertools.product((3, 4), (1, 2))
+            for st, (swap, tma) in itertools.product((3, 4), ((1, 1), (2, 1), (2, 2)))
+        ]  # fmt: skip
+    # Above 16 rows, with X by tensor copies: a small product's few spans a tile (K = 2048: 16) run as one stream
+    # per program across tiles instead of a short split-K loop that fills and drains its pipeline each time.
+    if m > 16 and n % 4 == 0:
+        tiles += [
+            {"BLOCK_M": 64 if m > 32 else 32, "BLOCK_N": bn, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3,
+             "PREFETCH": 0, "TMA": 2, "SWAP": swap, "STREAM": programs}
+            for bn, swap, programs in itertools.product((64, 128), (2, 3), (2, 3))
         ]  # fmt: skip
     return [t for t in tiles if k % (t["SPLIT_K"] * span) == 0 and t["BLOCK_N"] <= max(16, n)]
 
