@@ -14,22 +14,17 @@ for split-K tiles whose sums the next operation takes) in a CUDA graph over weig
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 #: Programs per product the tile heuristic aims for (an H200 has 132 SMs).
 TARGET_PROGRAMS = 132
-
-
 #: Rows of X up to which the GEMV kernel (one row per program, no tl.dot) runs the product.
 GEMV_MAX_M = 1
-
-
 #: Weight bytes one GEMV program streams before the product is split along K.
 GEMV_BYTES_PER_PROGRAM = 64 * 1024
-
-
 #: Shared memory per block assumed when the device does not say (bytes).
 DEFAULT_SMEM_BYTES = 99 * 1024
 
@@ -173,6 +168,32 @@ def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int) -> list[di
 ROTATE_BYTES = 256 * 1024 * 1024
 
 
+def _compiling(tiles: list[dict[str, int]], compile_tile: Callable[[dict[str, int]], Any]) -> list[dict[str, int]]:
+    """The ``tiles`` that ``compile_tile`` compiles without an error, compiled ahead on a thread pool (a tile that
+    does not compile here, or exceeds shared memory, is simply not a candidate)."""
+    import concurrent.futures
+
+    def compiles(tile: dict[str, int]) -> bool:
+        try:
+            compile_tile(tile)
+        except Exception:
+            return False
+        return True
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+        return [t for t, ok in zip(tiles, pool.map(compiles, tiles), strict=True) if ok]
+
+
+def _ms_per_product(products: Callable[[], None], copies: int, info: Any) -> float:
+    """``products`` (``copies`` products over rotating weight copies) timed inside a CUDA graph (no launch
+    overhead, as in a graph-captured decode step): the median in ms per product."""
+    from tuner.measure import time_fn
+
+    timing = time_fn(products, info, warmup_ms=2.0, rep_ms=10.0, min_reps=5, max_reps=50, flush_l2=False,
+                     cuda_graph=True, graph_calls=1)  # fmt: skip
+    return timing.median_ms / copies
+
+
 def tune_tile(
     m: int,
     n: int,
@@ -192,27 +213,17 @@ def tune_tile(
     with their workspace zeroing and final copy. The default set's result is cached per GPU and shape
     for the process.
     """
-    import concurrent.futures
-
     from kernels.quant_gemm import compile_only, quant_matmul
     from tuner.fingerprint import device_info
-    from tuner.measure import time_fn
 
     key = (torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype)
     if candidates is None and key in _TUNED:
         return dict(_TUNED[key])
     precision = "bf16" if dtype == torch.bfloat16 else "fp16"
-    tiles = candidates if candidates is not None else _candidate_tiles(m, n, k, bits)
-
-    def compiles(tile: dict[str, int]) -> bool:
-        try:
-            compile_only(m, n, k, precision=precision, bits=bits, group_size=group_size, **tile)
-        except Exception:  # a tile that does not compile here is simply not a candidate
-            return False
-        return True
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
-        tiles = [t for t, ok in zip(tiles, pool.map(compiles, tiles), strict=True) if ok]
+    tiles = _compiling(
+        candidates if candidates is not None else _candidate_tiles(m, n, k, bits),
+        lambda tile: compile_only(m, n, k, precision=precision, bits=bits, group_size=group_size, **tile),
+    )
     if not tiles:
         raise RuntimeError(f"no quant_matmul tile compiles for M={m} N={n} K={k} int{bits}")
     packed_rows = k * bits // 8
@@ -231,18 +242,7 @@ def tune_tile(
             for qw, sc in zip(qweights, scales, strict=True):
                 quant_matmul(x, qw, sc, bits=bits, group_size=group_size, out=out, workspace=workspace, **tile)
 
-        timing = time_fn(
-            products,
-            info,
-            warmup_ms=2.0,
-            rep_ms=10.0,
-            min_reps=5,
-            max_reps=50,
-            flush_l2=False,
-            cuda_graph=True,
-            graph_calls=1,
-        )
-        per_product = timing.median_ms / copies
+        per_product = _ms_per_product(products, copies, info)
         if per_product < best_ms:
             best, best_ms = tile, per_product
     if candidates is None:
@@ -357,28 +357,20 @@ def time_packed_tiles(
     """``(tile, ms per product)`` for every candidate that compiles here (``WS: 1`` tiles on the Gluon kernel), as
     :func:`tune_tile` measures: compiled ahead on a thread pool, timed in a CUDA graph over copies of random
     weights rotating through :data:`ROTATE_BYTES` (each product streams its weights from HBM)."""
-    import concurrent.futures
-
     from kernels import quant_gemm_ws
     from kernels.quant_gemm_packed import PackedWeights, compile_only, pack_factor
     from tuner.fingerprint import device_info
-    from tuner.measure import time_fn
 
     precision = "bf16" if dtype == torch.bfloat16 else "fp16"
 
-    def compiles(tile: dict[str, int]) -> bool:
-        try:
-            if tile.get("WS"):
-                knobs = {name: value for name, value in tile.items() if name != "WS"}
-                quant_gemm_ws.compile_only(m, n, k, bits=bits, group_size=group_size, precision=dtype, **knobs)
-            else:
-                compile_only(m, n, k, precision=precision, bits=bits, group_size=group_size, **tile)
-        except Exception:  # a tile that does not compile here is simply not a candidate
-            return False
-        return True
+    def compile_tile(tile: dict[str, int]) -> None:
+        if tile.get("WS"):
+            knobs = {name: value for name, value in tile.items() if name != "WS"}
+            quant_gemm_ws.compile_only(m, n, k, bits=bits, group_size=group_size, precision=dtype, **knobs)
+        else:
+            compile_only(m, n, k, precision=precision, bits=bits, group_size=group_size, **tile)
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
-        tiles = [t for t, ok in zip(candidates, pool.map(compiles, candidates), strict=True) if ok]
+    tiles = _compiling(candidates, compile_tile)
     if not tiles:
         return []
     rows = k // pack_factor(bits)
@@ -403,9 +395,7 @@ def time_packed_tiles(
                 packed_product(x, w, tile, out=out, sum_partials=False)
 
         products()  # split-K scratch allocated before the graph capture
-        timing = time_fn(products, info, warmup_ms=2.0, rep_ms=10.0, min_reps=5, max_reps=50, flush_l2=False,
-                         cuda_graph=True, graph_calls=1)  # fmt: skip
-        timed.append((tile, timing.median_ms / copies))
+        timed.append((tile, _ms_per_product(products, copies, info)))
     return timed
 
 

@@ -25,7 +25,7 @@ from models.quant_linear import (  # noqa: E402
     parameter_bytes,
     quantize_linears,
 )
-from models.quant_tiles import _candidate_tiles, default_tile  # noqa: E402
+from models.quant_tiles import _candidate_tiles, _compiling, default_tile  # noqa: E402
 from objectives.decode_step import DecodeStep  # noqa: E402
 from tuner.workload import DeviceInfo, TrialContext, TrialStatus  # noqa: E402
 
@@ -740,3 +740,16 @@ def test_decode_on_gpu_graphs_match_eager_and_quantization_is_faster(batch: int)
     assert results["int4-graphs"]["top1_agreement"] >= 0.9
     assert results["int4-gptq-graphs"]["mean_logit_error"] < results["int4-graphs"]["mean_logit_error"]
     assert results["int4-gptq-graphs"]["peak_mem_gb"] == pytest.approx(results["int4-graphs"]["peak_mem_gb"], rel=0.01)
+
+
+def test_tuners_keep_only_the_tiles_that_compile_in_their_order() -> None:
+    """Both tile tuners filter their candidates through one thread-pooled compile: a tile whose compile raises
+    (any error: a compile failure, shared memory) is dropped, the others keep their order."""
+    tiles = [{"BLOCK_N": bn} for bn in (16, 32, 64, 128, 256)]
+
+    def compile_tile(tile: dict[str, int]) -> None:
+        if tile["BLOCK_N"] in (32, 256):
+            raise RuntimeError("out of resources")
+
+    assert _compiling(tiles, compile_tile) == [{"BLOCK_N": 16}, {"BLOCK_N": 64}, {"BLOCK_N": 128}]
+    assert _compiling([], compile_tile) == []
