@@ -267,15 +267,16 @@ SINGLE_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-#: The output stored as 16-byte row vectors (``EPILOGUE=1``, a layout conversion in each consumer) against the
-#: accumulator layout's 4-byte stores, for the persistent winners of both consumer counts and the one-tile
-#: program (``epilogue`` phase; each shape's best with and without it are both re-measured beside SDPA).
+#: The output stored as 16-byte vectors (``EPILOGUE=1``, a layout conversion in each consumer; ``EPILOGUE=2``, the
+#: pieces exchanged within each row's lanes) against the accumulator layout's 4-byte stores, for the persistent
+#: winners of both consumer counts and the one-tile program (``epilogue`` phase; each shape's best with and
+#: without it are both re-measured beside SDPA).
 EPILOGUE_CONFIGS: list[dict[str, Any]] = [
     {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": pe, "PINGPONG": pp, "CONSUMERS": c,
      "ONE_LOOP": True, "EPILOGUE": ep}
     for (c, nb, pe, pp), ep in itertools.product(((2, 3, True, False), (2, 2, True, False), (2, 2, True, True),
-                                                  (2, 2, False, False), (3, 3, True, False)), (0, 1))
-]  # fmt: skip (at D = 128 three stages and the epilogue's scratch exceed shared memory: _unusable drops them)
+                                                  (2, 2, False, False), (3, 3, True, False)), (0, 1, 2))
+]  # fmt: skip (at D = 128 three stages and either epilogue exceed shared memory: _unusable drops them)
 
 
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,

@@ -41,7 +41,13 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
 - ``EPILOGUE=1``: a consumer moves its normalized output tile (in Out's dtype) from the wgmma accumulator's layout,
   where each thread holds two columns of every 8-column group (4-byte stores), to a row-major one of 8 columns a
   thread (16-byte stores, a warp writing whole rows), through the compiler's shared-memory scratch (16 KiB more a
-  program on sm_90). Not yet measured on a GPU; not in the default search space.
+  program on sm_90). On an H200 it gained 3-8% at D = 64 with three K/V stages (S 1024-2048); at D = 128 it
+  leaves room for two stages only, which lose to three without it
+  (``bench/results/kernel-variants-attention-ws-epilogue-h200.json``).
+- ``EPILOGUE=2``: the same 16-byte stores, 8 adjacent columns a thread, with the accumulator layout's rows kept:
+  only each row's four lanes exchange pieces (:func:`kernels.attention_ws_steps._quad_vector_layout`). The
+  compiler does the exchange through 512 bytes of shared memory a warp, so it costs 4 KiB instead of 16 with two
+  consumers.
 - ``CHAIN`` (with ``PERSISTENT``, ``OVERLAP`` and ``ONE_LOOP``, without ``PINGPONG``): a program's tiles as one
   stream of key blocks, a tile's first scores and softmax under the previous tile's last P V. Right on an H200
   (GPU test), but 1-5% slower than the same config without it at S = 1024 (not in the default search space).
@@ -89,8 +95,14 @@ LOADER_REGS = 24
 #: launch, which Triton 3.6's ptxas refuses for the kernel's wgmma: "Insufficient registers".)
 CTAS_PER_SM = (1, 2)
 #: How a consumer stores its output tile (``EPILOGUE``): 0 from the wgmma accumulator's layout (4-byte stores),
-#: 1 moved to a row-major layout first (16-byte stores, whole rows a warp; ``attention_ws_steps._store_tile``).
-EPILOGUES = (0, 1)
+#: 1 moved to a row-major layout first (16-byte stores, whole rows a warp; ``attention_ws_steps._store_tile``),
+#: 2 its pieces exchanged within each row's four lanes (16-byte stores, 512 bytes of scratch a warp).
+EPILOGUES = (0, 1, 2)
+#: ``EPILOGUE=2``'s scratch a consumer: sm_90 compiles (Triton 3.6 and 3.9) exchange each warp's pieces through
+#: 512 bytes of shared memory a warp (16-byte stores, ``ldmatrix`` loads) rather than shuffles: 3.8 KiB over the
+#: kernel's other scratch with two consumers at D = 64 and 128, which leaves three K/V stages at D = 128 1.1 KiB
+#: short.
+EPILOGUE_SHUFFLE_SCRATCH = 2048
 #: Shared memory of an H100/H200 multiprocessor (227 KiB a program at most, 1 KiB reserved per program).
 SM_SHARED_BYTES = 228 * 1024
 
@@ -343,7 +355,8 @@ def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, 
                  ctas_per_sm: int = 1, epilogue: int = 0) -> str | None:  # fmt: skip
     """Why the kernel cannot run this config (None when it can): head dims, key blocks, consumers, programs per
     SM, epilogue, shared memory (``EPILOGUE`` 1 adds the layout conversion's scratch, bounded by one 64 x D tile
-    a consumer: sm_90 compiles took 16 KiB with two consumers at D = 64 and 128)."""
+    a consumer: sm_90 compiles took 16 KiB with two consumers at D = 64 and 128; ``EPILOGUE`` 2 a 512-byte exchange
+    buffer a warp)."""
     if precision not in PRECISIONS:
         return f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
     if head_dim not in HEAD_DIMS:
@@ -366,11 +379,11 @@ def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, 
         )
     block_m = SUB_M * consumers
     shared = 2 * (block_m * head_dim + 2 * num_buffers * block_n * head_dim) + 1024
-    shared += 2 * block_m * head_dim if epilogue == 1 else 0
+    shared += {0: 0, 1: 2 * block_m * head_dim, 2: EPILOGUE_SHUFFLE_SCRATCH * consumers}[epilogue]
     if ctas_per_sm * (shared + 1024) > SM_SHARED_BYTES:  # one program: shared <= 227 KiB
         return (
             f"shared memory {shared} B (Q {block_m}x{head_dim}, {num_buffers} K/V stages of {block_n}x{head_dim}"
-            f"{', the epilogue scratch' if epilogue == 1 else ''}) "
+            f"{', the epilogue scratch' if epilogue else ''}) "
             f"for {ctas_per_sm} program(s) per SM exceeds the 228 KiB of an H100/H200 multiprocessor (227 KiB a "
             "program, 1 KiB each reserved)"
         )

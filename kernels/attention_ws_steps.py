@@ -188,19 +188,36 @@ if gluon is not None:
         mbarrier.arrive(kv_empty.index(stage), count=1)
         return acc, m_i, l_i, turns
 
+    @gluon.constexpr_function
+    def _quad_vector_layout(head_dim):
+        """The wgmma accumulator's layout of a 64 x ``head_dim`` tile (4 warps; a thread holds columns 2t, 2t + 1
+        of every 8-column group, t its lane in the row's quad, for rows r and r + 8) with each quad's pieces
+        transposed: lane t of a quad holds columns 8t .. 8t + 7 of every 32-column group. Only registers and lanes
+        within a warp change places (Triton 3.6 and 3.9 exchange them through 512 bytes of shared memory a warp,
+        16-byte stores and ``ldmatrix``, with no barrier across warps)."""
+        wide = [[0, 32 << i] for i in range((head_dim // 32).bit_length() - 1)]
+        return gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [0, 4], [8, 0], *wide],
+                                          lane_bases=[[0, 8], [0, 16], [1, 0], [2, 0], [4, 0]],
+                                          warp_bases=[[16, 0], [32, 0]], block_bases=[],
+                                          shape=[64, head_dim])  # fmt: skip
+
     @gluon.jit
     def _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM: gl.constexpr, STORE_LSE: gl.constexpr,
                     EPILOGUE: gl.constexpr = 0):  # fmt: skip
         """A consumer's epilogue: O = acc / l for its rows inside the sequence (and the base-2 log-sum-exp).
         ``EPILOGUE`` 0 stores from the wgmma accumulator's layout (4-byte pieces, two per thread and 8-column
         group); 1 first moves O (in Out's dtype) to a row-major layout, 8 columns a thread, so each thread stores
-        16-byte vectors and a warp whole rows (through the compiler's shared-memory scratch)."""
+        16-byte vectors and a warp whole rows (through the compiler's shared-memory scratch); 2 exchanges the
+        pieces among each row's four lanes (:func:`_quad_vector_layout`: 512 bytes of scratch a warp) so each
+        thread holds 8 adjacent columns and stores 16-byte vectors, a warp 64-byte row segments."""
         o_layout: gl.constexpr = acc.type.layout
         if STORE_LSE:
             gl.store(Lse + row0 + rows, m_i + gl.log2(l_i), mask=rows < SEQ_LEN)
         acc = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
         if EPILOGUE == 1:
             store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // HEAD_DIM, HEAD_DIM // 8], [4, 1], [1, 0])
+        elif EPILOGUE == 2:
+            store_layout: gl.constexpr = _quad_vector_layout(HEAD_DIM)
         else:
             store_layout: gl.constexpr = o_layout
         o = gl.convert_layout(acc.to(Out.dtype.element_ty), store_layout)

@@ -8,7 +8,7 @@ causal-balanced TMA kernel of ``kernels/attention_persistent.py`` without / with
 specialization; ``gluon_ws``, the Gluon kernel of ``kernels/attention_ws.py`` with a TMA loader warp and two or three
 consumer warpgroups (CONSUMERS; three at head_dim 64 only), sm_90 only: BLOCK_M 128 and 4 warps per consumer fixed,
 num_stages its K/V stages, OVERLAP its intra-warpgroup overlap, ONE_LOOP its key blocks in one loop, CHAIN a
-persistent program's tiles as one overlapped stream), BLOCK_M,
+persistent program's tiles as one overlapped stream, EPILOGUE how its output tile is stored), BLOCK_M,
 BLOCK_N, num_warps, num_stages, precision (bf16, fp16), use_tma (the tutorial kernel's Q/K/V tiles through tensor
 descriptors, Hopper and newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
@@ -279,6 +279,9 @@ class FlashAttention(KernelWorkload):
                     "CHAIN runs a persistent program's tiles as one OVERLAP loop of ONE_LOOP tiles: it needs "
                     f"PERSISTENT, OVERLAP and ONE_LOOP true and PINGPONG false, got {', '.join(wrong)}"
                 )
+        epilogue = config.get("EPILOGUE", 0)
+        if epilogue not in (0, 1, 2) or isinstance(epilogue, bool):
+            return f"EPILOGUE (how a consumer stores its output tile) must be 0, 1 or 2, got {epilogue!r}"
         consumers = config.get("CONSUMERS", 2)
         if consumers not in (2, 3) or isinstance(consumers, bool):
             return f"CONSUMERS (consumer warpgroups of 64 query rows) must be 2 or 3, got {consumers!r}"
@@ -296,7 +299,8 @@ class FlashAttention(KernelWorkload):
 
         if not available():
             return "gluon_ws needs Triton's Gluon (triton.experimental.gluon, Triton >= 3.6)"
-        return check_config(self.head_dim, tile["BLOCK_N"], tile["num_stages"], config["precision"], consumers)
+        return check_config(self.head_dim, tile["BLOCK_N"], tile["num_stages"], config["precision"], consumers,
+                            epilogue=epilogue)  # fmt: skip
 
     @staticmethod
     def _variant_check(config: dict[str, Any], kernel: Any) -> str | None:
@@ -474,6 +478,7 @@ class FlashAttention(KernelWorkload):
             "CONSUMERS": int(config.get("CONSUMERS", 2)),
             "ONE_LOOP": bool(config.get("ONE_LOOP", False)),
             "CHAIN": bool(config.get("CHAIN", False)),
+            "EPILOGUE": int(config.get("EPILOGUE", 0)),
         }
 
     @classmethod

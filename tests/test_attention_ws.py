@@ -59,6 +59,11 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
     assert "CHAIN must be true or false" in (workload.static_check({**chained, "CHAIN": "on"}, H200) or "")
     narrow = FlashAttention(batch=2, heads=16, seq_len=4096, head_dim=64, causal=True)
     assert narrow.static_check(_config(CONSUMERS=3), H200) is None
+    assert "EPILOGUE" in (workload.static_check(_config(EPILOGUE=3), H200) or "")
+    for epilogue in (1, 2):  # the conversion's scratch beside three K/V stages fits at D=64, not at D=128
+        assert "epilogue scratch" in (workload.static_check(_config(EPILOGUE=epilogue), H200) or "")
+        assert workload.static_check(_config(stages=2, EPILOGUE=epilogue), H200) is None
+        assert narrow.static_check(_config(CONSUMERS=3, EPILOGUE=epilogue), H200) is None
     assert workload.static_check(_config(), H200) is None
 
 
@@ -82,7 +87,8 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     exported = workload.export_config(_config(persistent=True))
     assert exported["function"] == "kernels.attention_ws.attention_ws"
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
-                                  "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False}  # fmt: skip
+                                  "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False,
+                                  "EPILOGUE": 0}  # fmt: skip
     source = workload.export_python(_config(persistent=True))
     tree = ast.parse(source)
     namespace: dict[str, Any] = {}
@@ -150,32 +156,36 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
 
 @pytest.mark.timeout(300)
 def test_vector_epilogue_stores_16_byte_rows_within_the_checked_shared_memory(aot_child: Any) -> None:
-    """``EPILOGUE=1`` (sm_90 PTX, no GPU): every output store a 16-byte vector (none of the accumulator layout's
-    4-byte pieces), with and without the persistent grid, chained tiles and three consumers; its shared memory
-    within :func:`check_config`'s bound, which refuses the stage count it no longer fits."""
-    from kernels.attention_ws import check_config
+    """``EPILOGUE`` 1 and 2 (sm_90 PTX, no GPU): every output store a 16-byte vector (none of the accumulator
+    layout's 4-byte pieces), with and without the persistent grid, chained tiles and three consumers; their shared
+    memory within :func:`check_config`'s bounds (2 well under 1's), which refuse the stage count they no longer
+    fit."""
+    from kernels.attention_ws import EPILOGUE_SHUFFLE_SCRATCH, check_config
 
     jobs = []
     for d, consumers, extra in ((128, 2, {}), (128, 2, {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}),
                                 (64, 3, {}), (128, 2, {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True,
                                                        "CHAIN": True})):  # fmt: skip
-        for epilogue in (0, 1):
+        for epilogue in (0, 1, 2):
             config = {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2, "CONSUMERS": consumers, "EPILOGUE": epilogue,
                       **extra}  # fmt: skip
             jobs.append({"shape": [2, 16, 1024, d], "config": config})
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
     assert len(lines) == len(jobs), lines
-    for plain, vector in zip(lines[::2], lines[1::2], strict=True):
+    for plain, vector, quad in zip(lines[::3], lines[1::3], lines[2::3], strict=True):
         assert plain["stores"]["b32"] > 0 and plain["stores"]["v4"] == 0, plain
-        assert vector["stores"]["v4"] > 0 and vector["stores"]["b32"] == 0, vector
-        assert vector["shared"] > plain["shared"], (plain, vector)  # the conversion's scratch
-        config, head_dim = vector["config"], vector["shape"][3]
-        consumers = config["CONSUMERS"]
+        for stored in (vector, quad):
+            assert stored["stores"]["v4"] > 0 and stored["stores"]["b32"] == 0, stored
+        assert vector["shared"] > quad["shared"] > plain["shared"], (plain, vector, quad)  # the scratch
+        consumers, head_dim = vector["config"]["CONSUMERS"], vector["shape"][3]
+        assert quad["shared"] - plain["shared"] <= EPILOGUE_SHUFFLE_SCRATCH * consumers, (plain, quad)
         bound = 2 * (64 * consumers * head_dim + 2 * 2 * 128 * head_dim) + 1024 + 2 * 64 * consumers * head_dim
         assert check_config(head_dim, 128, 2, "bf16", consumers, 1, 1) is None and vector["shared"] <= bound
     assert check_config(128, 128, 3, "bf16", 2, 1, 0) is None
     assert "epilogue scratch" in (check_config(128, 128, 3, "bf16", 2, 1, 1) or "")
-    assert "EPILOGUE must be" in (check_config(128, 128, 2, "bf16", 2, 1, 2) or "")
+    assert "epilogue scratch" in (check_config(128, 128, 3, "bf16", 2, 1, 2) or "")  # 1.1 KiB short
+    assert check_config(64, 128, 3, "bf16", 3, 1, 2) is None
+    assert "EPILOGUE must be" in (check_config(128, 128, 2, "bf16", 2, 1, 3) or "")
 
 
 @pytest.mark.gpu
@@ -183,10 +193,13 @@ def test_vector_epilogue_stores_16_byte_rows_within_the_checked_shared_memory(ao
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 16, 1024, 64)], ids=lambda s: "x".join(map(str, s)))
-def test_gpu_vector_epilogue_matches_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
-    """``EPILOGUE=1`` (the output stored as 16-byte row vectors after a layout conversion in each consumer):
-    outputs (NaN-filled first: a row never stored fails) and log-sum-exp against fp32 math, one program per tile
-    and persistent, chained tiles, two and three consumers, at a ragged length (S = 1000)."""
+@pytest.mark.parametrize("epilogue", [1, 2])
+def test_gpu_vector_epilogue_matches_fp32_attention(shape: tuple[int, int, int, int], causal: bool,
+                                                    epilogue: int) -> None:  # fmt: skip
+    """``EPILOGUE`` 1 and 2 (the output stored as 16-byte vectors after a layout conversion in each consumer, or
+    an exchange within each row's lanes): outputs (NaN-filled first: a row never stored fails) and log-sum-exp
+    against fp32 math, one program per tile and persistent, chained tiles, two and three consumers, at a ragged
+    length (S = 1000)."""
     import torch
 
     from kernels.attention_ws import attention_ws
@@ -197,7 +210,8 @@ def test_gpu_vector_epilogue_matches_fp32_attention(shape: tuple[int, int, int, 
     for knobs in variants:
         lse = torch.full(shape[:3], float("nan"), device="cuda", dtype=torch.float32)
         out = torch.full_like(q, float("nan"))
-        attention_ws(q, k, v, causal=causal, lse=lse, out=out, BLOCK_N=128, NUM_BUFFERS=2, EPILOGUE=1, **knobs)
+        attention_ws(q, k, v, causal=causal, lse=lse, out=out, BLOCK_N=128, NUM_BUFFERS=2, EPILOGUE=epilogue,
+                     **knobs)  # fmt: skip
         error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
         assert error < 1e-2, (knobs, error)
         assert torch.allclose(lse, expected_lse, atol=1e-2), knobs
