@@ -81,6 +81,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from kernels.quant_decode import (
     PAIR_F32_HI_BIAS,
@@ -285,10 +286,13 @@ def packed_quant_kernel(
     BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, FAST_DECODE: tl.constexpr,
     STAGES: tl.constexpr, TMA: tl.constexpr, SWAP: tl.constexpr, STREAM: tl.constexpr, COMPILED: tl.constexpr,
-    PARTIALS: tl.constexpr = False,
+    PARTIALS: tl.constexpr = False, PDL: tl.constexpr = False,
 ):  # fmt: skip
     """One (BLOCK_M, BLOCK_N) tile of Y over one K split, or, ``STREAM``, an equal share of every tile's spans
-    (layout and paths: the module docstring)."""
+    (layout and paths: the module docstring). ``PDL``: launched as a programmatic dependent of the kernel before
+    it, the program waits for that kernel's writes (``griddepcontrol.wait``) before its first load."""
+    if PDL:
+        gdc_wait()
     PACK: tl.constexpr = 32 // BITS
     SPAN: tl.constexpr = 16 * PACK
     USE_DOT: tl.constexpr = BLOCK_M > 1
@@ -426,14 +430,16 @@ def scratch(device: torch.device, elements: int, tiles: int) -> tuple[torch.Tens
 
 def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, UNROLL: int, num_warps: int,
           num_stages: int, PREFETCH: int, FAST_DECODE: int, MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0,
-          STREAM: int = 0, PARTIALS: int = 0) -> dict[str, Any]:  # fmt: skip
+          STREAM: int = 0, PARTIALS: int = 0, PDL: int = 0) -> dict[str, Any]:  # fmt: skip
     """Constexprs and launch options; FAST_DECODE (inline PTX) only for int4 and only when compiling;
     ``MAXNREG`` > 0 caps the registers per thread (more programs per SM keep more loads in flight);
     ``TMA`` loads the words through a tensor descriptor (``PREFETCH`` then has nothing to do: off), ``TMA=2``
     X's span slices too (swapped span tiles: ``SWAP >= 2``);
     ``SWAP`` (tensor-core tiles only) computes Y's tile transposed, the decoded weights as the MMA's A operand;
     ``STREAM`` (programs per SM) gives each program an equal share of all tiles' spans (``SPLIT_K`` must be 1);
-    ``PARTIALS`` stores each split's fp32 partial tile instead of summing them (not with ``STREAM``)."""
+    ``PARTIALS`` stores each split's fp32 partial tile instead of summing them (not with ``STREAM``);
+    ``PDL`` launches the kernel as a programmatic dependent launch (Hopper: its launch overlaps the end of the
+    kernel before it; compiled kernels only)."""
     if PARTIALS and STREAM:
         raise ValueError(
             "PARTIALS stores one partial per K split: STREAM, whose programs share tiles unevenly, has none"
@@ -453,6 +459,8 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
             f"group_size={group_size}"
         )
     extra = {"maxnreg": MAXNREG} if MAXNREG and not interpreter_active() else {}
+    if PDL and not interpreter_active():
+        extra |= {"PDL": True, "launch_pdl": True}
     if FAST_DECODE == 2 and bits == 4 and BLOCK_M == 1 and group_size >= span(bits):
         decode = 2  # plain Triton bit operations: the interpreter runs it too
     else:
@@ -494,6 +502,7 @@ def packed_matmul(
     SWAP: int = 0,
     STREAM: int = 0,
     PARTIALS: int = 0,
+    PDL: int = 0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``Y = X @ dequant(weights)`` with one tile config, one kernel launch; returns Y (``out`` if given).
@@ -509,6 +518,7 @@ def packed_matmul(
     X's span slices too (``SWAP`` >= 2; X with unit stride along K and 16-byte rows).
     ``STREAM``: ``STREAM`` programs per multiprocessor, each taking an equal share of all tiles' K spans in one
     pipelined loop (``SPLIT_K`` 1; a tile shared between programs is summed in the kernel as split-K is).
+    ``PDL``: a programmatic dependent launch (the launch overlaps the previous kernel's end; Hopper, compiled).
     """
     if x.dtype not in ACT_DTYPES.values():
         raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
@@ -530,7 +540,7 @@ def packed_matmul(
     elif tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
         raise ValueError(f"out must be contiguous {shape} {dtype}, got {tuple(out.shape)} {out.dtype}")
     meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP, STREAM, PARTIALS)  # fmt: skip
+                 MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL)  # fmt: skip
     sms = _multiprocessors(x.device) if STREAM else 1
     grid = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K, STREAM, sms, k // span(bits))
     tiles = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0]  # one arrival counter per tile
@@ -632,6 +642,7 @@ def compile_only(
     SWAP: int = 0,
     STREAM: int = 0,
     PARTIALS: int = 0,
+    PDL: int = 0,
     scale_dtype: torch.dtype | None = None,
 ) -> Any | None:
     """Compile the kernel :func:`packed_matmul` launches for contiguous operands on this GPU, without launching.
@@ -643,7 +654,7 @@ def compile_only(
     if TMA:
         check_tma(n, BLOCK_N)
     meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP, STREAM, PARTIALS)  # fmt: skip
+                 MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL)  # fmt: skip
     args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, scale_dtype, TMA, STREAM,
                         PARTIALS)  # fmt: skip
     warmup = getattr(packed_quant_kernel, "warmup", None)
@@ -659,7 +670,8 @@ def compile_only(
 def compile_for_target(
     m: int, n: int, k: int, *, precision: str, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int,
     num_warps: int, num_stages: int = 2, UNROLL: int = 1, PREFETCH: int = 1, FAST_DECODE: int = 2,
-    MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0, STREAM: int = 0, PARTIALS: int = 0, capability: int = 90,
+    MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0, STREAM: int = 0, PARTIALS: int = 0, PDL: int = 0,
+    capability: int = 90,
 ) -> Any:  # fmt: skip
     """``triton.compile`` for ``GPUTarget("cuda", capability, 32)`` with no GPU (ahead-of-time checks on a CPU)."""
     from kernels.attention import compile_jit_for_target
@@ -669,7 +681,7 @@ def compile_for_target(
         check_tma(n, BLOCK_N)
     args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, None, TMA, STREAM, PARTIALS)
     meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP, STREAM, PARTIALS)  # fmt: skip
+                 MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL)  # fmt: skip
     return compile_jit_for_target(packed_quant_kernel, args, meta, capability)
 
 

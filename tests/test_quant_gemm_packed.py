@@ -130,8 +130,9 @@ def test_kernel_matches_dequantized_reference(interpreter: None, bits: int, case
     assert y.dtype == torch.float16 and tuple(y.shape) == (m, n)
     error = _relative_error(y, reference)
     assert error < 2e-3, error
-    # Split-K leaves its scratch zeroed, so a second call (no zeroing kernel in between) is exact again.
-    again = packed_matmul(x, weights, **config, PREFETCH=0)
+    # Split-K leaves its scratch zeroed, so a second call (no zeroing kernel in between) is exact again; PDL (a
+    # launch option and a wait of compiled kernels) changes nothing the interpreter runs.
+    again = packed_matmul(x, weights, **config, PREFETCH=0, PDL=1)
     assert torch.equal(again, y)
     workspace, counters = scratch(x.device, 1, 1)
     assert not workspace.any() and not counters.any()
@@ -433,7 +434,8 @@ for job in json.loads(sys.argv[1]):
                       "mma": "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else None,
                       "vector_loads": "ld.global.v4" in ptx or "cp.async" in ptx,
                       "cp_async": "cp.async.cg.shared.global" in ptx, "tma": "cp.async.bulk.tensor" in ptx,
-                      "waits": ptx.count("wgmma.wait_group")}), flush=True)
+                      "waits": ptx.count("wgmma.wait_group"), "gdc_waits": ptx.count("griddepcontrol.wait"),
+                      "launch_pdl": bool(kernel.metadata.launch_pdl)}), flush=True)
 """
 
 
@@ -442,7 +444,7 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
     """GEMV and tensor-core tiles compile for an H200: the int4 decode is the packed lop3 + fma PTX, the
     weights load as 16-byte vectors, M = 64 tiles use wgmma, ``num_stages`` > 1 pipelines the GEMV's weight
     loads through shared memory (one (16, BLOCK_N) word tile per stage ahead), ``STREAM``'s loop too, and shared
-    memory fits."""
+    memory fits; ``PDL`` waits once for the kernel before and sets the launch option."""
     base = {"precision": "bf16", "group_size": 128, "num_warps": 4}
     jobs = [
         {"shape": [1, 4096, 14336],
@@ -464,10 +466,15 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
                                                "PREFETCH": 0, "num_stages": 4, "TMA": 1, "SWAP": 1, "STREAM": 2}},
         {"shape": [64, 4096, 14336], "config": {**base, "bits": 4, "BLOCK_M": 64, "BLOCK_N": 128, "SPLIT_K": 2,
                                                 "PREFETCH": 0, "num_stages": 4, "TMA": 2, "SWAP": 2}},
+        {"shape": [8, 6144, 2048], "config": {**base, "bits": 4, "BLOCK_M": 16, "BLOCK_N": 128, "SPLIT_K": 8,
+                                              "PREFETCH": 0, "num_stages": 3, "TMA": 2, "SWAP": 2, "PDL": 1}},
     ]  # fmt: skip
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=230)
     assert len(lines) == len(jobs), lines
-    gemv4, gemv8, dot16, dot64, piped, prefetched, swapped, wide, streamed, x_tma = lines
+    gemv4, gemv8, dot16, dot64, piped, prefetched, swapped, wide, streamed, x_tma, dependent = lines
+    # PDL: a programmatic dependent launch whose programs wait once for the kernel before; none without it
+    assert dependent["gdc_waits"] == 1 and dependent["launch_pdl"], dependent
+    assert all(line["gdc_waits"] == 0 and not line["launch_pdl"] for line in lines[:-1]), lines
     assert gemv4["lop3"] and gemv4["mma"] is None and gemv4["vector_loads"], gemv4
     assert not gemv8["lop3"] and gemv8["vector_loads"], gemv8
     assert dot16["lop3"] and dot16["mma"] is not None, dot16
