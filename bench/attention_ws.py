@@ -15,9 +15,9 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
 
 - ``persistent``: the persistent grid's candidates (:data:`PERSISTENT_CONFIGS`) and the best one-tile config at
   every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``);
-- ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``: the same per shape for one
-  variant's candidates beside the winners (``chain`` and ``epilogue`` also re-measure the best config without
-  the variant).
+- ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``, ``release``: the same per shape
+  for one variant's candidates beside the winners (``chain``, ``epilogue`` and ``release`` also re-measure the best
+  config without the variant).
 """
 
 from __future__ import annotations
@@ -279,6 +279,16 @@ EPILOGUE_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip (at D = 128 three stages and either epilogue exceed shared memory: _unusable drops them)
 
 
+#: K and V slots freed by their own barriers (``RELEASE_K``, a K slot after its scores) against both freed after
+#: P V, at two and three stages and with the vector epilogues (``release`` phase; contrast RELEASE_K).
+RELEASE_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": c,
+     "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": rk}
+    for (c, nb, pp, ep), rk in itertools.product(((2, 3, False, 0), (2, 2, False, 0), (2, 2, False, 2),
+                                                  (2, 2, True, 2), (2, 3, False, 1), (3, 3, False, 2)),
+                                                 (False, True))
+]  # fmt: skip
+
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,
               contrast: str | None = None, checked: bool = True) -> dict[str, Any]:  # fmt: skip
     """At every target shape (or those of ``seq_lens``): one round over ``configs`` picks the fastest, which is
@@ -325,7 +335,7 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong", "consumers", "oneloop",
-                                          "chain", "single", "epilogue"])  # fmt: skip
+                                          "chain", "single", "epilogue", "release"])  # fmt: skip
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
@@ -337,11 +347,11 @@ def main() -> None:
     swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
     if ns.phase == "order":
         result = grid_order(ns.rounds)
-    elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop", "chain", "single", "epilogue"):
+    elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop", "chain", "single", "epilogue", "release"):
         phases = {"persistent": PERSISTENT_CONFIGS, "pingpong": PINGPONG_CONFIGS, "consumers": CONSUMER_CONFIGS,
                   "oneloop": ONE_LOOP_CONFIGS, "chain": CHAIN_CONFIGS, "single": SINGLE_CONFIGS,
-                  "epilogue": EPILOGUE_CONFIGS}  # fmt: skip
-        contrast = {"chain": "CHAIN", "epilogue": "EPILOGUE"}.get(ns.phase)
+                  "epilogue": EPILOGUE_CONFIGS, "release": RELEASE_CONFIGS}  # fmt: skip
+        contrast = {"chain": "CHAIN", "epilogue": "EPILOGUE", "release": "RELEASE_K"}.get(ns.phase)
         result = per_shape(phases[ns.phase], ns.rounds, ns.out, ns.seq, contrast,
                            not ns.no_check)  # fmt: skip
     else:

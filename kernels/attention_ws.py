@@ -48,6 +48,13 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   only each row's four lanes exchange pieces (:func:`kernels.attention_ws_steps._quad_vector_layout`). The
   compiler does the exchange through 512 bytes of shared memory a warp, so it costs 4 KiB instead of 16 with two
   consumers.
+- ``RELEASE_K``: K and V slots of the ring freed by their own empty barriers, a K slot as soon as the scores
+  that read it are done (FlashAttention-3's separate K and V pipelines). Without it a block's K slot is held until
+  its P V is done, one step longer than needed, so the loader's next K waits for it: two stages then act as
+  fewer. On an H200 at S = 1024 it lifted two-stage configs by 5-14% (D = 128 full 505 -> 571 TFLOP/s with
+  ``PINGPONG`` and ``EPILOGUE=2``), past three stages without it, and left three stages unchanged; with two stages
+  the 64 KiB saved at D = 128 make room for either epilogue
+  (``bench/results/kernel-variants-attention-ws-release-h200.json``).
 - ``CHAIN`` (with ``PERSISTENT``, ``OVERLAP`` and ``ONE_LOOP``, without ``PINGPONG``): a program's tiles as one
   stream of key blocks, a tile's first scores and softmax under the previous tile's last P V. Right on an H200
   (GPU test), but 1-5% slower than the same config without it at S = 1024 (not in the default search space).
@@ -141,13 +148,18 @@ if gluon is not None:
     @gluon.jit
     def _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, j, base, BLOCK_N: gl.constexpr,
                  NUM_BUFFERS: gl.constexpr):  # fmt: skip
-        """K_j and V_j into ring slot base + j once every consumer freed it (K and V with their own barriers)."""
+        """K_j and V_j into ring slot base + j once every consumer freed it (K and V with their own barriers).
+        With ``RELEASE_K`` (``kv_empty`` twice as long: V's empty barriers after K's) each waits for its own."""
+        V_EMPTY: gl.constexpr = kv_empty.shape[0] - NUM_BUFFERS  # 0: one barrier frees both; else V's offset
         stage = (base + j) % NUM_BUFFERS
         # A fresh barrier's "previous phase" (parity 1) counts as complete: the first pass does not wait.
-        mbarrier.wait(kv_empty.index(stage), (((base + j) // NUM_BUFFERS) & 1) ^ 1)
+        free_phase = (((base + j) // NUM_BUFFERS) & 1) ^ 1
+        mbarrier.wait(kv_empty.index(stage), free_phase)
         row = kv_row + j * BLOCK_N
         mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
         _tma_load(desc_k, [row, 0], k_ready.index(stage), k_smem.index(stage))
+        if V_EMPTY > 0:
+            mbarrier.wait(kv_empty.index(V_EMPTY + stage), free_phase)
         mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
         _tma_load(desc_v, [row, 0], v_ready.index(stage), v_smem.index(stage))
 
@@ -276,7 +288,7 @@ if gluon is not None:
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
                                 PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
                                 ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr,
-                                EPILOGUE: gl.constexpr):  # fmt: skip
+                                EPILOGUE: gl.constexpr, RELEASE_K: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
         in L2), or, ``PERSISTENT``, a grid of at most one program per SM striding over work items
@@ -290,7 +302,9 @@ if gluon is not None:
         q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
-        kv_empty = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
+        # RELEASE_K: a K slot's empty barrier and, after them, a V slot's (a consumer frees K after its scores)
+        EMPTIES: gl.constexpr = NUM_BUFFERS * (2 if RELEASE_K else 1)
+        kv_empty = gl.allocate_shared_memory(gl.int64, [EMPTIES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(CONSUMERS):
             mbarrier.init(q_bar.index(c), count=1)
@@ -299,6 +313,7 @@ if gluon is not None:
         for i in gl.static_range(NUM_BUFFERS):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
+        for i in gl.static_range(EMPTIES):
             mbarrier.init(kv_empty.index(i), count=CONSUMERS)  # one arrival per consumer
 
         if CONSUMERS == 1:
@@ -483,7 +498,7 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
 KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
     "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False, "CTAS_PER_SM": 1,
-    "EPILOGUE": 0,
+    "EPILOGUE": 0, "RELEASE_K": False,
 }  # fmt: skip
 
 
@@ -505,8 +520,9 @@ def attention_ws(
     ``OVERLAP``, ``CONSUMER_REGS``, ``HEAD_MAJOR``, ``PERSISTENT``: one program per SM over all
     tiles, ``PINGPONG``: the consumers take turns to issue their wgmmas, with ``OVERLAP``; ``CONSUMERS``: 2, or 3
     at D = 64, or 1; ``ONE_LOOP``: a tile's key blocks in one loop; ``CTAS_PER_SM``: programs an SM, 2 with one
-    consumer; ``EPILOGUE``: 1 stores the output in 16-byte vectors of a row-major layout). Launches asynchronously
-    on the current stream.
+    consumer; ``EPILOGUE``: 1 and 2 store the output in 16-byte vectors; ``RELEASE_K``: a consumer frees a key
+    block's K slot once its scores are done, not with its V after P V). Launches asynchronously on the current
+    stream.
     """
     out = check_operands(q, k, v, out, lse)
     if not available():

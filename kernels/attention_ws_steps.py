@@ -108,6 +108,7 @@ if gluon is not None:
 
         Key block j sits in ring slot ``base + j`` (stage ``% NUM_BUFFERS``, phase from the lap): ``base`` is
         the number of blocks the program consumed in its earlier tiles (0 unless persistent)."""
+        V_EMPTY: gl.constexpr = kv_empty.shape[0] - NUM_BUFFERS  # RELEASE_K: V's empty barriers' offset
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
         for j in range(lo, hi):
@@ -117,6 +118,8 @@ if gluon is not None:
             k_t = k_smem.index(stage).permute((1, 0))
             s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
             s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
+            if V_EMPTY > 0:
+                mbarrier.arrive(kv_empty.index(stage), count=1)
             p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
                                                    j >= mask_from, MASK, CAUSAL)  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
@@ -126,7 +129,7 @@ if gluon is not None:
             acc = warpgroup_mma(p_op, v, acc, is_async=True)
             # Wait before the next block: the in-flight wgmma reads P from registers.
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-            mbarrier.arrive(kv_empty.index(stage), count=1)
+            mbarrier.arrive(kv_empty.index(V_EMPTY + stage), count=1)
             m_i = m_new
         return acc, m_i, l_i
 
@@ -142,6 +145,7 @@ if gluon is not None:
         (one wgmma left in flight), compute P_{j+1} while P_j V_j runs, then wait for it, release
         stage j and rescale. Needs ``hi > lo``.
         """
+        V_EMPTY: gl.constexpr = kv_empty.shape[0] - NUM_BUFFERS  # RELEASE_K: V's empty barriers' offset
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
         stage = (base + lo) % NUM_BUFFERS
@@ -150,6 +154,8 @@ if gluon is not None:
         k_t = k_smem.index(stage).permute((1, 0))
         s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
         s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
+        if V_EMPTY > 0:
+            mbarrier.arrive(kv_empty.index(stage), count=1)
         p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, lo * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
                                                lo >= mask_from, MASK, CAUSAL)  # fmt: skip
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
@@ -170,10 +176,12 @@ if gluon is not None:
                 mbarrier.arrive(their_turn, count=1)
                 turns += 1
             s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
+            if V_EMPTY > 0:
+                mbarrier.arrive(kv_empty.index(nstage), count=1)
             p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
                                                    j >= mask_from, MASK, CAUSAL)  # fmt: skip
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-            mbarrier.arrive(kv_empty.index(stage), count=1)
+            mbarrier.arrive(kv_empty.index(V_EMPTY + stage), count=1)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
             p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
             m_i = m_new
@@ -185,7 +193,7 @@ if gluon is not None:
         v = v_smem.index(stage)
         acc = warpgroup_mma(p_op, v, acc, is_async=True)
         acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-        mbarrier.arrive(kv_empty.index(stage), count=1)
+        mbarrier.arrive(kv_empty.index(V_EMPTY + stage), count=1)
         return acc, m_i, l_i, turns
 
     @gluon.constexpr_function
@@ -247,6 +255,7 @@ if gluon is not None:
                                                            instr_shape=[16, HEAD_DIM, 16])  # fmt: skip
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         dtype: gl.constexpr = k_smem.dtype
+        V_EMPTY: gl.constexpr = kv_empty.shape[0] - NUM_BUFFERS  # RELEASE_K: V's empty barriers' offset
         offs_m = c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         zero = gl.zeros([64, BLOCK_N], gl.float32, s_layout)
@@ -279,6 +288,8 @@ if gluon is not None:
                     v = v_smem.index(pstage)
                     acc = warpgroup_mma(p_op, v, acc, is_async=True)
                     s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
+                    if V_EMPTY > 0:
+                        mbarrier.arrive(kv_empty.index(stage), count=1)
                     if j == n_blocks - 1:
                         mbarrier.arrive(q_empty.index(c), count=1)
                     fresh = j == 0  # a new tile: the running max and sum start over
@@ -288,7 +299,7 @@ if gluon is not None:
                     )  # fmt: skip
                     acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
                     if base + j > 0:
-                        mbarrier.arrive(kv_empty.index(pstage), count=1)
+                        mbarrier.arrive(kv_empty.index(V_EMPTY + pstage), count=1)
                         if fresh:
                             _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0,
                                         SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)  # fmt: skip
@@ -307,6 +318,6 @@ if gluon is not None:
             v = v_smem.index(pstage)
             acc = warpgroup_mma(p_op, v, acc, is_async=True)
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-            mbarrier.arrive(kv_empty.index(pstage), count=1)
+            mbarrier.arrive(kv_empty.index(V_EMPTY + pstage), count=1)
             _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0, SEQ_LEN, HEAD_DIM,
                         STORE_LSE, EPILOGUE)  # fmt: skip

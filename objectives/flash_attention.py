@@ -8,7 +8,8 @@ causal-balanced TMA kernel of ``kernels/attention_persistent.py`` without / with
 specialization; ``gluon_ws``, the Gluon kernel of ``kernels/attention_ws.py`` with a TMA loader warp and two or three
 consumer warpgroups (CONSUMERS; three at head_dim 64 only), sm_90 only: BLOCK_M 128 and 4 warps per consumer fixed,
 num_stages its K/V stages, OVERLAP its intra-warpgroup overlap, ONE_LOOP its key blocks in one loop, CHAIN a
-persistent program's tiles as one overlapped stream, EPILOGUE how its output tile is stored), BLOCK_M,
+persistent program's tiles as one overlapped stream, EPILOGUE how its output tile is stored, RELEASE_K a K slot
+freed after its scores), BLOCK_M,
 BLOCK_N, num_warps, num_stages, precision (bf16, fp16), use_tma (the tutorial kernel's Q/K/V tiles through tensor
 descriptors, Hopper and newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
@@ -266,7 +267,7 @@ class FlashAttention(KernelWorkload):
         for knob in ("use_tma", "SPLIT_M"):
             if config.get(knob, False):
                 return f"{knob} belongs to the Triton kernels; gluon_ws always loads through TMA, 64 rows per consumer"
-        for knob in ("OVERLAP", "PERSISTENT", "PINGPONG", "ONE_LOOP", "CHAIN"):
+        for knob in ("OVERLAP", "PERSISTENT", "PINGPONG", "ONE_LOOP", "CHAIN", "RELEASE_K"):
             if not isinstance(config.get(knob, False), bool):
                 return f"{knob} must be true or false, got {config.get(knob)!r}"
         if config.get("PINGPONG", False) and not config.get("OVERLAP", False):
@@ -479,6 +480,7 @@ class FlashAttention(KernelWorkload):
             "ONE_LOOP": bool(config.get("ONE_LOOP", False)),
             "CHAIN": bool(config.get("CHAIN", False)),
             "EPILOGUE": int(config.get("EPILOGUE", 0)),
+            "RELEASE_K": bool(config.get("RELEASE_K", False)),
         }
 
     @classmethod

@@ -60,6 +60,8 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
     narrow = FlashAttention(batch=2, heads=16, seq_len=4096, head_dim=64, causal=True)
     assert narrow.static_check(_config(CONSUMERS=3), H200) is None
     assert "EPILOGUE" in (workload.static_check(_config(EPILOGUE=3), H200) or "")
+    assert "RELEASE_K must be true or false" in (workload.static_check(_config(RELEASE_K=2), H200) or "")
+    assert workload.static_check(_config(stages=2, RELEASE_K=True), H200) is None
     for epilogue in (1, 2):  # the conversion's scratch beside three K/V stages fits at D=64, not at D=128
         assert "epilogue scratch" in (workload.static_check(_config(EPILOGUE=epilogue), H200) or "")
         assert workload.static_check(_config(stages=2, EPILOGUE=epilogue), H200) is None
@@ -88,7 +90,7 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     assert exported["function"] == "kernels.attention_ws.attention_ws"
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
                                   "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False,
-                                  "EPILOGUE": 0}  # fmt: skip
+                                  "EPILOGUE": 0, "RELEASE_K": False}  # fmt: skip
     source = workload.export_python(_config(persistent=True))
     tree = ast.parse(source)
     namespace: dict[str, Any] = {}
@@ -110,7 +112,8 @@ for job in json.loads(sys.argv[1]):
     budgets = re.findall(r"setmaxnreg\\.\\w+\\.sync\\.aligned\\.u32\\s+(\\d+)", ptx)
     print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
                       "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(int(n) for n in budgets)),
-                      "stores": {"v4": ptx.count("st.global.v4"), "b32": ptx.count("st.global.b32")}}),
+                      "stores": {"v4": ptx.count("st.global.v4"), "b32": ptx.count("st.global.b32")},
+                      "arrives": ptx.count("mbarrier.arrive")}),
           flush=True)
 """
 
@@ -155,6 +158,24 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
 
 
 @pytest.mark.timeout(300)
+def test_early_k_release_compiles_with_its_own_empty_barriers(aot_child: Any) -> None:
+    """``RELEASE_K`` (sm_90 PTX, no GPU): one more empty barrier a stage (8 bytes of shared memory each) and more
+    arrivals, in the plain, overlapped, ping-pong and chained consumer loops."""
+    jobs = []
+    for extra in ({}, {"OVERLAP": True}, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "PINGPONG": True},
+                  {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "CHAIN": True}):  # fmt: skip
+        for release in (False, True):
+            config = {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2, "RELEASE_K": release, **extra}
+            jobs.append({"shape": [2, 16, 1024, 128], "config": config})
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
+    assert len(lines) == len(jobs), lines
+    for held, released in zip(lines[::2], lines[1::2], strict=True):
+        assert released["shared"] == held["shared"] + 8 * 2, (held, released)
+        assert released["arrives"] > held["arrives"], (held, released)
+        assert released["wgmma"] == held["wgmma"] and released["tma"], released
+
+
+@pytest.mark.timeout(300)
 def test_vector_epilogue_stores_16_byte_rows_within_the_checked_shared_memory(aot_child: Any) -> None:
     """``EPILOGUE`` 1 and 2 (sm_90 PTX, no GPU): every output store a 16-byte vector (none of the accumulator
     layout's 4-byte pieces), with and without the persistent grid, chained tiles and three consumers; their shared
@@ -186,6 +207,34 @@ def test_vector_epilogue_stores_16_byte_rows_within_the_checked_shared_memory(ao
     assert "epilogue scratch" in (check_config(128, 128, 3, "bf16", 2, 1, 2) or "")  # 1.1 KiB short
     assert check_config(64, 128, 3, "bf16", 3, 1, 2) is None
     assert "EPILOGUE must be" in (check_config(128, 128, 2, "bf16", 2, 1, 3) or "")
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 16, 1024, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_early_k_release_matches_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
+    """``RELEASE_K`` (a K slot freed after its scores, a V slot after its P V, each with its own barrier):
+    outputs (NaN-filled first) and log-sum-exp against fp32 math with every consumer loop (plain, overlapped,
+    ping-pong, chained; three consumers at D = 64), two and three stages, at a ragged length (S = 1000), where a
+    wrong phase or a slot freed too early shows as stale keys or a hang."""
+    import torch
+
+    from kernels.attention_ws import attention_ws
+
+    q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 11)
+    persistent = {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}
+    variants = [{}, {"OVERLAP": True}, persistent, {**persistent, "PINGPONG": True}, {**persistent, "CHAIN": True},
+                {**persistent, "NUM_BUFFERS": 3}] + ([{**persistent, "CONSUMERS": 3}] if shape[3] == 64 else [])
+    for knobs in variants:
+        lse = torch.full(shape[:3], float("nan"), device="cuda", dtype=torch.float32)
+        out = torch.full_like(q, float("nan"))
+        attention_ws(q, k, v, causal=causal, lse=lse, out=out, **{"BLOCK_N": 128, "NUM_BUFFERS": 2, **knobs},
+                     RELEASE_K=True)  # fmt: skip
+        error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
+        assert error < 1e-2, (knobs, error)
+        assert torch.allclose(lse, expected_lse, atol=1e-2), knobs
 
 
 @pytest.mark.gpu
