@@ -51,7 +51,7 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
 - ``RELEASE_K``: K and V slots of the ring freed by their own empty barriers, a K slot as soon as the scores
   that read it are done (FlashAttention-3's separate K and V pipelines). Without it a block's K slot is held until
   its P V is done, one step longer than needed, so the loader's next K waits for it: two stages then act as
-  fewer. On an H200 at S = 1024 it lifted two-stage configs by 5-14% (D = 128 full 505 -> 571 TFLOP/s with
+  fewer. On an H200 at S = 1024 it lifted two-stage configs by 4-14% (D = 128 full 505 -> 571 TFLOP/s with
   ``PINGPONG`` and ``EPILOGUE=2``), past three stages without it, and left three stages unchanged; with two stages
   the 64 KiB saved at D = 128 make room for either epilogue
   (``bench/results/kernel-variants-attention-ws-release-h200.json``).
