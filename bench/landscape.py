@@ -158,6 +158,29 @@ GRIDS: dict[str, dict[str, Any]] = {
             "SPLIT_M": [False, True],
         },
     },
+    # The Gluon warp-specialized attention (kernels/attention_ws.py, kernel gluon_ws) at D=64, where every
+    # consumer count and stage count fits: S=2048 causal, B*S = 16384, H*D = 2048; 864 configs (PINGPONG only
+    # with OVERLAP).
+    "attention_ws": {
+        "workload": "flash_attention",
+        "args": {"batch": 8, "heads": 32, "seq_len": 2048, "head_dim": 64, "causal": True},
+        "grid": {
+            "BLOCK_M": [128],
+            "BLOCK_N": [64, 128],
+            "num_warps": [4],
+            "num_stages": [2, 3, 4],
+            "precision": ["bf16"],
+            "kernel": ["gluon_ws"],
+            "OVERLAP": [False, True],
+            "PINGPONG": [False, True],
+            "PERSISTENT": [False, True],
+            "CONSUMERS": [2, 3],
+            "ONE_LOOP": [False, True],
+            "EPILOGUE": [0, 1, 2],
+            "RELEASE_K": [False, True],
+        },
+        "when": {"PINGPONG": "kernel == 'gluon_ws' and OVERLAP"},
+    },
     "attention": {
         "workload": "flash_attention",
         "args": {"batch": 4, "heads": 16, "seq_len": 4096, "head_dim": 128, "causal": False},
