@@ -219,22 +219,13 @@ def test_gpu_early_k_release_matches_fp32_attention(shape: tuple[int, int, int, 
     outputs (NaN-filled first) and log-sum-exp against fp32 math with every consumer loop (plain, overlapped,
     ping-pong, chained; three consumers at D = 64), two and three stages, at a ragged length (S = 1000), where a
     wrong phase or a slot freed too early shows as stale keys or a hang."""
-    import torch
-
-    from kernels.attention_ws import attention_ws
-
     q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 11)
     persistent = {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}
     variants = [{}, {"OVERLAP": True}, persistent, {**persistent, "PINGPONG": True}, {**persistent, "CHAIN": True},
                 {**persistent, "NUM_BUFFERS": 3}] + ([{**persistent, "CONSUMERS": 3}] if shape[3] == 64 else [])
     for knobs in variants:
-        lse = torch.full(shape[:3], float("nan"), device="cuda", dtype=torch.float32)
-        out = torch.full_like(q, float("nan"))
-        attention_ws(q, k, v, causal=causal, lse=lse, out=out, **{"BLOCK_N": 128, "NUM_BUFFERS": 2, **knobs},
-                     RELEASE_K=True)  # fmt: skip
-        error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
-        assert error < 1e-2, (knobs, error)
-        assert torch.allclose(lse, expected_lse, atol=1e-2), knobs
+        _assert_matches_fp32(q, k, v, expected, expected_lse, causal,
+                             **{"BLOCK_N": 128, "NUM_BUFFERS": 2, **knobs, "RELEASE_K": True})  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -249,21 +240,12 @@ def test_gpu_vector_epilogue_matches_fp32_attention(shape: tuple[int, int, int, 
     an exchange within each row's lanes): outputs (NaN-filled first: a row never stored fails) and log-sum-exp
     against fp32 math, one program per tile and persistent, chained tiles, two and three consumers, at a ragged
     length (S = 1000)."""
-    import torch
-
-    from kernels.attention_ws import attention_ws
-
     q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 7)
     persistent = {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}
     variants = [{}, persistent, {**persistent, "CHAIN": True}] + ([{"CONSUMERS": 3}] if shape[3] == 64 else [])
     for knobs in variants:
-        lse = torch.full(shape[:3], float("nan"), device="cuda", dtype=torch.float32)
-        out = torch.full_like(q, float("nan"))
-        attention_ws(q, k, v, causal=causal, lse=lse, out=out, BLOCK_N=128, NUM_BUFFERS=2, EPILOGUE=epilogue,
-                     **knobs)  # fmt: skip
-        error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
-        assert error < 1e-2, (knobs, error)
-        assert torch.allclose(lse, expected_lse, atol=1e-2), knobs
+        _assert_matches_fp32(q, k, v, expected, expected_lse, causal, BLOCK_N=128, NUM_BUFFERS=2,
+                             EPILOGUE=epilogue, **knobs)  # fmt: skip
 
 
 @pytest.mark.gpu
@@ -371,6 +353,22 @@ def _inputs_and_fp32_reference(shape: tuple[int, int, int, int], causal: bool, s
     return q, k, v, expected, expected_lse
 
 
+def _assert_matches_fp32(q: Any, k: Any, v: Any, expected: Any, expected_lse: Any, causal: bool,
+                         **knobs: Any) -> None:  # fmt: skip
+    """One :func:`kernels.attention_ws.attention_ws` launch with ``knobs`` into NaN-filled output and log-sum-exp
+    (a row never stored fails), both against the fp32 reference of :func:`_inputs_and_fp32_reference`."""
+    import torch
+
+    from kernels.attention_ws import attention_ws
+
+    lse = torch.full(q.shape[:3], float("nan"), device="cuda", dtype=torch.float32)
+    out = torch.full_like(q, float("nan"))
+    attention_ws(q, k, v, causal=causal, lse=lse, out=out, **knobs)
+    error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
+    assert error < 1e-2, (knobs, error)
+    assert torch.allclose(lse, expected_lse, atol=1e-2), (knobs, (lse - expected_lse).abs().max())
+
+
 @pytest.mark.gpu
 @compiled_gpu
 @pytest.mark.timeout(600)
@@ -412,17 +410,9 @@ def test_gpu_chained_tiles_match_fp32_attention(shape: tuple[int, int, int, int]
     four tiles (more work items than SMs), a ragged last tile (S = 1000), and causal pairs of tiles: outputs and
     log-sum-exp against fp32 math, with two and three consumers, key blocks of 64 and 128, 2 and 3 stages."""
 
-    import torch
-
-    from kernels.attention_ws import attention_ws
-
     q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + shape[3])
     variants = [(128, 3, 2), (64, 2, 2), (128, 2, 2)] + ([(128, 2, 3), (64, 3, 3)] if shape[3] == 64 else [])
     for block_n, stages, consumers in variants:
-        lse = torch.full(shape[:3], float("nan"), device="cuda", dtype=torch.float32)
-        out = torch.full_like(q, float("nan"))
-        attention_ws(q, k, v, causal=causal, lse=lse, out=out, BLOCK_N=block_n, NUM_BUFFERS=stages, OVERLAP=True,
-                     PERSISTENT=True, ONE_LOOP=True, CHAIN=True, CONSUMERS=consumers)  # fmt: skip
-        error = ((out.float() - expected).abs().max() / expected.abs().max()).item()
-        assert error < 1e-2, (block_n, stages, consumers, error)  # NaN (a row never stored) fails too
-        assert torch.allclose(lse, expected_lse, atol=1e-2), (block_n, stages, consumers)
+        _assert_matches_fp32(q, k, v, expected, expected_lse, causal, BLOCK_N=block_n, NUM_BUFFERS=stages,
+                             OVERLAP=True, PERSISTENT=True, ONE_LOOP=True, CHAIN=True,
+                             CONSUMERS=consumers)  # fmt: skip
