@@ -15,9 +15,9 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
 
 - ``persistent``: the persistent grid's candidates (:data:`PERSISTENT_CONFIGS`) and the best one-tile config at
   every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``);
-- ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``, ``release``: the same per shape
-  for one variant's candidates beside the winners (``chain``, ``epilogue`` and ``release`` also re-measure the best
-  config without the variant).
+- ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``, ``release``, ``single_vec``,
+  ``thread_arrive``: the same per shape for one variant's candidates beside the winners (``chain``, ``epilogue``,
+  ``release``, ``single_vec`` and ``thread_arrive`` also re-measure the best config without the variant).
 """
 
 from __future__ import annotations
@@ -51,6 +51,34 @@ def _inputs(batch: int, heads: int, seq_len: int, head_dim: int, seed: int = 0) 
         torch.randn(batch, heads, seq_len, head_dim, device="cuda", generator=gen, dtype=torch.bfloat16)
         for _ in range(3)
     )
+
+
+#: One consumer warpgroup and two programs an SM (cuDNN's 64-row tile; the ``single`` phase ran it before the vector
+#: epilogue and RELEASE_K existed) with both, beside the two-consumer winners of the ``release`` phase
+#: (``single_vec`` phase; contrast CTAS_PER_SM: the best of the other family is re-measured too).
+SINGLE_VEC_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": bn, "NUM_BUFFERS": nb, "OVERLAP": ov, "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": 1,
+     "CTAS_PER_SM": 2, "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": rk}
+    for (bn, nb, ov), ep, rk in itertools.product(((64, 2, True), (64, 3, True), (128, 2, True), (128, 2, False)),
+                                                  (0, 2), (False, True))
+] + [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": 2,
+     "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": rk}
+    for nb, pp, ep, rk in ((2, False, 2, True), (2, True, 2, True), (3, False, 1, False))
+]  # fmt: skip
+
+
+#: Every consumer thread arrives on the K/V empty barriers (``THREAD_ARRIVE``: no warpgroup barriers around one
+#: thread's arrival) against one thread, for the winners of the ``release`` and ``single_vec`` phases
+#: (``thread_arrive`` phase; contrast THREAD_ARRIVE).
+THREAD_ARRIVE_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": c,
+     "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": rk, **({"CTAS_PER_SM": 2} if c == 1 else {}),
+     "THREAD_ARRIVE": ta}
+    for (c, nb, pp, ep, rk), ta in itertools.product(((2, 2, False, 2, True), (2, 2, True, 2, True),
+                                                      (2, 3, False, 1, False), (3, 3, False, 2, True),
+                                                      (1, 2, False, 2, True)), (False, True))
+]  # fmt: skip
 
 
 def check(configs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -335,7 +363,8 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong", "consumers", "oneloop",
-                                          "chain", "single", "epilogue", "release"])  # fmt: skip
+                                          "chain", "single", "epilogue", "release", "single_vec",
+                                          "thread_arrive"])  # fmt: skip
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
@@ -347,11 +376,14 @@ def main() -> None:
     swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
     if ns.phase == "order":
         result = grid_order(ns.rounds)
-    elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop", "chain", "single", "epilogue", "release"):
+    elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop", "chain", "single", "epilogue", "release",
+                      "single_vec", "thread_arrive"):  # fmt: skip
         phases = {"persistent": PERSISTENT_CONFIGS, "pingpong": PINGPONG_CONFIGS, "consumers": CONSUMER_CONFIGS,
                   "oneloop": ONE_LOOP_CONFIGS, "chain": CHAIN_CONFIGS, "single": SINGLE_CONFIGS,
-                  "epilogue": EPILOGUE_CONFIGS, "release": RELEASE_CONFIGS}  # fmt: skip
-        contrast = {"chain": "CHAIN", "epilogue": "EPILOGUE", "release": "RELEASE_K"}.get(ns.phase)
+                  "epilogue": EPILOGUE_CONFIGS, "release": RELEASE_CONFIGS,
+                  "single_vec": SINGLE_VEC_CONFIGS, "thread_arrive": THREAD_ARRIVE_CONFIGS}  # fmt: skip
+        contrast = {"chain": "CHAIN", "epilogue": "EPILOGUE", "release": "RELEASE_K",
+                    "single_vec": "CTAS_PER_SM", "thread_arrive": "THREAD_ARRIVE"}.get(ns.phase)  # fmt: skip
         result = per_shape(phases[ns.phase], ns.rounds, ns.out, ns.seq, contrast,
                            not ns.no_check)  # fmt: skip
     else:

@@ -9,6 +9,8 @@ winner at 8192 x 4096 x 4096. Both as measured in ``bench/results/kernel-variant
 "config": {...}}'``: any ``flash_attention`` shape and config (e.g. the ``gluon_ws`` winner, ``-k regex:ws``).
 ``quant '{"m": 1, "n": 4096, "k": 14336, "bits": 4, "config": {...}}'``: the packed weight-only GEMM
 (:mod:`kernels.quant_gemm_packed`, group 128, bf16) with that tile (``-k regex:packed_quant``).
+``sdpa '{"batch": 16, "heads": 32, "seq_len": 1024, "head_dim": 64, "causal": true}'``: the baseline, SDPA's cuDNN
+backend at that shape (bf16; ``-k regex:sdpa``), to read beside a tuned kernel's counters.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ def main() -> None:
     which = sys.argv[1] if len(sys.argv) > 1 else "attention"
     if which == "quant":
         return quant(sys.argv[2])
+    if which == "sdpa":
+        return sdpa(sys.argv[2])
     device = device_info()
     if which == "attention":
         from objectives.flash_attention import FlashAttention
@@ -67,6 +71,23 @@ def quant(case_json: str) -> None:
     torch.cuda.synchronize()
     ref = x.float() @ weights.dequantize()
     print("max rel error", float((y.float() - ref).abs().max() / ref.abs().max()))
+
+
+def sdpa(shape_json: str) -> None:
+    """Launch SDPA's cuDNN backend six times at ``shape_json`` (bf16 standard-normal Q, K, V)."""
+    import json
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    shape = json.loads(shape_json)
+    dims = (shape["batch"], shape["heads"], shape["seq_len"], shape["head_dim"])
+    q, k, v = (torch.randn(dims, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        for _ in range(6):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=shape["causal"])
+    torch.cuda.synchronize()
+    print("cuDNN output finite:", bool(out.isfinite().all()))
 
 
 if __name__ == "__main__":

@@ -58,6 +58,12 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
 - ``CHAIN`` (with ``PERSISTENT``, ``OVERLAP`` and ``ONE_LOOP``, without ``PINGPONG``): a program's tiles as one
   stream of key blocks, a tile's first scores and softmax under the previous tile's last P V. Right on an H200
   (GPU test), but 1-5% slower than the same config without it at S = 1024 (not in the default search space).
+- ``THREAD_ARRIVE``: every consumer thread frees a K/V slot (``cp.async.mbarrier.arrive.noinc``, the empty
+  barriers counting 128 arrivals a consumer) instead of one thread, for which Triton brackets the arrival with
+  warpgroup barriers (3 -> 2 ``bar.sync`` a key block in the overlapped loop under Triton 3.6). ncu put a third of
+  the D = 64 S = 1024 winner's stall cycles at those barriers; right on an H200 (GPU test), but the 128 arrivals
+  cost more than the barriers saved: 2.6% slower (median of 28 pairs, 16 shapes; not in the default search space;
+  ``bench/results/kernel-variants-attention-ws-thread-arrive-h200.json``).
 
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
 :mod:`kernels.attention_ws_steps`; this module holds the loader, the partitions, the kernel and its launch.
@@ -196,7 +202,8 @@ if gluon is not None:
                      row0, n_full, n_blocks, base, q_phase, turns, qk_scale, c: gl.constexpr, SEQ_LEN,
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
                      OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
-                     CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, EPILOGUE: gl.constexpr):  # fmt: skip
+                     CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, EPILOGUE: gl.constexpr,
+                     THREAD_ARRIVE: gl.constexpr):  # fmt: skip
         """Consumer ``c`` on one tile: query rows ``start_m * 64 * CONSUMERS + c * 64 + [0, 64)`` over all its key
         blocks.
 
@@ -223,23 +230,23 @@ if gluon is not None:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
                     SEQ_LEN, n_full, q_empty.index(c), n_blocks == first_hi, turn.index(c), their_turn, turns,
-                    BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, c, PINGPONG,
+                    BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, c, PINGPONG, THREAD_ARRIVE,
                 )  # fmt: skip
             if not ONE_LOOP and n_blocks > n_full:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
                     qk_scale, SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
-                    NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG,
+                    NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG, THREAD_ARRIVE,
                 )  # fmt: skip
         else:
             acc, m_i, l_i = _consume(
                 q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
-                SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout,
+                SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, THREAD_ARRIVE,
             )  # fmt: skip
             if not ONE_LOOP:
                 acc, m_i, l_i = _consume(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
-                    qk_scale, SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout,
+                    qk_scale, SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, THREAD_ARRIVE,
                 )  # fmt: skip
             mbarrier.arrive(q_empty.index(c), count=1)
         _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)
@@ -251,12 +258,12 @@ if gluon is not None:
                   NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                   HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
                   CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr,
-                  EPILOGUE: gl.constexpr):  # fmt: skip
+                  EPILOGUE: gl.constexpr, THREAD_ARRIVE: gl.constexpr):  # fmt: skip
         """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn."""
         if CHAIN:
             _consume_chained(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
                              c, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, STORE_LSE,
-                             CONSUMERS, EPILOGUE)  # fmt: skip
+                             CONSUMERS, EPILOGUE, THREAD_ARRIVE)  # fmt: skip
         elif PERSISTENT:
             num_m = gl.cdiv(SEQ_LEN, 64 * CONSUMERS)
             base = 0
@@ -270,7 +277,8 @@ if gluon is not None:
                     turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                          kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
                                          turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
-                                         OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE)  # fmt: skip
+                                         OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
+                                         THREAD_ARRIVE)  # fmt: skip
                     base += n_blocks
                     i += 1
         else:
@@ -279,7 +287,7 @@ if gluon is not None:
             _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
                          off_hz * SEQ_LEN, n_full, n_blocks, 0, 0, gl.program_id(0) * 0, qk_scale, c, SEQ_LEN,
                          HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS,
-                         ONE_LOOP, EPILOGUE)  # fmt: skip
+                         ONE_LOOP, EPILOGUE, THREAD_ARRIVE)  # fmt: skip
 
     @gluon.jit
     def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, sm_scale, SEQ_LEN, BH,
@@ -288,7 +296,8 @@ if gluon is not None:
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
                                 PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
                                 ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr,
-                                EPILOGUE: gl.constexpr, RELEASE_K: gl.constexpr):  # fmt: skip
+                                EPILOGUE: gl.constexpr, RELEASE_K: gl.constexpr,
+                                THREAD_ARRIVE: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
         in L2), or, ``PERSISTENT``, a grid of at most one program per SM striding over work items
@@ -314,14 +323,16 @@ if gluon is not None:
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
         for i in gl.static_range(EMPTIES):
-            mbarrier.init(kv_empty.index(i), count=CONSUMERS)  # one arrival per consumer
+            # one arrival per consumer, or with THREAD_ARRIVE one per consumer thread
+            mbarrier.init(kv_empty.index(i), count=CONSUMERS * (128 if THREAD_ARRIVE else 1))
 
         if CONSUMERS == 1:
             gl.warp_specialize(
                 [
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
+                                 THREAD_ARRIVE)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -334,13 +345,16 @@ if gluon is not None:
                 [
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
+                                 THREAD_ARRIVE)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
+                                 THREAD_ARRIVE)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 2, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
+                                 THREAD_ARRIVE)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -353,10 +367,12 @@ if gluon is not None:
                 [
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
+                                 THREAD_ARRIVE)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
-                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE)),
+                                 HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
+                                 THREAD_ARRIVE)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -498,7 +514,7 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
 KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
     "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False, "CTAS_PER_SM": 1,
-    "EPILOGUE": 0, "RELEASE_K": False,
+    "EPILOGUE": 0, "RELEASE_K": False, "THREAD_ARRIVE": False,
 }  # fmt: skip
 
 
@@ -521,8 +537,8 @@ def attention_ws(
     tiles, ``PINGPONG``: the consumers take turns to issue their wgmmas, with ``OVERLAP``; ``CONSUMERS``: 2, or 3
     at D = 64, or 1; ``ONE_LOOP``: a tile's key blocks in one loop; ``CTAS_PER_SM``: programs an SM, 2 with one
     consumer; ``EPILOGUE``: 1 and 2 store the output in 16-byte vectors; ``RELEASE_K``: a consumer frees a key
-    block's K slot once its scores are done, not with its V after P V). Launches asynchronously on the current
-    stream.
+    block's K slot once its scores are done, not with its V after P V; ``THREAD_ARRIVE``: every consumer thread
+    arrives on the slots' empty barriers). Launches asynchronously on the current stream.
     """
     out = check_operands(q, k, v, out, lse)
     if not available():

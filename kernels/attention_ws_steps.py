@@ -11,6 +11,7 @@ import triton
 try:  # Gluon (Triton >= 3.6); the functions are defined only where it exists
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 except ImportError:  # pragma: no cover - older Triton
     gluon = None
@@ -100,9 +101,22 @@ if gluon is not None:
         return p, alpha, m_new, l_i
 
     @gluon.jit
+    def _release(bar, THREAD_ARRIVE: gl.constexpr):
+        """A consumer frees a K/V ring slot: one arrival by thread 0 (Triton puts a warpgroup barrier before and
+        after it, as it must for an arrival that stands for every thread's shared-memory reads), or with
+        ``THREAD_ARRIVE`` one arrival by every thread (``cp.async.mbarrier.arrive.noinc``: the barrier counts 128
+        a consumer). The slots are read only by wgmma, complete for the whole warpgroup once its wait returns, so
+        no thread needs to wait for the others first."""
+        if THREAD_ARRIVE:
+            async_copy.mbarrier_arrive(bar, increment_count=False)
+        else:
+            mbarrier.arrive(bar, count=1)
+
+    @gluon.jit
     def _consume(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base, qk_scale,
                  SEQ_LEN, mask_from, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr,
-                 CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr):  # fmt: skip
+                 CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
+                 THREAD_ARRIVE: gl.constexpr = False):  # fmt: skip
         """Fold key blocks ``lo .. hi-1`` into (acc, m_i, l_i): S = Q K^T, online softmax, acc += P V; with
         ``MASK`` the blocks from ``mask_from`` on are masked.
 
@@ -119,7 +133,7 @@ if gluon is not None:
             s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
             s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
             if V_EMPTY > 0:
-                mbarrier.arrive(kv_empty.index(stage), count=1)
+                _release(kv_empty.index(stage), THREAD_ARRIVE)
             p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
                                                    j >= mask_from, MASK, CAUSAL)  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
@@ -129,7 +143,7 @@ if gluon is not None:
             acc = warpgroup_mma(p_op, v, acc, is_async=True)
             # Wait before the next block: the in-flight wgmma reads P from registers.
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-            mbarrier.arrive(kv_empty.index(V_EMPTY + stage), count=1)
+            _release(kv_empty.index(V_EMPTY + stage), THREAD_ARRIVE)
             m_i = m_new
         return acc, m_i, l_i
 
@@ -137,7 +151,8 @@ if gluon is not None:
     def _consume_overlap(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base, qk_scale,
                          SEQ_LEN, mask_from, q_free, release_q, my_turn, their_turn, turns, BLOCK_N: gl.constexpr,
                          NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-                         p_layout: gl.constexpr, c: gl.constexpr, PINGPONG: gl.constexpr):  # fmt: skip
+                         p_layout: gl.constexpr, c: gl.constexpr, PINGPONG: gl.constexpr,
+                         THREAD_ARRIVE: gl.constexpr = False):  # fmt: skip
         """As :func:`_consume` (blocks from ``mask_from`` on masked with ``MASK``), with the scores of block j+1 in
         flight while P_j V_j and the softmax of j+1 run.
 
@@ -155,7 +170,7 @@ if gluon is not None:
         s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
         s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
         if V_EMPTY > 0:
-            mbarrier.arrive(kv_empty.index(stage), count=1)
+            _release(kv_empty.index(stage), THREAD_ARRIVE)
         p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, lo * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
                                                lo >= mask_from, MASK, CAUSAL)  # fmt: skip
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
@@ -177,11 +192,11 @@ if gluon is not None:
                 turns += 1
             s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
             if V_EMPTY > 0:
-                mbarrier.arrive(kv_empty.index(nstage), count=1)
+                _release(kv_empty.index(nstage), THREAD_ARRIVE)
             p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
                                                    j >= mask_from, MASK, CAUSAL)  # fmt: skip
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-            mbarrier.arrive(kv_empty.index(V_EMPTY + stage), count=1)
+            _release(kv_empty.index(V_EMPTY + stage), THREAD_ARRIVE)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
             p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
             m_i = m_new
@@ -193,7 +208,7 @@ if gluon is not None:
         v = v_smem.index(stage)
         acc = warpgroup_mma(p_op, v, acc, is_async=True)
         acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-        mbarrier.arrive(kv_empty.index(V_EMPTY + stage), count=1)
+        _release(kv_empty.index(V_EMPTY + stage), THREAD_ARRIVE)
         return acc, m_i, l_i, turns
 
     @gluon.constexpr_function
@@ -238,7 +253,8 @@ if gluon is not None:
     def _consume_chained(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
                          c: gl.constexpr, SEQ_LEN, BH, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
-                         CONSUMERS: gl.constexpr, EPILOGUE: gl.constexpr = 0):  # fmt: skip
+                         CONSUMERS: gl.constexpr, EPILOGUE: gl.constexpr = 0,
+                         THREAD_ARRIVE: gl.constexpr = False):  # fmt: skip
         """Consumer ``c`` of the persistent grid with ``CHAIN``: all its tiles' key blocks as one overlapped
         stream, so a tile's first scores and softmax run under the previous tile's last P V.
 
@@ -289,7 +305,7 @@ if gluon is not None:
                     acc = warpgroup_mma(p_op, v, acc, is_async=True)
                     s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
                     if V_EMPTY > 0:
-                        mbarrier.arrive(kv_empty.index(stage), count=1)
+                        _release(kv_empty.index(stage), THREAD_ARRIVE)
                     if j == n_blocks - 1:
                         mbarrier.arrive(q_empty.index(c), count=1)
                     fresh = j == 0  # a new tile: the running max and sum start over
@@ -299,7 +315,7 @@ if gluon is not None:
                     )  # fmt: skip
                     acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
                     if base + j > 0:
-                        mbarrier.arrive(kv_empty.index(V_EMPTY + pstage), count=1)
+                        _release(kv_empty.index(V_EMPTY + pstage), THREAD_ARRIVE)
                         if fresh:
                             _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0,
                                         SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)  # fmt: skip
@@ -318,6 +334,6 @@ if gluon is not None:
             v = v_smem.index(pstage)
             acc = warpgroup_mma(p_op, v, acc, is_async=True)
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-            mbarrier.arrive(kv_empty.index(V_EMPTY + pstage), count=1)
+            _release(kv_empty.index(V_EMPTY + pstage), THREAD_ARRIVE)
             _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0, SEQ_LEN, HEAD_DIM,
                         STORE_LSE, EPILOGUE)  # fmt: skip

@@ -113,7 +113,9 @@ for job in json.loads(sys.argv[1]):
     print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
                       "tma": "cp.async.bulk.tensor" in ptx, "setmaxnreg": sorted(set(int(n) for n in budgets)),
                       "stores": {"v4": ptx.count("st.global.v4"), "b32": ptx.count("st.global.b32")},
-                      "arrives": ptx.count("mbarrier.arrive")}),
+                      "arrives": ptx.count("mbarrier.arrive"),
+                      "warpgroup_barriers": len(re.findall(r"bar\\.sync\\s+\\d+, 128;", ptx)),
+                      "thread_arrives": ptx.count("cp.async.mbarrier.arrive.noinc")}),
           flush=True)
 """
 
@@ -176,6 +178,32 @@ def test_early_k_release_compiles_with_its_own_empty_barriers(aot_child: Any) ->
 
 
 @pytest.mark.timeout(300)
+def test_thread_arrive_drops_warpgroup_barriers_around_the_slot_releases(aot_child: Any) -> None:
+    """``THREAD_ARRIVE`` (sm_90 PTX, no GPU): every consumer thread frees a K/V slot with its own
+    ``cp.async.mbarrier.arrive.noinc``, so the warpgroup barriers Triton puts around a one-thread arrival go (no
+    more ``bar.sync N, 128`` in any consumer loop: plain, overlapped, ping-pong, chained, three consumers, one
+    consumer two programs an SM; fewer over all), with the same wgmmas and shared memory."""
+    persistent = {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True}
+    jobs = []
+    for d, extra in ((128, {}), (128, {"OVERLAP": True}), (128, {**persistent, "PINGPONG": True, "EPILOGUE": 2}),
+                     (128, {**persistent, "CHAIN": True}), (64, {**persistent, "CONSUMERS": 3}),
+                     (64, {**persistent, "CONSUMERS": 1, "CTAS_PER_SM": 2, "RELEASE_K": False})):  # fmt: skip
+        for thread_arrive in (False, True):
+            config = {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2, "RELEASE_K": True, **extra,
+                      "THREAD_ARRIVE": thread_arrive}  # fmt: skip
+            jobs.append({"shape": [2, 16, 1024, d], "config": config})
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
+    assert len(lines) == len(jobs), lines
+    for one, every in zip(lines[::2], lines[1::2], strict=True):
+        assert one["thread_arrives"] == 0 and every["thread_arrives"] > 0, (one, every)
+        assert every["warpgroup_barriers"] <= one["warpgroup_barriers"], (one, every)
+        assert every["wgmma"] == one["wgmma"] and every["shared"] == one["shared"], (one, every)
+    # Triton 3.6 brackets each one-thread arrival (fewer barriers in every loop); 3.9 drops some itself (the
+    # overlapped loops still lose theirs)
+    assert sum(r["warpgroup_barriers"] for r in lines[1::2]) < sum(r["warpgroup_barriers"] for r in lines[::2])
+
+
+@pytest.mark.timeout(300)
 def test_vector_epilogue_stores_16_byte_rows_within_the_checked_shared_memory(aot_child: Any) -> None:
     """``EPILOGUE`` 1 and 2 (sm_90 PTX, no GPU): every output store a 16-byte vector (none of the accumulator
     layout's 4-byte pieces), with and without the persistent grid, chained tiles and three consumers; their shared
@@ -226,6 +254,29 @@ def test_gpu_early_k_release_matches_fp32_attention(shape: tuple[int, int, int, 
     for knobs in variants:
         _assert_matches_fp32(q, k, v, expected, expected_lse, causal,
                              **{"BLOCK_N": 128, "NUM_BUFFERS": 2, **knobs, "RELEASE_K": True})  # fmt: skip
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 16, 1024, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_thread_arrive_matches_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
+    """``THREAD_ARRIVE`` (every consumer thread arrives on the K/V empty barriers, 128 a consumer): outputs
+    (NaN-filled first) and log-sum-exp against fp32 math with every consumer loop, with and without
+    ``RELEASE_K``, at a ragged length, where a slot freed before its wgmma finished shows as stale keys and a
+    miscounted barrier as a hang."""
+    q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 13)
+    persistent = {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}
+    variants = [{}, {"OVERLAP": True}, persistent, {**persistent, "PINGPONG": True, "EPILOGUE": 2},
+                {**persistent, "CHAIN": True}, {**persistent, "RELEASE_K": False, "NUM_BUFFERS": 3}]
+    if shape[3] == 64:
+        variants += [{**persistent, "CONSUMERS": 3, "NUM_BUFFERS": 3},
+                     {**persistent, "CONSUMERS": 1, "CTAS_PER_SM": 2, "EPILOGUE": 2}]  # fmt: skip
+    for knobs in variants:
+        _assert_matches_fp32(q, k, v, expected, expected_lse, causal,
+                             **{"BLOCK_N": 128, "NUM_BUFFERS": 2, "RELEASE_K": True, **knobs,
+                                "THREAD_ARRIVE": True})  # fmt: skip
 
 
 @pytest.mark.gpu
