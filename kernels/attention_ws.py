@@ -62,7 +62,7 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   barriers counting 128 arrivals a consumer) instead of one thread, for which Triton brackets the arrival with
   warpgroup barriers (3 -> 2 ``bar.sync`` a key block in the overlapped loop under Triton 3.6). ncu put a third of
   the D = 64 S = 1024 winner's stall cycles at those barriers; right on an H200 (GPU test), but the 128 arrivals
-  cost more than the barriers saved: 2.6% slower (median of 28 pairs, 16 shapes; not in the default search space;
+  cost more than the barriers saved: 2.6% slower (median of 56 pairs, 16 shapes; not in the default search space;
   ``bench/results/kernel-variants-attention-ws-thread-arrive-h200.json``).
 
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
