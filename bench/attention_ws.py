@@ -16,8 +16,9 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
 - ``persistent``: the persistent grid's candidates (:data:`PERSISTENT_CONFIGS`) and the best one-tile config at
   every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``);
 - ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``, ``release``, ``single_vec``,
-  ``thread_arrive``: the same per shape for one variant's candidates beside the winners (``chain``, ``epilogue``,
-  ``release``, ``single_vec`` and ``thread_arrive`` also re-measure the best config without the variant).
+  ``thread_arrive``, ``release3``: the same per shape for one variant's candidates beside the winners (``chain``,
+  ``epilogue``, ``release``, ``single_vec`` and ``thread_arrive`` also re-measure the best config without the
+  variant; ``--head-dims`` keeps those head dims only).
 """
 
 from __future__ import annotations
@@ -78,6 +79,16 @@ THREAD_ARRIVE_CONFIGS: list[dict[str, Any]] = [
     for (c, nb, pp, ep, rk), ta in itertools.product(((2, 2, False, 2, True), (2, 2, True, 2, True),
                                                       (2, 3, False, 1, False), (3, 3, False, 2, True),
                                                       (1, 2, False, 2, True)), (False, True))
+]  # fmt: skip
+
+
+#: Three K/V stages with RELEASE_K and the quad epilogue (``EPILOGUE=2``), which fit beside each other at D = 64
+#: only, against the two-stage winners (``release3`` phase).
+RELEASE3_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": 2,
+     "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": rk}
+    for nb, pp, ep, rk in ((3, False, 2, True), (3, True, 2, True), (3, False, 1, True), (3, False, 2, False),
+                           (3, False, 1, False), (2, False, 2, True), (2, True, 2, True))
 ]  # fmt: skip
 
 
@@ -318,7 +329,8 @@ RELEASE_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,
-              contrast: str | None = None, checked: bool = True) -> dict[str, Any]:  # fmt: skip
+              contrast: str | None = None, checked: bool = True,
+              head_dims: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
     """At every target shape (or those of ``seq_lens``): one round over ``configs`` picks the fastest, which is
     then re-measured interleaved with SDPA cuDNN and flash (``rounds`` rounds, medians), with ``contrast`` (a knob)
     also the fastest config whose ``contrast`` differs from the winner's. Written after each shape. ``checked``
@@ -329,7 +341,7 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
     result: dict[str, Any] = {"kernel": "kernels/attention_ws.py attention_fwd_ws_kernel (Gluon, warp-specialized)",
                               "checked": checked, "wrong": sorted(wrong), "attention": [], "targets": []}  # fmt: skip
     for shape in SHAPES:
-        if seq_lens and shape["seq_len"] not in seq_lens:
+        if (seq_lens and shape["seq_len"] not in seq_lens) or (head_dims and shape["head_dim"] not in head_dims):
             continue
         d = shape["head_dim"]
         usable = [c for c in configs if not _unusable(d, c)]
@@ -364,12 +376,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong", "consumers", "oneloop",
                                           "chain", "single", "epilogue", "release", "single_vec",
-                                          "thread_arrive"])  # fmt: skip
+                                          "thread_arrive", "release3"])  # fmt: skip
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
     parser.add_argument("--block-n", type=int, nargs="+", default=[64, 128], help="the sweep's BLOCK_N values")
     parser.add_argument("--seq", type=int, nargs="+", help="per-shape phases: only these sequence lengths")
+    parser.add_argument("--head-dims", type=int, nargs="+", help="per-shape phases: only these head dims")
     parser.add_argument("--no-check", action="store_true", help="per-shape phases: skip the numerics check")
     ns = parser.parse_args()
     checked = [c for c in CONFIGS if c["NUM_BUFFERS"] == 2]  # the stage count changes no arithmetic
@@ -377,15 +390,16 @@ def main() -> None:
     if ns.phase == "order":
         result = grid_order(ns.rounds)
     elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop", "chain", "single", "epilogue", "release",
-                      "single_vec", "thread_arrive"):  # fmt: skip
+                      "single_vec", "thread_arrive", "release3"):  # fmt: skip
         phases = {"persistent": PERSISTENT_CONFIGS, "pingpong": PINGPONG_CONFIGS, "consumers": CONSUMER_CONFIGS,
                   "oneloop": ONE_LOOP_CONFIGS, "chain": CHAIN_CONFIGS, "single": SINGLE_CONFIGS,
                   "epilogue": EPILOGUE_CONFIGS, "release": RELEASE_CONFIGS,
-                  "single_vec": SINGLE_VEC_CONFIGS, "thread_arrive": THREAD_ARRIVE_CONFIGS}  # fmt: skip
+                  "single_vec": SINGLE_VEC_CONFIGS, "thread_arrive": THREAD_ARRIVE_CONFIGS,
+                  "release3": RELEASE3_CONFIGS}  # fmt: skip
         contrast = {"chain": "CHAIN", "epilogue": "EPILOGUE", "release": "RELEASE_K",
                     "single_vec": "CTAS_PER_SM", "thread_arrive": "THREAD_ARRIVE"}.get(ns.phase)  # fmt: skip
-        result = per_shape(phases[ns.phase], ns.rounds, ns.out, ns.seq, contrast,
-                           not ns.no_check)  # fmt: skip
+        result = per_shape(phases[ns.phase], ns.rounds, ns.out, ns.seq, contrast, not ns.no_check,
+                           ns.head_dims)  # fmt: skip
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
     write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)
