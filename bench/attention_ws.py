@@ -16,9 +16,9 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
 - ``persistent``: the persistent grid's candidates (:data:`PERSISTENT_CONFIGS`) and the best one-tile config at
   every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``);
 - ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``, ``release``, ``single_vec``,
-  ``thread_arrive``, ``release3``: the same per shape for one variant's candidates beside the winners (``chain``,
-  ``epilogue``, ``release``, ``single_vec`` and ``thread_arrive`` also re-measure the best config without the
-  variant; ``--head-dims`` keeps those head dims only).
+  ``thread_arrive``, ``release3``, ``warp_arrive``: the same per shape for one variant's candidates beside the
+  winners (``chain``, ``epilogue``, ``release``, ``single_vec``, ``thread_arrive`` and ``warp_arrive`` also
+  re-measure the best config without the variant; ``--head-dims`` keeps those head dims only).
 """
 
 from __future__ import annotations
@@ -69,17 +69,22 @@ SINGLE_VEC_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+def _arrive_configs(knob: str) -> list[dict[str, Any]]:
+    """The winners of the ``release`` and ``single_vec`` phases with and without ``knob`` (a way to free K/V slots)."""
+    return [
+        {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": c,
+         "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": rk, **({"CTAS_PER_SM": 2} if c == 1 else {}), knob: on}
+        for (c, nb, pp, ep, rk), on in itertools.product(((2, 2, False, 2, True), (2, 2, True, 2, True),
+                                                          (2, 3, False, 1, False), (3, 3, False, 2, True),
+                                                          (1, 2, False, 2, True)), (False, True))
+    ]  # fmt: skip
+
+
 #: Every consumer thread arrives on the K/V empty barriers (``THREAD_ARRIVE``: no warpgroup barriers around one
-#: thread's arrival) against one thread, for the winners of the ``release`` and ``single_vec`` phases
-#: (``thread_arrive`` phase; contrast THREAD_ARRIVE).
-THREAD_ARRIVE_CONFIGS: list[dict[str, Any]] = [
-    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": c,
-     "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": rk, **({"CTAS_PER_SM": 2} if c == 1 else {}),
-     "THREAD_ARRIVE": ta}
-    for (c, nb, pp, ep, rk), ta in itertools.product(((2, 2, False, 2, True), (2, 2, True, 2, True),
-                                                      (2, 3, False, 1, False), (3, 3, False, 2, True),
-                                                      (1, 2, False, 2, True)), (False, True))
-]  # fmt: skip
+#: thread's arrival) against one thread (``thread_arrive`` phase; contrast THREAD_ARRIVE); lane 0 of each warp in
+#: inline PTX (``WARP_ARRIVE``, ``warp_arrive`` phase; contrast WARP_ARRIVE).
+THREAD_ARRIVE_CONFIGS: list[dict[str, Any]] = _arrive_configs("THREAD_ARRIVE")
+WARP_ARRIVE_CONFIGS: list[dict[str, Any]] = _arrive_configs("WARP_ARRIVE")
 
 
 #: Three K/V stages with RELEASE_K and the quad epilogue (``EPILOGUE=2``), which fit beside each other at D = 64
@@ -376,7 +381,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong", "consumers", "oneloop",
                                           "chain", "single", "epilogue", "release", "single_vec",
-                                          "thread_arrive", "release3"])  # fmt: skip
+                                          "thread_arrive", "release3", "warp_arrive"])  # fmt: skip
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
@@ -390,14 +395,15 @@ def main() -> None:
     if ns.phase == "order":
         result = grid_order(ns.rounds)
     elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop", "chain", "single", "epilogue", "release",
-                      "single_vec", "thread_arrive", "release3"):  # fmt: skip
+                      "single_vec", "thread_arrive", "release3", "warp_arrive"):  # fmt: skip
         phases = {"persistent": PERSISTENT_CONFIGS, "pingpong": PINGPONG_CONFIGS, "consumers": CONSUMER_CONFIGS,
                   "oneloop": ONE_LOOP_CONFIGS, "chain": CHAIN_CONFIGS, "single": SINGLE_CONFIGS,
                   "epilogue": EPILOGUE_CONFIGS, "release": RELEASE_CONFIGS,
                   "single_vec": SINGLE_VEC_CONFIGS, "thread_arrive": THREAD_ARRIVE_CONFIGS,
-                  "release3": RELEASE3_CONFIGS}  # fmt: skip
+                  "release3": RELEASE3_CONFIGS, "warp_arrive": WARP_ARRIVE_CONFIGS}  # fmt: skip
         contrast = {"chain": "CHAIN", "epilogue": "EPILOGUE", "release": "RELEASE_K",
-                    "single_vec": "CTAS_PER_SM", "thread_arrive": "THREAD_ARRIVE"}.get(ns.phase)  # fmt: skip
+                    "single_vec": "CTAS_PER_SM", "thread_arrive": "THREAD_ARRIVE",
+                    "warp_arrive": "WARP_ARRIVE"}.get(ns.phase)  # fmt: skip
         result = per_shape(phases[ns.phase], ns.rounds, ns.out, ns.seq, contrast, not ns.no_check,
                            ns.head_dims)  # fmt: skip
     else:

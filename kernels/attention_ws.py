@@ -64,6 +64,12 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   the D = 64 S = 1024 winner's stall cycles at those barriers; right on an H200 (GPU test), but the 128 arrivals
   cost more than the barriers saved: 2.6% slower (median of 56 pairs, 16 shapes; not in the default search space;
   ``bench/results/kernel-variants-attention-ws-thread-arrive-h200.json``).
+- ``WARP_ARRIVE``: lane 0 of each consumer warp frees a slot (4 arrivals a consumer) in inline PTX at kv_empty's
+  shared-memory offset, which a first compile's barrier inits give (:func:`_place_warp_arrivals`; the second
+  compile must place the barriers at the same offset, or the launch fails). Triton sees no arrival, so the overlapped
+  loop keeps 1 of its 3 warpgroup barriers a key block. Right on an H200 (GPU test), and neutral: 1.001x the same
+  config without it (median of 56 pairs, 16 shapes; ``kernel-variants-attention-ws-warp-arrive-h200.json``): the
+  warps that no longer wait at the barriers wait for each other at the next wgmma. Not in the search space.
 
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
 :mod:`kernels.attention_ws_steps`; this module holds the loader, the partitions, the kernel and its launch.
@@ -76,13 +82,19 @@ when asked, for :mod:`kernels.attention_grad`.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import torch
 import triton
 
 from kernels.attention import DTYPES, PRECISIONS, check_operands, mock_tensor_class
-from kernels.attention_ws_steps import MASKED_SCORE
+from kernels.attention_ws_steps import (
+    ARRIVE_EVERY_THREAD,
+    ARRIVE_ONE_THREAD,
+    ARRIVE_WARPS_UNPLACED,
+    MASKED_SCORE,
+)
 from tuner.workload import interpreter_active
 
 try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
@@ -203,7 +215,7 @@ if gluon is not None:
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
                      OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
                      CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, EPILOGUE: gl.constexpr,
-                     THREAD_ARRIVE: gl.constexpr):  # fmt: skip
+                     ARRIVE_AT: gl.constexpr):  # fmt: skip
         """Consumer ``c`` on one tile: query rows ``start_m * 64 * CONSUMERS + c * 64 + [0, 64)`` over all its key
         blocks.
 
@@ -230,23 +242,23 @@ if gluon is not None:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
                     SEQ_LEN, n_full, q_empty.index(c), n_blocks == first_hi, turn.index(c), their_turn, turns,
-                    BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, c, PINGPONG, THREAD_ARRIVE,
+                    BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT,
                 )  # fmt: skip
             if not ONE_LOOP and n_blocks > n_full:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
                     qk_scale, SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
-                    NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG, THREAD_ARRIVE,
+                    NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT,
                 )  # fmt: skip
         else:
             acc, m_i, l_i = _consume(
                 q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
-                SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, THREAD_ARRIVE,
+                SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, ARRIVE_AT,
             )  # fmt: skip
             if not ONE_LOOP:
                 acc, m_i, l_i = _consume(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
-                    qk_scale, SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, THREAD_ARRIVE,
+                    qk_scale, SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, ARRIVE_AT,
                 )  # fmt: skip
             mbarrier.arrive(q_empty.index(c), count=1)
         _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)
@@ -258,12 +270,12 @@ if gluon is not None:
                   NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                   HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
                   CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr,
-                  EPILOGUE: gl.constexpr, THREAD_ARRIVE: gl.constexpr):  # fmt: skip
+                  EPILOGUE: gl.constexpr, ARRIVE_AT: gl.constexpr):  # fmt: skip
         """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn."""
         if CHAIN:
             _consume_chained(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
                              c, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, STORE_LSE,
-                             CONSUMERS, EPILOGUE, THREAD_ARRIVE)  # fmt: skip
+                             CONSUMERS, EPILOGUE, ARRIVE_AT)  # fmt: skip
         elif PERSISTENT:
             num_m = gl.cdiv(SEQ_LEN, 64 * CONSUMERS)
             base = 0
@@ -278,7 +290,7 @@ if gluon is not None:
                                          kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
                                          turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
                                          OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
-                                         THREAD_ARRIVE)  # fmt: skip
+                                         ARRIVE_AT)  # fmt: skip
                     base += n_blocks
                     i += 1
         else:
@@ -287,7 +299,7 @@ if gluon is not None:
             _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
                          off_hz * SEQ_LEN, n_full, n_blocks, 0, 0, gl.program_id(0) * 0, qk_scale, c, SEQ_LEN,
                          HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS,
-                         ONE_LOOP, EPILOGUE, THREAD_ARRIVE)  # fmt: skip
+                         ONE_LOOP, EPILOGUE, ARRIVE_AT)  # fmt: skip
 
     @gluon.jit
     def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, sm_scale, SEQ_LEN, BH,
@@ -297,7 +309,7 @@ if gluon is not None:
                                 PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
                                 ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr,
                                 EPILOGUE: gl.constexpr, RELEASE_K: gl.constexpr,
-                                THREAD_ARRIVE: gl.constexpr):  # fmt: skip
+                                ARRIVE_AT: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
         in L2), or, ``PERSISTENT``, a grid of at most one program per SM striding over work items
@@ -322,9 +334,11 @@ if gluon is not None:
         for i in gl.static_range(NUM_BUFFERS):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
+        # arrivals a consumer on a K/V empty barrier: one (thread 0), 128 (every thread) or 4 (lane 0 of each warp)
+        ARRIVALS: gl.constexpr = 1 if ARRIVE_AT == ARRIVE_ONE_THREAD else (
+            128 if ARRIVE_AT == ARRIVE_EVERY_THREAD else 4)
         for i in gl.static_range(EMPTIES):
-            # one arrival per consumer, or with THREAD_ARRIVE one per consumer thread
-            mbarrier.init(kv_empty.index(i), count=CONSUMERS * (128 if THREAD_ARRIVE else 1))
+            mbarrier.init(kv_empty.index(i), count=CONSUMERS * ARRIVALS)
 
         if CONSUMERS == 1:
             gl.warp_specialize(
@@ -332,7 +346,7 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 THREAD_ARRIVE)),
+                                 ARRIVE_AT)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -346,15 +360,15 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 THREAD_ARRIVE)),
+                                 ARRIVE_AT)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 THREAD_ARRIVE)),
+                                 ARRIVE_AT)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 2, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 THREAD_ARRIVE)),
+                                 ARRIVE_AT)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -368,11 +382,11 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 THREAD_ARRIVE)),
+                                 ARRIVE_AT)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 THREAD_ARRIVE)),
+                                 ARRIVE_AT)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -454,11 +468,15 @@ def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[st
     if merged["CONSUMER_REGS"] is None:
         merged["CONSUMER_REGS"] = consumer_regs_limit(merged["CONSUMERS"], merged["CTAS_PER_SM"])
     flags = {name: bool(value) if isinstance(KNOBS[name], bool) else value for name, value in merged.items()}
+    thread_arrive, warp_arrive = flags.pop("THREAD_ARRIVE"), flags.pop("WARP_ARRIVE")
+    # WARP_ARRIVE's offset is known after a first compile places the allocations (_place_warp_arrivals)
+    arrive_at = ARRIVE_EVERY_THREAD if thread_arrive else ARRIVE_WARPS_UNPLACED if warp_arrive else ARRIVE_ONE_THREAD
     return {
         "HEAD_DIM": head_dim,
         "CAUSAL": bool(causal),
         "STORE_LSE": bool(store_lse),
         **flags,
+        "ARRIVE_AT": int(arrive_at),
         "num_warps": 4,
         # Registers per thread over all warps (with two consumers 12 warps: 65,536 / 384 = 170): the partitions'
         # budgets are carved from it (``setmaxnreg``): the loader keeps 24, the consumers take what that frees.
@@ -503,6 +521,8 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
         raise ValueError("PINGPONG orders the OVERLAP loop's wgmmas between the consumers: it needs OVERLAP=True")
     if knobs.get("PINGPONG") and consumers < 2:
         raise ValueError("PINGPONG passes the turn between consumers: it needs CONSUMERS >= 2")
+    if knobs.get("THREAD_ARRIVE") and knobs.get("WARP_ARRIVE"):
+        raise ValueError("THREAD_ARRIVE and WARP_ARRIVE are two ways to free a K/V slot: set one of them")
     if knobs.get("CHAIN"):
         given = {name: bool(knobs.get(name)) for name in ("PERSISTENT", "OVERLAP", "ONE_LOOP", "PINGPONG")}
         if given != {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "PINGPONG": False}:
@@ -514,7 +534,7 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
 KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
     "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False, "CTAS_PER_SM": 1,
-    "EPILOGUE": 0, "RELEASE_K": False, "THREAD_ARRIVE": False,
+    "EPILOGUE": 0, "RELEASE_K": False, "THREAD_ARRIVE": False, "WARP_ARRIVE": False,
 }  # fmt: skip
 
 
@@ -538,7 +558,8 @@ def attention_ws(
     at D = 64, or 1; ``ONE_LOOP``: a tile's key blocks in one loop; ``CTAS_PER_SM``: programs an SM, 2 with one
     consumer; ``EPILOGUE``: 1 and 2 store the output in 16-byte vectors; ``RELEASE_K``: a consumer frees a key
     block's K slot once its scores are done, not with its V after P V; ``THREAD_ARRIVE``: every consumer thread
-    arrives on the slots' empty barriers). Launches asynchronously on the current stream.
+    arrives on the slots' empty barriers; ``WARP_ARRIVE``: one lane a warp, in inline PTX). Launches asynchronously
+    on the current stream.
     """
     out = check_operands(q, k, v, out, lse)
     if not available():
@@ -552,8 +573,46 @@ def attention_ws(
                          meta["BLOCK_N"])  # fmt: skip
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     grid = _grid(batch * heads, seq_len, meta, torch.cuda.get_device_properties(q.device).multi_processor_count)
-    attention_fwd_ws_kernel[grid](out, lse, *descs, scale, seq_len, batch * heads, **meta)
+    args = (out, lse, *descs, scale, seq_len, batch * heads)
+    if meta["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
+        meta = _place_warp_arrivals(meta, lambda m: attention_fwd_ws_kernel.warmup(*args, grid=grid, **m), q.dtype)
+    attention_fwd_ws_kernel[grid](*args, **meta)
     return out
+
+
+#: kv_empty's byte offset in shared memory, per kernel specialization (WARP_ARRIVE's inline PTX needs it).
+_EMPTY_OFFSETS: dict[tuple, int] = {}
+
+
+def empty_barrier_offsets(ptx: str, count: int) -> list[int]:
+    """Byte offsets (from ``global_smem``) of the mbarriers the kernel's PTX initializes with arrival count
+    ``count``, in order; the offsets are read from the ``add.s32 %r, %base, imm`` that forms each address."""
+    base = re.search(r"mov\.(?:b32|u32)\s+(%r\d+), global_smem;", ptx)
+    if base is None:
+        return []
+    adds = dict(re.findall(rf"add\.s32\s+(%r\d+), {re.escape(base.group(1))}, (\d+);", ptx))
+    inits = re.findall(rf"mbarrier\.init\.shared(?:::cta)?\.b64\s+\[(%r\d+)\], {count};", ptx)
+    return [int(adds[reg]) for reg in inits if reg in adds]
+
+
+def _place_warp_arrivals(meta: dict[str, Any], compile_with: Any, dtype: Any) -> dict[str, Any]:
+    """``meta`` with ``ARRIVE_AT`` set to kv_empty's shared-memory offset for WARP_ARRIVE. The first compile
+    (``compile_with(meta)``, arrivals still by Triton's op) places the allocations; its PTX initializes kv_empty's
+    barriers with the count no other barrier has (4 a consumer), which gives the offset. The second compile, with
+    the offset, must place kv_empty at the same offset: checked, so a Triton whose allocation moves fails loudly."""
+    key = (str(dtype), tuple(sorted(meta.items())))
+    if key not in _EMPTY_OFFSETS:
+        count = 4 * meta["CONSUMERS"]
+        slots = meta["NUM_BUFFERS"] * (2 if meta["RELEASE_K"] else 1)
+        offsets = empty_barrier_offsets(compile_with(meta).asm["ptx"], count)
+        if len(offsets) != slots or offsets != [offsets[0] + 8 * i for i in range(slots)]:
+            raise RuntimeError(f"WARP_ARRIVE: cannot read the K/V empty barriers' offsets from the PTX ({offsets})")
+        placed = {**meta, "ARRIVE_AT": offsets[0]}
+        again = empty_barrier_offsets(compile_with(placed).asm["ptx"], count)
+        if again != offsets:
+            raise RuntimeError(f"WARP_ARRIVE: the K/V empty barriers moved between compiles ({offsets} -> {again})")
+        _EMPTY_OFFSETS[key] = offsets[0]
+    return {**meta, "ARRIVE_AT": _EMPTY_OFFSETS[key]}
 
 
 def _mock_args(batch: int, heads: int, seq_len: int, head_dim: int, precision: str, block_n: int) -> tuple:
@@ -590,4 +649,7 @@ def compile_for_target(
     _check(head_dim, precision, knobs)
     kwargs = _meta(head_dim, causal, False, **knobs)
     args = _mock_args(batch, heads, seq_len, head_dim, precision, kwargs["BLOCK_N"])
+    if kwargs["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
+        kwargs = _place_warp_arrivals(kwargs, lambda m: compile_jit_for_target(attention_fwd_ws_kernel, args, m,
+                                                                                capability), precision)  # fmt: skip
     return compile_jit_for_target(attention_fwd_ws_kernel, args, kwargs, capability)

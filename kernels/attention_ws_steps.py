@@ -17,6 +17,10 @@ except ImportError:  # pragma: no cover - older Triton
     gluon = None
 
 MASKED_SCORE = triton.language.constexpr(-1.0e30)  # finite: a fully masked block cannot make NaN
+# How a consumer frees a K/V slot (the kernel's ARRIVE_AT; >= 0: one lane a warp, at that byte offset): see _release.
+ARRIVE_ONE_THREAD = triton.language.constexpr(-1)
+ARRIVE_EVERY_THREAD = triton.language.constexpr(-2)
+ARRIVE_WARPS_UNPLACED = triton.language.constexpr(-3)
 
 if gluon is not None:
 
@@ -101,22 +105,35 @@ if gluon is not None:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _release(bar, THREAD_ARRIVE: gl.constexpr):
-        """A consumer frees a K/V ring slot: one arrival by thread 0 (Triton puts a warpgroup barrier before and
-        after it, as it must for an arrival that stands for every thread's shared-memory reads), or with
-        ``THREAD_ARRIVE`` one arrival by every thread (``cp.async.mbarrier.arrive.noinc``: the barrier counts 128
-        a consumer). The slots are read only by wgmma, complete for the whole warpgroup once its wait returns, so
-        no thread needs to wait for the others first."""
-        if THREAD_ARRIVE:
-            async_copy.mbarrier_arrive(bar, increment_count=False)
+    def _release(kv_empty, slot, ARRIVE_AT: gl.constexpr):
+        """A consumer frees K/V ring slot ``slot`` (an index into ``kv_empty``), as ``ARRIVE_AT`` says:
+
+        - ``ARRIVE_ONE_THREAD`` (and ``ARRIVE_WARPS_UNPLACED``, the first compile of a warp-arrival kernel, which only
+          places the allocations): one arrival by thread 0, which Triton brackets with warpgroup barriers, as it
+          must for an arrival that stands for every thread's shared-memory reads;
+        - ``ARRIVE_EVERY_THREAD``: one arrival by every thread (``cp.async.mbarrier.arrive.noinc``, 128 a
+          consumer), which Triton does not bracket;
+        - an offset >= 0 (``kv_empty``'s byte offset in shared memory): one arrival by lane 0 of each warp (4 a
+          consumer) in inline PTX, which Triton neither sees nor brackets.
+
+        The slots are read only by wgmma, whose reads are complete once each warp's wait returns, so no thread
+        needs to wait for the others before its arrival."""
+        if ARRIVE_AT >= 0:
+            gl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .b32 l, a; mov.u32 l, %laneid; setp.eq.u32 p, l, 0; mov.u32 a, global_smem; "
+                "add.u32 a, a, $1; @p mbarrier.arrive.shared::cta.b64 _, [a]; mov.u32 $0, 0; }",
+                "=r,r", [ARRIVE_AT + slot * 8], dtype=gl.int32, is_pure=False, pack=1,
+            )  # fmt: skip
+        elif ARRIVE_AT == ARRIVE_EVERY_THREAD:
+            async_copy.mbarrier_arrive(kv_empty.index(slot), increment_count=False)
         else:
-            mbarrier.arrive(bar, count=1)
+            mbarrier.arrive(kv_empty.index(slot), count=1)
 
     @gluon.jit
     def _consume(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base, qk_scale,
                  SEQ_LEN, mask_from, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr,
                  CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                 THREAD_ARRIVE: gl.constexpr = False):  # fmt: skip
+                 ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD):  # fmt: skip
         """Fold key blocks ``lo .. hi-1`` into (acc, m_i, l_i): S = Q K^T, online softmax, acc += P V; with
         ``MASK`` the blocks from ``mask_from`` on are masked.
 
@@ -133,7 +150,7 @@ if gluon is not None:
             s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
             s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
             if V_EMPTY > 0:
-                _release(kv_empty.index(stage), THREAD_ARRIVE)
+                _release(kv_empty, stage, ARRIVE_AT)
             p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
                                                    j >= mask_from, MASK, CAUSAL)  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
@@ -143,7 +160,7 @@ if gluon is not None:
             acc = warpgroup_mma(p_op, v, acc, is_async=True)
             # Wait before the next block: the in-flight wgmma reads P from registers.
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-            _release(kv_empty.index(V_EMPTY + stage), THREAD_ARRIVE)
+            _release(kv_empty, V_EMPTY + stage, ARRIVE_AT)
             m_i = m_new
         return acc, m_i, l_i
 
@@ -152,7 +169,7 @@ if gluon is not None:
                          SEQ_LEN, mask_from, q_free, release_q, my_turn, their_turn, turns, BLOCK_N: gl.constexpr,
                          NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
                          p_layout: gl.constexpr, c: gl.constexpr, PINGPONG: gl.constexpr,
-                         THREAD_ARRIVE: gl.constexpr = False):  # fmt: skip
+                         ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD):  # fmt: skip
         """As :func:`_consume` (blocks from ``mask_from`` on masked with ``MASK``), with the scores of block j+1 in
         flight while P_j V_j and the softmax of j+1 run.
 
@@ -170,7 +187,7 @@ if gluon is not None:
         s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
         s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
         if V_EMPTY > 0:
-            _release(kv_empty.index(stage), THREAD_ARRIVE)
+            _release(kv_empty, stage, ARRIVE_AT)
         p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, lo * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
                                                lo >= mask_from, MASK, CAUSAL)  # fmt: skip
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
@@ -192,11 +209,11 @@ if gluon is not None:
                 turns += 1
             s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
             if V_EMPTY > 0:
-                _release(kv_empty.index(nstage), THREAD_ARRIVE)
+                _release(kv_empty, nstage, ARRIVE_AT)
             p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
                                                    j >= mask_from, MASK, CAUSAL)  # fmt: skip
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-            _release(kv_empty.index(V_EMPTY + stage), THREAD_ARRIVE)
+            _release(kv_empty, V_EMPTY + stage, ARRIVE_AT)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
             p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
             m_i = m_new
@@ -208,7 +225,7 @@ if gluon is not None:
         v = v_smem.index(stage)
         acc = warpgroup_mma(p_op, v, acc, is_async=True)
         acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-        _release(kv_empty.index(V_EMPTY + stage), THREAD_ARRIVE)
+        _release(kv_empty, V_EMPTY + stage, ARRIVE_AT)
         return acc, m_i, l_i, turns
 
     @gluon.constexpr_function
@@ -254,7 +271,7 @@ if gluon is not None:
                          c: gl.constexpr, SEQ_LEN, BH, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
                          CONSUMERS: gl.constexpr, EPILOGUE: gl.constexpr = 0,
-                         THREAD_ARRIVE: gl.constexpr = False):  # fmt: skip
+                         ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD):  # fmt: skip
         """Consumer ``c`` of the persistent grid with ``CHAIN``: all its tiles' key blocks as one overlapped
         stream, so a tile's first scores and softmax run under the previous tile's last P V.
 
@@ -305,7 +322,7 @@ if gluon is not None:
                     acc = warpgroup_mma(p_op, v, acc, is_async=True)
                     s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
                     if V_EMPTY > 0:
-                        _release(kv_empty.index(stage), THREAD_ARRIVE)
+                        _release(kv_empty, stage, ARRIVE_AT)
                     if j == n_blocks - 1:
                         mbarrier.arrive(q_empty.index(c), count=1)
                     fresh = j == 0  # a new tile: the running max and sum start over
@@ -315,7 +332,7 @@ if gluon is not None:
                     )  # fmt: skip
                     acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
                     if base + j > 0:
-                        _release(kv_empty.index(V_EMPTY + pstage), THREAD_ARRIVE)
+                        _release(kv_empty, V_EMPTY + pstage, ARRIVE_AT)
                         if fresh:
                             _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0,
                                         SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)  # fmt: skip
@@ -334,6 +351,6 @@ if gluon is not None:
             v = v_smem.index(pstage)
             acc = warpgroup_mma(p_op, v, acc, is_async=True)
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
-            _release(kv_empty.index(V_EMPTY + pstage), THREAD_ARRIVE)
+            _release(kv_empty, V_EMPTY + pstage, ARRIVE_AT)
             _store_tile(Out, Lse, acc, m_i, l_i, prev_start_m * BLOCK_M + offs_m, prev_row0, SEQ_LEN, HEAD_DIM,
                         STORE_LSE, EPILOGUE)  # fmt: skip

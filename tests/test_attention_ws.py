@@ -115,7 +115,8 @@ for job in json.loads(sys.argv[1]):
                       "stores": {"v4": ptx.count("st.global.v4"), "b32": ptx.count("st.global.b32")},
                       "arrives": ptx.count("mbarrier.arrive"),
                       "warpgroup_barriers": len(re.findall(r"bar\\.sync\\s+\\d+, 128;", ptx)),
-                      "thread_arrives": ptx.count("cp.async.mbarrier.arrive.noinc")}),
+                      "thread_arrives": ptx.count("cp.async.mbarrier.arrive.noinc"),
+                      "warp_arrives": ptx.count("mov.u32 l, %laneid; setp.eq.u32 p, l, 0;")}),
           flush=True)
 """
 
@@ -204,6 +205,50 @@ def test_thread_arrive_drops_warpgroup_barriers_around_the_slot_releases(aot_chi
 
 
 @pytest.mark.timeout(300)
+def test_warp_arrive_frees_slots_in_inline_ptx_at_the_barriers_offset(aot_child: Any) -> None:
+    """``WARP_ARRIVE`` (sm_90 PTX, no GPU): lane 0 of each consumer warp frees a K/V slot in inline PTX at
+    kv_empty's shared-memory offset, read from a first compile's barrier inits (4 arrivals a consumer); Triton
+    brackets none of them, so every consumer loop has fewer warpgroup barriers than with one thread's arrival,
+    with the same wgmmas and shared memory."""
+    persistent = {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True}
+    jobs = []
+    for d, extra in ((128, {"OVERLAP": True}), (128, {**persistent, "PINGPONG": True, "EPILOGUE": 2}),
+                     (128, {**persistent, "CHAIN": True}), (64, {**persistent, "CONSUMERS": 3}),
+                     (64, {**persistent, "CONSUMERS": 1, "CTAS_PER_SM": 2, "RELEASE_K": False})):  # fmt: skip
+        for warp_arrive in (False, True):
+            config = {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2, "RELEASE_K": True, **extra,
+                      "WARP_ARRIVE": warp_arrive}  # fmt: skip
+            jobs.append({"shape": [2, 16, 1024, d], "config": config})
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
+    assert len(lines) == len(jobs), lines
+    for one, warps in zip(lines[::2], lines[1::2], strict=True):
+        assert one["warp_arrives"] == 0 and warps["warp_arrives"] > 0, (one, warps)
+        assert warps["warpgroup_barriers"] < one["warpgroup_barriers"], (one, warps)
+        assert warps["wgmma"] == one["wgmma"] and warps["shared"] == one["shared"], (one, warps)
+
+
+def test_empty_barrier_offsets_read_from_ptx() -> None:
+    """The offsets WARP_ARRIVE's inline PTX uses: the barriers initialized with the given count, in order, each
+    address formed from ``global_smem`` plus an immediate; none when the PTX has no such base."""
+    from kernels.attention_ws import _check, empty_barrier_offsets
+
+    ptx = """
+        mov.b32 	%r9, global_smem;
+        add.s32 	%r10, %r9, 86048;
+        @%p1 mbarrier.init.shared::cta.b64 [%r10], 1;
+        add.s32 	%r11, %r9, 86016;
+        @%p1 mbarrier.init.shared::cta.b64 [%r11], 8;
+        add.s32 	%r12, %r9, 86024;
+        @%p1 mbarrier.init.shared::cta.b64 [%r12], 8;
+    """
+    assert empty_barrier_offsets(ptx, 8) == [86016, 86024]
+    assert empty_barrier_offsets(ptx, 1) == [86048]
+    assert empty_barrier_offsets(ptx.replace("global_smem", "other"), 8) == []
+    with pytest.raises(ValueError, match="set one of them"):
+        _check(64, "bf16", {"THREAD_ARRIVE": True, "WARP_ARRIVE": True})
+
+
+@pytest.mark.timeout(300)
 def test_vector_epilogue_stores_16_byte_rows_within_the_checked_shared_memory(aot_child: Any) -> None:
     """``EPILOGUE`` 1 and 2 (sm_90 PTX, no GPU): every output store a 16-byte vector (none of the accumulator
     layout's 4-byte pieces), with and without the persistent grid, chained tiles and three consumers; their shared
@@ -261,11 +306,13 @@ def test_gpu_early_k_release_matches_fp32_attention(shape: tuple[int, int, int, 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 16, 1024, 64)], ids=lambda s: "x".join(map(str, s)))
-def test_gpu_thread_arrive_matches_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
-    """``THREAD_ARRIVE`` (every consumer thread arrives on the K/V empty barriers, 128 a consumer): outputs
-    (NaN-filled first) and log-sum-exp against fp32 math with every consumer loop, with and without
-    ``RELEASE_K``, at a ragged length, where a slot freed before its wgmma finished shows as stale keys and a
-    miscounted barrier as a hang."""
+@pytest.mark.parametrize("mode", ["THREAD_ARRIVE", "WARP_ARRIVE"])
+def test_gpu_thread_arrive_matches_fp32_attention(shape: tuple[int, int, int, int], causal: bool, mode: str) -> None:
+    """``THREAD_ARRIVE`` (every consumer thread arrives on the K/V empty barriers, 128 a consumer) and
+    ``WARP_ARRIVE`` (lane 0 of each warp, in inline PTX at the barriers' offset): outputs (NaN-filled first) and
+    log-sum-exp against fp32 math with every consumer loop, with and without ``RELEASE_K``, at a ragged length,
+    where a slot freed before its wgmma finished shows as stale keys and a miscounted barrier or a wrong offset as
+    a hang."""
     q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 13)
     persistent = {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}
     variants = [{}, {"OVERLAP": True}, persistent, {**persistent, "PINGPONG": True, "EPILOGUE": 2},
@@ -275,8 +322,7 @@ def test_gpu_thread_arrive_matches_fp32_attention(shape: tuple[int, int, int, in
                      {**persistent, "CONSUMERS": 1, "CTAS_PER_SM": 2, "EPILOGUE": 2}]  # fmt: skip
     for knobs in variants:
         _assert_matches_fp32(q, k, v, expected, expected_lse, causal,
-                             **{"BLOCK_N": 128, "NUM_BUFFERS": 2, "RELEASE_K": True, **knobs,
-                                "THREAD_ARRIVE": True})  # fmt: skip
+                             **{"BLOCK_N": 128, "NUM_BUFFERS": 2, "RELEASE_K": True, **knobs, mode: True})  # fmt: skip
 
 
 @pytest.mark.gpu
