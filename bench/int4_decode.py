@@ -48,17 +48,17 @@ def kernels_per_step(workload: Any, config: dict[str, Any], batch: int) -> dict[
 
     import torch
 
-    from objectives.decode_step import _int8_first_blocks, _quant_kernel, _quantizer
+    from objectives import decode_rules as rules
 
     bits = int(config["weight_bits"])
-    kernel = _quant_kernel(config) or "tiled"
+    kernel = rules.quant_kernel(config) or "tiled"
     model, _ = workload.models.variant(
         config["attention"],
         bits,
         config.get("group_size"),
         "cuda",
-        _int8_first_blocks(config),
-        _quantizer(config),
+        rules.int8_first_blocks(config),
+        rules.quantizer(config),
         kernel,
     )
     kv = model.init_cache(batch, workload.max_len, torch.bfloat16, "cuda")

@@ -72,23 +72,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.config import GPTConfig, model_flops_per_token, resolve_config
+from objectives import decode_rules as rules
 from objectives.decode_models import DecodeModels, _Reference
 from objectives.decode_weights import gptq_model
 from tuner.template import Checked, MeasuredWorkload
-from tuner.workload import DeviceInfo, MetricSpec, missing_params
+from tuner.workload import DeviceInfo, MetricSpec
 
-WEIGHT_BITS: tuple[int, ...] = (16, 8, 4)
-KV_DTYPES: tuple[str, ...] = ("bf16", "fp8_e4m3")
-ATTENTION: tuple[str, ...] = ("sdpa", "math")
-PARAMS: tuple[str, ...] = ("weight_bits", "kv_dtype", "attention", "cuda_graphs")
-QUANTIZERS: tuple[str, ...] = ("rtn", "gptq")
-#: The weight-only GEMM a quantized Linear runs on the GPU (models/quant_linear.py): ``tiled``
-#: (kernels/quant_gemm.py) or ``packed`` (kernels/quant_gemm_packed.py, one launch per product).
-QUANT_KERNELS: tuple[str, ...] = ("tiled", "packed")
-COMPILE_MODES: tuple[str, ...] = ("off", "default")
-#: Where a packed split-K tile's partial products are summed: in the kernel (atomics, the last program writes Y)
-#: or by the next operation of the compiled step (``PARTIALS`` tiles, :func:`models.quant_tiles.partial_candidates`).
-SPLIT_SUMS: tuple[str, ...] = ("kernel", "fused")
 #: Default floor of ``top1_agreement`` below which a config is a NUMERICS_FAIL (see the module docstring).
 MIN_TOP1_AGREEMENT = 0.5
 #: Bytes per KV-cache element per ``kv_dtype``.
@@ -115,35 +104,6 @@ def resolve_model(model: Any) -> GPTConfig:
 
 
 # ------------------------------------------------------------------------------------------ per-trial state
-
-
-def _int8_first_blocks(config: dict[str, Any]) -> int:
-    """The config's ``int8_first_blocks`` (optional: 0 when absent), once ``static_check`` accepted it."""
-    return int(config.get("int8_first_blocks") or 0)
-
-
-def _compile_mode(config: dict[str, Any]) -> str:
-    """The config's ``compile`` (optional: ``off`` when absent)."""
-    return str(config.get("compile") or "off")
-
-
-def _split_sums(config: dict[str, Any]) -> str:
-    """The config's ``split_sums`` (optional: ``kernel`` when absent)."""
-    return str(config.get("split_sums") or "kernel")
-
-
-def _quant_kernel(config: dict[str, Any]) -> str | None:
-    """The config's ``quant_kernel`` (optional: ``tiled`` when absent); None for bf16 weights."""
-    if int(config["weight_bits"]) == 16:
-        return None
-    return str(config.get("quant_kernel") or "tiled")
-
-
-def _quantizer(config: dict[str, Any]) -> str | None:
-    """The config's ``quantizer`` (optional: ``rtn`` when absent); None for bf16 weights."""
-    if int(config["weight_bits"]) == 16:
-        return None
-    return str(config.get("quantizer") or "rtn")
 
 
 @dataclass
@@ -271,83 +231,7 @@ class DecodeStep(MeasuredWorkload):
     # ------------------------------------------------------------------ static feasibility
 
     def static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
-        reason = missing_params(config, ("batch", *PARAMS) if self.batch is None else PARAMS)
-        if reason:
-            return reason
-        if self.batch is not None and "batch" in config and config["batch"] != self.batch:
-            return f"batch is fixed to {self.batch} by the workload's args, config asks for {config['batch']!r}"
-        batch = config.get("batch", self.batch)
-        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
-            return f"batch must be an int in [1, 1024], got {batch!r}"
-        bits = config["weight_bits"]
-        if bits not in WEIGHT_BITS:
-            return f"weight_bits must be one of {WEIGHT_BITS}, got {bits!r}"
-        group = config.get("group_size")
-        if bits == 16 and group is not None:
-            return "group_size applies to quantized weights only (weight_bits < 16)"
-        if bits < 16:
-            if not isinstance(group, int) or isinstance(group, bool) or group < 32 or group & (group - 1):
-                return f"group_size must be a power of two >= 32 for int{bits} weights, got {group!r}"
-            for name, k in (("d_model", self.cfg.d_model), ("d_ff", self.cfg.ff)):
-                if k % group:
-                    return f"group_size={group} does not divide {name}={k} (the K of a quantized Linear)"
-        keep = config.get("int8_first_blocks") or 0
-        if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep <= self.cfg.n_layers:
-            return f"int8_first_blocks must be an int in [0, {self.cfg.n_layers}] (the model's blocks), got {keep!r}"
-        if keep and bits != 4:
-            return f"int8_first_blocks applies to int4 weights, weight_bits is {bits}"
-        quantizer = config.get("quantizer")
-        if quantizer is not None and quantizer not in QUANTIZERS:
-            return f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}"
-        if quantizer is not None and bits == 16:
-            return "quantizer applies to quantized weights only (weight_bits < 16)"
-        reason = self._quant_kernel_reason(config.get("quant_kernel"), bits)
-        if reason:
-            return reason
-        if config["kv_dtype"] not in KV_DTYPES:
-            return f"kv_dtype must be one of {KV_DTYPES}, got {config['kv_dtype']!r}"
-        attention = config["attention"]
-        if attention == "triton":
-            return "attention='triton': the flash kernel cannot attend one query over a masked cache (module docstring)"
-        if attention not in ATTENTION:
-            return f"attention must be one of {ATTENTION}, got {attention!r}"
-        if config.get("compile") is not None and config["compile"] not in COMPILE_MODES:
-            return f"compile must be one of {COMPILE_MODES}, got {config['compile']!r}"
-        sums = config.get("split_sums")
-        if sums is not None and sums not in SPLIT_SUMS:
-            return f"split_sums must be one of {SPLIT_SUMS}, got {sums!r}"
-        if sums == "fused" and (_compile_mode(config) == "off" or _quant_kernel(config) != "packed"):
-            return (
-                "split_sums=fused leaves split-K's sums to the next operation, which only torch.compile fuses them "
-                "into: it needs compile=default and quant_kernel=packed"
-            )
-        if not isinstance(config["cuda_graphs"], bool):
-            return f"cuda_graphs must be true or false, got {config['cuda_graphs']!r}"
-        if config["cuda_graphs"] and not device.is_gpu:
-            return "cuda_graphs needs a CUDA device (torch.cuda.graph); this trial runs on a CPU"
-        if device.is_gpu and device.compute_capability is not None and tuple(device.compute_capability) < (8, 0):
-            return f"the bf16 model needs compute capability >= 8.0, {device.name} has {device.compute_capability}"
-        if device.total_memory_bytes:
-            needed = self.memory_estimate(config)
-            if needed > 0.9 * device.total_memory_bytes:
-                return f"needs ~{needed / 1e9:.1f} GB (weights, KV cache, reference), {device.name} has " + (
-                    f"{device.total_memory_bytes / 1e9:.1f} GB"
-                )
-        return None
-
-    def _quant_kernel_reason(self, kernel: Any, bits: int) -> str | None:
-        if kernel is None:
-            return None
-        if kernel not in QUANT_KERNELS:
-            return f"quant_kernel must be one of {QUANT_KERNELS}, got {kernel!r}"
-        if bits == 16:
-            return "quant_kernel applies to quantized weights only (weight_bits < 16)"
-        span = 16 * 32 // bits  # the packed layout's K span (kernels/quant_gemm_packed.py)
-        if kernel == "packed":
-            for name, k in (("d_model", self.cfg.d_model), ("d_ff", self.cfg.ff)):
-                if k % span:
-                    return f"quant_kernel=packed needs {name}={k} to be a multiple of {span} (its int{bits} span)"
-        return None
+        return rules.static_violation(config, device, self.cfg, self.batch, self.memory_estimate)
 
     # ------------------------------------------------------------------ sizes
 
@@ -363,7 +247,7 @@ class DecodeStep(MeasuredWorkload):
         if bits == 16:
             return 2 * n
         scales = 2 * n // int(config["group_size"])
-        int8 = n * _int8_first_blocks(config) // self.cfg.n_layers
+        int8 = n * rules.int8_first_blocks(config) // self.cfg.n_layers
         return (n - int8) * bits // 8 + int8 + scales
 
     def kv_bytes(self, config: dict[str, Any]) -> int:
@@ -544,13 +428,13 @@ class DecodeStep(MeasuredWorkload):
         """
         import time
 
-        if _quantizer(config) != "gptq":
+        if rules.quantizer(config) != "gptq":
             return 0.0
         start = time.perf_counter()
         torch_device = "cuda" if device.is_gpu else "cpu"
         base = self.models.base(config["attention"], torch_device)
         bits, group = int(config["weight_bits"]), int(config["group_size"])
-        gptq_model(base, self.cfg, self.seed, self.train_steps, bits, group, _int8_first_blocks(config))
+        gptq_model(base, self.cfg, self.seed, self.train_steps, bits, group, rules.int8_first_blocks(config))
         return time.perf_counter() - start
 
     def reference_tokens(self, batch: int, device: DeviceInfo) -> dict[str, Any]:
@@ -588,7 +472,8 @@ class DecodeStep(MeasuredWorkload):
         torch_device = "cuda" if device.is_gpu else "cpu"
         batch = self._batch(config)
         bits, group = int(config["weight_bits"]), config.get("group_size")
-        keep, quantizer, quant_kernel = _int8_first_blocks(config), _quantizer(config), _quant_kernel(config)
+        keep = rules.int8_first_blocks(config)
+        quantizer, quant_kernel = rules.quantizer(config), rules.quant_kernel(config)
         key = (
             torch_device,
             batch,
@@ -597,11 +482,11 @@ class DecodeStep(MeasuredWorkload):
             keep,
             quantizer,
             quant_kernel,
-            _split_sums(config),
+            rules.split_sums(config),
             config["kv_dtype"],
             config["attention"],
             bool(config["cuda_graphs"]),
-            _compile_mode(config),
+            rules.compile_mode(config),
         )
         case = self._cases.get(key)
         if case is not None:
@@ -617,16 +502,16 @@ class DecodeStep(MeasuredWorkload):
 
             # measured kernel tiles for this batch, before any graph capture; with split_sums=fused the split-K
             # tiles may leave their partial products to the next operation (Inductor sums them there)
-            autotune_tiles(model, batch, partials=_split_sums(config) == "fused")
+            autotune_tiles(model, batch, partials=rules.split_sums(config) == "fused")
         kv = model.init_cache(batch, self.max_len, getattr(torch, KV_TORCH_DTYPES[config["kv_dtype"]]), torch_device)
         decode = model.decode
-        if _compile_mode(config) != "off":
+        if rules.compile_mode(config) != "off":
             # Fresh dynamo caches: every model's decode shares one code object, whose recompile limit
             # would otherwise count every earlier case (then fall back to eager without a word). Cases
             # compiled before recompile in their untimed warm-up step; captured graphs are unaffected.
             torch._dynamo.reset()
             # static shapes (the position is a device tensor): one graph, no recompiles across steps
-            decode = torch.compile(model.decode, mode=_compile_mode(config), dynamic=False)
+            decode = torch.compile(model.decode, mode=rules.compile_mode(config), dynamic=False)
         case = _Case(
             key=key,
             batch=batch,
@@ -651,14 +536,14 @@ class DecodeStep(MeasuredWorkload):
             "batch": self._batch(config),
             "weight_bits": bits,
             "group_size": None if bits == 16 else int(config["group_size"]),
-            "int8_first_blocks": _int8_first_blocks(config),
-            "quantizer": _quantizer(config),
-            "quant_kernel": _quant_kernel(config),
+            "int8_first_blocks": rules.int8_first_blocks(config),
+            "quantizer": rules.quantizer(config),
+            "quant_kernel": rules.quant_kernel(config),
             "kv_cache_dtype": f"torch.{KV_TORCH_DTYPES[config['kv_dtype']]}",
             "attention": config["attention"],
             "cuda_graphs": bool(config["cuda_graphs"]),
-            "compile": _compile_mode(config),
-            "split_sums": _split_sums(config),
+            "compile": rules.compile_mode(config),
+            "split_sums": rules.split_sums(config),
         }
 
     def export_python(self, config: dict[str, Any]) -> str:

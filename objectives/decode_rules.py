@@ -1,0 +1,150 @@
+"""The ``decode_step`` workload's knob values, its optional knobs' defaults and its static rules.
+
+Torch-free, as :class:`objectives.decode_step.DecodeStep`'s ``__init__`` and ``static_check`` are: a study's
+configs are checked in the server before any worker imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from models.config import GPTConfig
+from tuner.workload import DeviceInfo, missing_params
+
+WEIGHT_BITS: tuple[int, ...] = (16, 8, 4)
+KV_DTYPES: tuple[str, ...] = ("bf16", "fp8_e4m3")
+ATTENTION: tuple[str, ...] = ("sdpa", "math")
+PARAMS: tuple[str, ...] = ("weight_bits", "kv_dtype", "attention", "cuda_graphs")
+QUANTIZERS: tuple[str, ...] = ("rtn", "gptq")
+#: The weight-only GEMM a quantized Linear runs on the GPU (models/quant_linear.py): ``tiled``
+#: (kernels/quant_gemm.py) or ``packed`` (kernels/quant_gemm_packed.py, one launch per product).
+QUANT_KERNELS: tuple[str, ...] = ("tiled", "packed")
+COMPILE_MODES: tuple[str, ...] = ("off", "default")
+#: Where a packed split-K tile's partial products are summed: in the kernel (atomics, the last program writes Y)
+#: or by the next operation of the compiled step (``PARTIALS`` tiles, :func:`models.quant_tiles.partial_candidates`).
+SPLIT_SUMS: tuple[str, ...] = ("kernel", "fused")
+
+
+# ------------------------------------------------------------------------------------------ optional knobs
+
+
+def int8_first_blocks(config: dict[str, Any]) -> int:
+    """The config's ``int8_first_blocks`` (optional: 0 when absent), once ``static_check`` accepted it."""
+    return int(config.get("int8_first_blocks") or 0)
+
+
+def compile_mode(config: dict[str, Any]) -> str:
+    """The config's ``compile`` (optional: ``off`` when absent)."""
+    return str(config.get("compile") or "off")
+
+
+def split_sums(config: dict[str, Any]) -> str:
+    """The config's ``split_sums`` (optional: ``kernel`` when absent)."""
+    return str(config.get("split_sums") or "kernel")
+
+
+def quant_kernel(config: dict[str, Any]) -> str | None:
+    """The config's ``quant_kernel`` (optional: ``tiled`` when absent); None for bf16 weights."""
+    if int(config["weight_bits"]) == 16:
+        return None
+    return str(config.get("quant_kernel") or "tiled")
+
+
+def quantizer(config: dict[str, Any]) -> str | None:
+    """The config's ``quantizer`` (optional: ``rtn`` when absent); None for bf16 weights."""
+    if int(config["weight_bits"]) == 16:
+        return None
+    return str(config.get("quantizer") or "rtn")
+
+
+# ------------------------------------------------------------------------------------------ static rules
+
+
+def static_violation(
+    config: dict[str, Any],
+    device: DeviceInfo,
+    cfg: GPTConfig,
+    fixed_batch: int | None,
+    memory_estimate: Callable[[dict[str, Any]], int],
+) -> str | None:
+    """Why ``config`` cannot run on ``device`` (None when it can), for the model ``cfg`` with the batch fixed by the
+    workload's args (``fixed_batch``, None when it is a knob); ``memory_estimate`` gives a config's bytes."""
+    reason = missing_params(config, ("batch", *PARAMS) if fixed_batch is None else PARAMS)
+    if reason:
+        return reason
+    if fixed_batch is not None and "batch" in config and config["batch"] != fixed_batch:
+        return f"batch is fixed to {fixed_batch} by the workload's args, config asks for {config['batch']!r}"
+    batch = config.get("batch", fixed_batch)
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
+        return f"batch must be an int in [1, 1024], got {batch!r}"
+    bits = config["weight_bits"]
+    if bits not in WEIGHT_BITS:
+        return f"weight_bits must be one of {WEIGHT_BITS}, got {bits!r}"
+    group = config.get("group_size")
+    if bits == 16 and group is not None:
+        return "group_size applies to quantized weights only (weight_bits < 16)"
+    if bits < 16:
+        if not isinstance(group, int) or isinstance(group, bool) or group < 32 or group & (group - 1):
+            return f"group_size must be a power of two >= 32 for int{bits} weights, got {group!r}"
+        for name, k in (("d_model", cfg.d_model), ("d_ff", cfg.ff)):
+            if k % group:
+                return f"group_size={group} does not divide {name}={k} (the K of a quantized Linear)"
+    keep = config.get("int8_first_blocks") or 0
+    if isinstance(keep, bool) or not isinstance(keep, int) or not 0 <= keep <= cfg.n_layers:
+        return f"int8_first_blocks must be an int in [0, {cfg.n_layers}] (the model's blocks), got {keep!r}"
+    if keep and bits != 4:
+        return f"int8_first_blocks applies to int4 weights, weight_bits is {bits}"
+    quantizer = config.get("quantizer")
+    if quantizer is not None and quantizer not in QUANTIZERS:
+        return f"quantizer must be one of {QUANTIZERS}, got {quantizer!r}"
+    if quantizer is not None and bits == 16:
+        return "quantizer applies to quantized weights only (weight_bits < 16)"
+    reason = _quant_kernel_reason(config.get("quant_kernel"), bits, cfg)
+    if reason:
+        return reason
+    if config["kv_dtype"] not in KV_DTYPES:
+        return f"kv_dtype must be one of {KV_DTYPES}, got {config['kv_dtype']!r}"
+    attention = config["attention"]
+    if attention == "triton":
+        return "attention='triton': the flash kernel cannot attend one query over a masked cache (decode_step)"
+    if attention not in ATTENTION:
+        return f"attention must be one of {ATTENTION}, got {attention!r}"
+    if config.get("compile") is not None and config["compile"] not in COMPILE_MODES:
+        return f"compile must be one of {COMPILE_MODES}, got {config['compile']!r}"
+    sums = config.get("split_sums")
+    if sums is not None and sums not in SPLIT_SUMS:
+        return f"split_sums must be one of {SPLIT_SUMS}, got {sums!r}"
+    if sums == "fused" and (compile_mode(config) == "off" or quant_kernel(config) != "packed"):
+        return (
+            "split_sums=fused leaves split-K's sums to the next operation, which only torch.compile fuses them "
+            "into: it needs compile=default and quant_kernel=packed"
+        )
+    if not isinstance(config["cuda_graphs"], bool):
+        return f"cuda_graphs must be true or false, got {config['cuda_graphs']!r}"
+    if config["cuda_graphs"] and not device.is_gpu:
+        return "cuda_graphs needs a CUDA device (torch.cuda.graph); this trial runs on a CPU"
+    if device.is_gpu and device.compute_capability is not None and tuple(device.compute_capability) < (8, 0):
+        return f"the bf16 model needs compute capability >= 8.0, {device.name} has {device.compute_capability}"
+    if device.total_memory_bytes:
+        needed = memory_estimate(config)
+        if needed > 0.9 * device.total_memory_bytes:
+            return f"needs ~{needed / 1e9:.1f} GB (weights, KV cache, reference), {device.name} has " + (
+                f"{device.total_memory_bytes / 1e9:.1f} GB"
+            )
+    return None
+
+
+def _quant_kernel_reason(kernel: Any, bits: int, cfg: GPTConfig) -> str | None:
+    if kernel is None:
+        return None
+    if kernel not in QUANT_KERNELS:
+        return f"quant_kernel must be one of {QUANT_KERNELS}, got {kernel!r}"
+    if bits == 16:
+        return "quant_kernel applies to quantized weights only (weight_bits < 16)"
+    span = 16 * 32 // bits  # the packed layout's K span (kernels/quant_gemm_packed.py)
+    if kernel == "packed":
+        for name, k in (("d_model", cfg.d_model), ("d_ff", cfg.ff)):
+            if k % span:
+                return f"quant_kernel=packed needs {name}={k} to be a multiple of {span} (its int{bits} span)"
+    return None
