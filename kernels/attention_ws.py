@@ -65,11 +65,12 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   cost more than the barriers saved: 2.6% slower (median of 56 pairs, 16 shapes; not in the default search space;
   ``bench/results/kernel-variants-attention-ws-thread-arrive-h200.json``).
 - ``WARP_ARRIVE``: lane 0 of each consumer warp frees a slot (4 arrivals a consumer) in inline PTX at kv_empty's
-  shared-memory offset, which a first compile's barrier inits give (:func:`_place_warp_arrivals`; the second
-  compile must place the barriers at the same offset, or the launch fails). Triton sees no arrival, so the overlapped
-  loop keeps 1 of its 3 warpgroup barriers a key block. Right on an H200 (GPU test), and neutral: 1.001x the same
-  config without it (median of 56 pairs, 16 shapes; ``kernel-variants-attention-ws-warp-arrive-h200.json``): the
-  warps that no longer wait at the barriers wait for each other at the next wgmma. Not in the search space.
+  shared-memory offset, which a first compile's barrier inits give (``attention_ws_steps._place_warp_arrivals``;
+  the second compile must place the barriers at the same offset, or the launch fails). Triton sees no arrival, so
+  the overlapped loop keeps 1 of its 3 warpgroup barriers a key block. Right on an H200 (GPU test), and neutral:
+  1.001x the same config without it (median of 56 pairs, 16 shapes;
+  ``kernel-variants-attention-ws-warp-arrive-h200.json``): the warps that no longer wait at the barriers wait for
+  each other at the next wgmma. Not in the search space.
 
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
 :mod:`kernels.attention_ws_steps`; this module holds the loader, the partitions, the kernel and its launch.
@@ -82,7 +83,6 @@ when asked, for :mod:`kernels.attention_grad`.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import torch
@@ -94,6 +94,7 @@ from kernels.attention_ws_steps import (
     ARRIVE_ONE_THREAD,
     ARRIVE_WARPS_UNPLACED,
     MASKED_SCORE,
+    _place_warp_arrivals,
 )
 from tuner.workload import interpreter_active
 
@@ -578,41 +579,6 @@ def attention_ws(
         meta = _place_warp_arrivals(meta, lambda m: attention_fwd_ws_kernel.warmup(*args, grid=grid, **m), q.dtype)
     attention_fwd_ws_kernel[grid](*args, **meta)
     return out
-
-
-#: kv_empty's byte offset in shared memory, per kernel specialization (WARP_ARRIVE's inline PTX needs it).
-_EMPTY_OFFSETS: dict[tuple, int] = {}
-
-
-def empty_barrier_offsets(ptx: str, count: int) -> list[int]:
-    """Byte offsets (from ``global_smem``) of the mbarriers the kernel's PTX initializes with arrival count
-    ``count``, in order; the offsets are read from the ``add.s32 %r, %base, imm`` that forms each address."""
-    base = re.search(r"mov\.(?:b32|u32)\s+(%r\d+), global_smem;", ptx)
-    if base is None:
-        return []
-    adds = dict(re.findall(rf"add\.s32\s+(%r\d+), {re.escape(base.group(1))}, (\d+);", ptx))
-    inits = re.findall(rf"mbarrier\.init\.shared(?:::cta)?\.b64\s+\[(%r\d+)\], {count};", ptx)
-    return [int(adds[reg]) for reg in inits if reg in adds]
-
-
-def _place_warp_arrivals(meta: dict[str, Any], compile_with: Any, dtype: Any) -> dict[str, Any]:
-    """``meta`` with ``ARRIVE_AT`` set to kv_empty's shared-memory offset for WARP_ARRIVE. The first compile
-    (``compile_with(meta)``, arrivals still by Triton's op) places the allocations; its PTX initializes kv_empty's
-    barriers with the count no other barrier has (4 a consumer), which gives the offset. The second compile, with
-    the offset, must place kv_empty at the same offset: checked, so a Triton whose allocation moves fails loudly."""
-    key = (str(dtype), tuple(sorted(meta.items())))
-    if key not in _EMPTY_OFFSETS:
-        count = 4 * meta["CONSUMERS"]
-        slots = meta["NUM_BUFFERS"] * (2 if meta["RELEASE_K"] else 1)
-        offsets = empty_barrier_offsets(compile_with(meta).asm["ptx"], count)
-        if len(offsets) != slots or offsets != [offsets[0] + 8 * i for i in range(slots)]:
-            raise RuntimeError(f"WARP_ARRIVE: cannot read the K/V empty barriers' offsets from the PTX ({offsets})")
-        placed = {**meta, "ARRIVE_AT": offsets[0]}
-        again = empty_barrier_offsets(compile_with(placed).asm["ptx"], count)
-        if again != offsets:
-            raise RuntimeError(f"WARP_ARRIVE: the K/V empty barriers moved between compiles ({offsets} -> {again})")
-        _EMPTY_OFFSETS[key] = offsets[0]
-    return {**meta, "ARRIVE_AT": _EMPTY_OFFSETS[key]}
 
 
 def _mock_args(batch: int, heads: int, seq_len: int, head_dim: int, precision: str, block_n: int) -> tuple:

@@ -1,10 +1,14 @@
 """The consumer side of :mod:`kernels.attention_ws`, in Gluon: the work items a program takes, the masks and the
 base-2 online softmax, the consumer warpgroups' key-block loops (plain, ``OVERLAP``, ``CHAIN``) and the epilogue.
 
-Device functions only; the partitions, the loader, the kernel and its launch live in :mod:`kernels.attention_ws`.
+Device functions, and the host side of ``WARP_ARRIVE`` (the K/V empty barriers' shared-memory offset, read from a
+first compile's PTX); the partitions, the loader, the kernel and its launch live in :mod:`kernels.attention_ws`.
 """
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 import triton
 
@@ -21,6 +25,41 @@ MASKED_SCORE = triton.language.constexpr(-1.0e30)  # finite: a fully masked bloc
 ARRIVE_ONE_THREAD = triton.language.constexpr(-1)
 ARRIVE_EVERY_THREAD = triton.language.constexpr(-2)
 ARRIVE_WARPS_UNPLACED = triton.language.constexpr(-3)
+
+
+#: kv_empty's byte offset in shared memory, per kernel specialization (WARP_ARRIVE's inline PTX needs it).
+_EMPTY_OFFSETS: dict[tuple, int] = {}
+
+
+def empty_barrier_offsets(ptx: str, count: int) -> list[int]:
+    """Byte offsets (from ``global_smem``) of the mbarriers the kernel's PTX initializes with arrival count
+    ``count``, in order; the offsets are read from the ``add.s32 %r, %base, imm`` that forms each address."""
+    base = re.search(r"mov\.(?:b32|u32)\s+(%r\d+), global_smem;", ptx)
+    if base is None:
+        return []
+    adds = dict(re.findall(rf"add\.s32\s+(%r\d+), {re.escape(base.group(1))}, (\d+);", ptx))
+    inits = re.findall(rf"mbarrier\.init\.shared(?:::cta)?\.b64\s+\[(%r\d+)\], {count};", ptx)
+    return [int(adds[reg]) for reg in inits if reg in adds]
+
+
+def _place_warp_arrivals(meta: dict[str, Any], compile_with: Any, dtype: Any) -> dict[str, Any]:
+    """``meta`` with ``ARRIVE_AT`` set to kv_empty's shared-memory offset for WARP_ARRIVE. The first compile
+    (``compile_with(meta)``, arrivals still by Triton's op) places the allocations; its PTX initializes kv_empty's
+    barriers with the count no other barrier has (4 a consumer), which gives the offset. The second compile, with
+    the offset, must place kv_empty at the same offset: checked, so a Triton whose allocation moves fails loudly."""
+    key = (str(dtype), tuple(sorted(meta.items())))
+    if key not in _EMPTY_OFFSETS:
+        count = 4 * meta["CONSUMERS"]
+        slots = meta["NUM_BUFFERS"] * (2 if meta["RELEASE_K"] else 1)
+        offsets = empty_barrier_offsets(compile_with(meta).asm["ptx"], count)
+        if len(offsets) != slots or offsets != [offsets[0] + 8 * i for i in range(slots)]:
+            raise RuntimeError(f"WARP_ARRIVE: cannot read the K/V empty barriers' offsets from the PTX ({offsets})")
+        placed = {**meta, "ARRIVE_AT": offsets[0]}
+        again = empty_barrier_offsets(compile_with(placed).asm["ptx"], count)
+        if again != offsets:
+            raise RuntimeError(f"WARP_ARRIVE: the K/V empty barriers moved between compiles ({offsets} -> {again})")
+        _EMPTY_OFFSETS[key] = offsets[0]
+    return {**meta, "ARRIVE_AT": _EMPTY_OFFSETS[key]}
 
 if gluon is not None:
 

@@ -230,7 +230,8 @@ def test_warp_arrive_frees_slots_in_inline_ptx_at_the_barriers_offset(aot_child:
 def test_empty_barrier_offsets_read_from_ptx() -> None:
     """The offsets WARP_ARRIVE's inline PTX uses: the barriers initialized with the given count, in order, each
     address formed from ``global_smem`` plus an immediate; none when the PTX has no such base."""
-    from kernels.attention_ws import _check, empty_barrier_offsets
+    from kernels.attention_ws import _check
+    from kernels.attention_ws_steps import empty_barrier_offsets
 
     ptx = """
         mov.b32 	%r9, global_smem;
