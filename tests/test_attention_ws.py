@@ -178,30 +178,41 @@ def test_early_k_release_compiles_with_its_own_empty_barriers(aot_child: Any) ->
         assert released["wgmma"] == held["wgmma"] and released["tma"], released
 
 
+#: Consumer loops the arrival-mode PTX tests compile (head dim, knobs): overlapped, ping-pong with the quad epilogue,
+#: chained, three consumers, and one consumer with two programs an SM.
+_ARRIVE_LOOPS = ((128, {"OVERLAP": True}),
+                 (128, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "PINGPONG": True, "EPILOGUE": 2}),
+                 (128, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "CHAIN": True}),
+                 (64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "CONSUMERS": 3}),
+                 (64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "CONSUMERS": 1, "CTAS_PER_SM": 2,
+                       "RELEASE_K": False}))  # fmt: skip
+
+
+def _without_and_with(aot_child: Any, knob: str, loops: tuple) -> list[tuple[dict, dict]]:
+    """sm_90 compiles of each loop of ``loops`` (causal, S = 1024, RELEASE_K unless the loop says otherwise)
+    without and with ``knob``, as (without, with) pairs of the AOT script's records."""
+    jobs = [{"shape": [2, 16, 1024, d], "config": {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2,
+                                                   "RELEASE_K": True, **extra, knob: on}}
+            for d, extra in loops for on in (False, True)]  # fmt: skip
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
+    assert len(lines) == len(jobs), lines
+    return list(zip(lines[::2], lines[1::2], strict=True))
+
+
 @pytest.mark.timeout(300)
 def test_thread_arrive_drops_warpgroup_barriers_around_the_slot_releases(aot_child: Any) -> None:
     """``THREAD_ARRIVE`` (sm_90 PTX, no GPU): every consumer thread frees a K/V slot with its own
     ``cp.async.mbarrier.arrive.noinc``, so the warpgroup barriers Triton puts around a one-thread arrival go (no
     more ``bar.sync N, 128`` in any consumer loop: plain, overlapped, ping-pong, chained, three consumers, one
     consumer two programs an SM; fewer over all), with the same wgmmas and shared memory."""
-    persistent = {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True}
-    jobs = []
-    for d, extra in ((128, {}), (128, {"OVERLAP": True}), (128, {**persistent, "PINGPONG": True, "EPILOGUE": 2}),
-                     (128, {**persistent, "CHAIN": True}), (64, {**persistent, "CONSUMERS": 3}),
-                     (64, {**persistent, "CONSUMERS": 1, "CTAS_PER_SM": 2, "RELEASE_K": False})):  # fmt: skip
-        for thread_arrive in (False, True):
-            config = {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2, "RELEASE_K": True, **extra,
-                      "THREAD_ARRIVE": thread_arrive}  # fmt: skip
-            jobs.append({"shape": [2, 16, 1024, d], "config": config})
-    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
-    assert len(lines) == len(jobs), lines
-    for one, every in zip(lines[::2], lines[1::2], strict=True):
+    pairs = _without_and_with(aot_child, "THREAD_ARRIVE", ((128, {}), *_ARRIVE_LOOPS))
+    for one, every in pairs:
         assert one["thread_arrives"] == 0 and every["thread_arrives"] > 0, (one, every)
         assert every["warpgroup_barriers"] <= one["warpgroup_barriers"], (one, every)
         assert every["wgmma"] == one["wgmma"] and every["shared"] == one["shared"], (one, every)
     # Triton 3.6 brackets each one-thread arrival (fewer barriers in every loop); 3.9 drops some itself (the
     # overlapped loops still lose theirs)
-    assert sum(r["warpgroup_barriers"] for r in lines[1::2]) < sum(r["warpgroup_barriers"] for r in lines[::2])
+    assert sum(every["warpgroup_barriers"] for _, every in pairs) < sum(one["warpgroup_barriers"] for one, _ in pairs)
 
 
 @pytest.mark.timeout(300)
@@ -210,18 +221,7 @@ def test_warp_arrive_frees_slots_in_inline_ptx_at_the_barriers_offset(aot_child:
     kv_empty's shared-memory offset, read from a first compile's barrier inits (4 arrivals a consumer); Triton
     brackets none of them, so every consumer loop has fewer warpgroup barriers than with one thread's arrival,
     with the same wgmmas and shared memory."""
-    persistent = {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True}
-    jobs = []
-    for d, extra in ((128, {"OVERLAP": True}), (128, {**persistent, "PINGPONG": True, "EPILOGUE": 2}),
-                     (128, {**persistent, "CHAIN": True}), (64, {**persistent, "CONSUMERS": 3}),
-                     (64, {**persistent, "CONSUMERS": 1, "CTAS_PER_SM": 2, "RELEASE_K": False})):  # fmt: skip
-        for warp_arrive in (False, True):
-            config = {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2, "RELEASE_K": True, **extra,
-                      "WARP_ARRIVE": warp_arrive}  # fmt: skip
-            jobs.append({"shape": [2, 16, 1024, d], "config": config})
-    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
-    assert len(lines) == len(jobs), lines
-    for one, warps in zip(lines[::2], lines[1::2], strict=True):
+    for one, warps in _without_and_with(aot_child, "WARP_ARRIVE", _ARRIVE_LOOPS):
         assert one["warp_arrives"] == 0 and warps["warp_arrives"] > 0, (one, warps)
         assert warps["warpgroup_barriers"] < one["warpgroup_barriers"], (one, warps)
         assert warps["wgmma"] == one["wgmma"] and warps["shared"] == one["shared"], (one, warps)
