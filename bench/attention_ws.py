@@ -377,11 +377,21 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
     return result
 
 
+#: The per-shape phases: each phase's candidates and its contrast knob (the fastest config whose knob differs from the
+#: winner's is re-measured too; None: no contrast).
+PER_SHAPE_PHASES: dict[str, tuple[list[dict[str, Any]], str | None]] = {
+    "persistent": (PERSISTENT_CONFIGS, None), "pingpong": (PINGPONG_CONFIGS, None),
+    "consumers": (CONSUMER_CONFIGS, None), "oneloop": (ONE_LOOP_CONFIGS, None), "chain": (CHAIN_CONFIGS, "CHAIN"),
+    "single": (SINGLE_CONFIGS, None), "epilogue": (EPILOGUE_CONFIGS, "EPILOGUE"),
+    "release": (RELEASE_CONFIGS, "RELEASE_K"), "single_vec": (SINGLE_VEC_CONFIGS, "CTAS_PER_SM"),
+    "thread_arrive": (THREAD_ARRIVE_CONFIGS, "THREAD_ARRIVE"), "release3": (RELEASE3_CONFIGS, None),
+    "warp_arrive": (WARP_ARRIVE_CONFIGS, "WARP_ARRIVE"),
+}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=["check", "sweep", "order", "persistent", "pingpong", "consumers", "oneloop",
-                                          "chain", "single", "epilogue", "release", "single_vec",
-                                          "thread_arrive", "release3", "warp_arrive"])  # fmt: skip
+    parser.add_argument("phase", choices=["check", "sweep", "order", *PER_SHAPE_PHASES])
     parser.add_argument("--out", required=True)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--keep", type=int, default=2, help="configs per (D, causal) taken to the targets")
@@ -394,22 +404,12 @@ def main() -> None:
     swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
     if ns.phase == "order":
         result = grid_order(ns.rounds)
-    elif ns.phase in ("persistent", "pingpong", "consumers", "oneloop", "chain", "single", "epilogue", "release",
-                      "single_vec", "thread_arrive", "release3", "warp_arrive"):  # fmt: skip
-        phases = {"persistent": PERSISTENT_CONFIGS, "pingpong": PINGPONG_CONFIGS, "consumers": CONSUMER_CONFIGS,
-                  "oneloop": ONE_LOOP_CONFIGS, "chain": CHAIN_CONFIGS, "single": SINGLE_CONFIGS,
-                  "epilogue": EPILOGUE_CONFIGS, "release": RELEASE_CONFIGS,
-                  "single_vec": SINGLE_VEC_CONFIGS, "thread_arrive": THREAD_ARRIVE_CONFIGS,
-                  "release3": RELEASE3_CONFIGS, "warp_arrive": WARP_ARRIVE_CONFIGS}  # fmt: skip
-        contrast = {"chain": "CHAIN", "epilogue": "EPILOGUE", "release": "RELEASE_K",
-                    "single_vec": "CTAS_PER_SM", "thread_arrive": "THREAD_ARRIVE",
-                    "warp_arrive": "WARP_ARRIVE"}.get(ns.phase)  # fmt: skip
-        result = per_shape(phases[ns.phase], ns.rounds, ns.out, ns.seq, contrast, not ns.no_check,
-                           ns.head_dims)  # fmt: skip
+    elif ns.phase in PER_SHAPE_PHASES:
+        configs, contrast = PER_SHAPE_PHASES[ns.phase]
+        result = per_shape(configs, ns.rounds, ns.out, ns.seq, contrast, not ns.no_check, ns.head_dims)
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
     write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)
-
 
 if __name__ == "__main__":
     main()
