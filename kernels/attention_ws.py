@@ -576,7 +576,8 @@ def attention_ws(
     grid = _grid(batch * heads, seq_len, meta, torch.cuda.get_device_properties(q.device).multi_processor_count)
     args = (out, lse, *descs, scale, seq_len, batch * heads)
     if meta["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
-        meta = _place_warp_arrivals(meta, lambda m: attention_fwd_ws_kernel.warmup(*args, grid=grid, **m), q.dtype)
+        target = (q.dtype, torch.cuda.get_device_capability(q.device))
+        meta = _place_warp_arrivals(meta, lambda m: attention_fwd_ws_kernel.warmup(*args, grid=grid, **m), target)
     attention_fwd_ws_kernel[grid](*args, **meta)
     return out
 
@@ -617,5 +618,6 @@ def compile_for_target(
     args = _mock_args(batch, heads, seq_len, head_dim, precision, kwargs["BLOCK_N"])
     if kwargs["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
         kwargs = _place_warp_arrivals(kwargs, lambda m: compile_jit_for_target(attention_fwd_ws_kernel, args, m,
-                                                                                capability), precision)  # fmt: skip
+                                                                                capability),
+                                      (precision, capability))  # fmt: skip
     return compile_jit_for_target(attention_fwd_ws_kernel, args, kwargs, capability)

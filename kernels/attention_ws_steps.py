@@ -42,12 +42,13 @@ def empty_barrier_offsets(ptx: str, count: int) -> list[int]:
     return [int(adds[reg]) for reg in inits if reg in adds]
 
 
-def _place_warp_arrivals(meta: dict[str, Any], compile_with: Any, dtype: Any) -> dict[str, Any]:
+def _place_warp_arrivals(meta: dict[str, Any], compile_with: Any, target: tuple) -> dict[str, Any]:
     """``meta`` with ``ARRIVE_AT`` set to kv_empty's shared-memory offset for WARP_ARRIVE. The first compile
     (``compile_with(meta)``, arrivals still by Triton's op) places the allocations; its PTX initializes kv_empty's
     barriers with the count no other barrier has (4 a consumer), which gives the offset. The second compile, with
-    the offset, must place kv_empty at the same offset: checked, so a Triton whose allocation moves fails loudly."""
-    key = (str(dtype), tuple(sorted(meta.items())))
+    the offset, must place kv_empty at the same offset: checked, so a Triton whose allocation moves fails loudly.
+    Offsets are kept per ``target`` (the operands' dtype and the compute capability compiled for) and ``meta``."""
+    key = (tuple(map(str, target)), tuple(sorted(meta.items())))
     if key not in _EMPTY_OFFSETS:
         count = 4 * meta["CONSUMERS"]
         slots = meta["NUM_BUFFERS"] * (2 if meta["RELEASE_K"] else 1)
