@@ -26,17 +26,28 @@ from typing import Any
 from bench.common import write_result
 from bench.int4_roofline import GROUP, SHAPES, Bench, copy_bandwidth_gbs, graph_time_us, interleaved_us, make_targets
 
-PRIOR = "bench/results/int4-roofline-zerofix-h200.json"
+PRIOR = "bench/results/int4-roofline-xtma-h200.json"
 MAX_ERROR = 2e-2
 
 
-def candidates(m: int) -> list[dict[str, int]]:
-    """Configs of the Gluon kernel for M rows (the smallest BLOCK_M that holds them, 64 above)."""
+def candidates(m: int, bits: int = 4) -> list[dict[str, int]]:
+    """Configs of the Gluon kernel for M rows (the smallest BLOCK_M that holds them, 64 above): at M <= 16
+    two or three stages (deeper rings start the decode later and measured slower) over 2-4 programs an SM, the
+    words' shared memory swizzled or not, one wgmma wait a span or one a slice pair (``SLICE_WAIT``, which keeps
+    a 256-column tile's decoded registers few enough for 3 programs an SM without ptxas serializing the wgmmas);
+    at M = 64 one or two programs of 3-4 stages; each with the loader's first copies landing before the rest
+    (``STAGGER``) or not."""
     block_m = next((b for b in (8, 16, 32, 64) if m <= b), 64)
+    if block_m <= 16:
+        grid = itertools.product((128, 256), (2, 3, 4, 6), (2, 3, 4), (1,) if bits == 4 else (0,),
+                                 (1,) if bits == 4 else (0, 1), (0, 1), (0, 1))  # fmt: skip
+    else:
+        grid = itertools.product((128,), (3, 4), (1, 2), (0, 1), (1,), (0, 1), (0, 1))
     out = []
-    for bn, stages, programs, scale_acc in itertools.product((128, 256), (3, 4, 6), (1, 2, 3), (0, 1)):
+    for bn, stages, programs, scale_acc, swizzle, slice_wait, stagger in grid:
         out.append({"BLOCK_N": bn, "BLOCK_M": block_m, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
-                    "LOADER_REGS": 24 if programs == 3 else 40, "SCALE_ACC": scale_acc})  # fmt: skip
+                    "LOADER_REGS": 24 if programs >= 3 else 40, "SCALE_ACC": scale_acc, "SWIZZLE": swizzle,
+                    "SLICE_WAIT": slice_wait, "STAGGER": stagger})  # fmt: skip
     return out
 
 
@@ -60,7 +71,7 @@ def _key(bits: int, m: int, n: int, k: int, config: dict[str, int]) -> str:
 
 def precompile(plan: list[tuple[int, int, int, int]], workers: int) -> dict[str, str]:
     jobs = [{"key": _key(bits, m, n, k, c), "shape": (m, n, k), "bits": bits, "config": c}
-            for bits, n, k, m in plan for c in candidates(m)]  # fmt: skip
+            for bits, n, k, m in plan for c in candidates(m, bits)]  # fmt: skip
     failed: dict[str, str] = {}
     ctx = __import__("multiprocessing").get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
@@ -94,7 +105,7 @@ def measure(bench: Bench, m: int, failed: dict[str, str], prior: dict[str, int] 
 
     x = bench.x(m)
     rows = []
-    for config in candidates(m):
+    for config in candidates(m, bench.bits):
         key = _key(bench.bits, m, bench.n, bench.k, config)
         if key in failed:
             rows.append({"config": config, "status": "skipped", "why": failed[key]})

@@ -9,6 +9,8 @@ winner at 8192 x 4096 x 4096. Both as measured in ``bench/results/kernel-variant
 "config": {...}}'``: any ``flash_attention`` shape and config (e.g. the ``gluon_ws`` winner, ``-k regex:ws``).
 ``quant '{"m": 1, "n": 4096, "k": 14336, "bits": 4, "config": {...}}'``: the packed weight-only GEMM
 (:mod:`kernels.quant_gemm_packed`, group 128, bf16) with that tile (``-k regex:packed_quant``).
+``quant_ws '{"m": 1, "n": 14336, "k": 4096, "bits": 4, "config": {...}}'``: the warp-specialized Gluon
+weight-only GEMM (:mod:`kernels.quant_gemm_ws`) with that config (``-k regex:ws_quant``).
 ``sdpa '{"batch": 16, "heads": 32, "seq_len": 1024, "head_dim": 64, "causal": true}'``: the baseline, SDPA's cuDNN
 backend at that shape (bf16; ``-k regex:sdpa``), to read beside a tuned kernel's counters.
 """
@@ -24,8 +26,8 @@ def main() -> None:
     from tuner.fingerprint import device_info
 
     which = sys.argv[1] if len(sys.argv) > 1 else "attention"
-    if which == "quant":
-        return quant(sys.argv[2])
+    if which in ("quant", "quant_ws"):
+        return quant(sys.argv[2], ws=which == "quant_ws")
     if which == "sdpa":
         return sdpa(sys.argv[2])
     device = device_info()
@@ -54,20 +56,22 @@ def main() -> None:
     print(workload._check(config, case))
 
 
-def quant(case_json: str) -> None:
-    """Launch the packed weight-only GEMM of ``case_json`` six times on fresh standard-normal operands."""
+def quant(case_json: str, ws: bool = False) -> None:
+    """Launch the packed weight-only GEMM of ``case_json`` (or the Gluon one, ``ws``) six times on fresh
+    standard-normal operands."""
     import json
 
     import torch
 
     from kernels.quant_gemm_packed import packed_matmul, quantize_packed
+    from kernels.quant_gemm_ws import ws_quant_matmul
 
     case = json.loads(case_json)
     w = torch.randn(case["k"], case["n"], device="cuda") * 0.02
     weights = quantize_packed(w, case["bits"], 128, torch.bfloat16)
     x = torch.randn(case["m"], case["k"], device="cuda").to(torch.bfloat16)
     for _ in range(6):
-        y = packed_matmul(x, weights, **case["config"])
+        y = (ws_quant_matmul if ws else packed_matmul)(x, weights, **case["config"])
     torch.cuda.synchronize()
     ref = x.float() @ weights.dequantize()
     print("max rel error", float((y.float() - ref).abs().max() / ref.abs().max()))

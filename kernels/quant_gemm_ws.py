@@ -86,9 +86,41 @@ _SLOTS_BF16_0, _SLOTS_BF16_1, _SLOTS_BF16_2, _SLOTS_BF16_3 = (_slots_asm("bf16",
 _SLOTS_FP16_0, _SLOTS_FP16_1, _SLOTS_FP16_2, _SLOTS_FP16_3 = (_slots_asm("fp16", b) for b in range(4))
 _Q_BF16_0, _Q_BF16_1, _Q_BF16_2, _Q_BF16_3 = (_slots_asm("bf16", b, scaled=False) for b in range(4))
 _Q_FP16_0, _Q_FP16_1, _Q_FP16_2, _Q_FP16_3 = (_slots_asm("fp16", b, scaled=False) for b in range(4))
+#: PTX decoding slots 2h and 2h + 1 of two int8 words (K rows j and j + 1): ``prmt`` puts byte b of a word
+#: under the exponent of 2^23 in an fp32 (2^23 + u), a ``sub`` takes off 2^23 + 128, leaving q = u - 128 exactly,
+#: and one ``cvt`` packs the two words' values into the pair wgmma reads (then, unless SCALE_ACC, a packed
+#: multiply by the scale): five instructions a pair of weights (six scaled).
+_BYTES_ASM = (
+    "{ .reg .b32 m, f0, f1, t; mov.b32 m, 0x4B000000; "
+    "prmt.b32 f0, $2, m, SEL0; prmt.b32 f1, $3, m, SEL0; sub.f32 f0, f0, 0f4B000080; sub.f32 f1, f1, 0f4B000080; "
+    "OUT0 "
+    "prmt.b32 f0, $2, m, SEL1; prmt.b32 f1, $3, m, SEL1; sub.f32 f0, f0, 0f4B000080; sub.f32 f1, f1, 0f4B000080; "
+    "OUT1 }"
+)
+
+
+def _bytes_asm(dtype: str, h: int, scaled: bool = True) -> Any:
+    kind = {"bf16": "bf16x2", "fp16": "f16x2"}[dtype]
+    text = _BYTES_ASM.replace("SEL0", f"0x765{2 * h}").replace("SEL1", f"0x765{2 * h + 1}")
+    for i in (0, 1):
+        pack = f"cvt.rn.{kind}.f32 ${i}, f1, f0;"
+        if scaled:
+            pack = f"cvt.rn.{kind}.f32 t, f1, f0; mul.rn.{kind} ${i}, t, $4;"
+        text = text.replace(f"OUT{i}", pack)
+    return triton.language.constexpr(text)
+
+
+_BYTES_BF16_0, _BYTES_BF16_1, _BYTES_FP16_0, _BYTES_FP16_1 = (
+    _bytes_asm(t, h) for t in ("bf16", "fp16") for h in (0, 1)
+)
+_QB_BF16_0, _QB_BF16_1, _QB_FP16_0, _QB_FP16_1 = (
+    _bytes_asm(t, h, scaled=False) for t in ("bf16", "fp16") for h in (0, 1)
+)
 #: The knobs of :func:`ws_quant_matmul` and their defaults.
 KNOBS: dict[str, int] = {"BLOCK_N": 128, "BLOCK_M": 16, "NUM_STAGES": 4, "PROGRAMS_PER_SM": 2, "LOADER_REGS": 40,
-                         "SCALE_ACC": 0}  # fmt: skip
+                         "SCALE_ACC": 0, "SWIZZLE": 0, "SLICE_WAIT": 0, "STAGGER": 0, "DIAG": 0}  # fmt: skip
+#: ``DIAG`` (benchmarks only; the product is wrong unless 0): 1, the consumer only waits for each stage and
+#: releases it, so the kernel times the loader's stream of words alone.
 
 
 def available() -> bool:
@@ -124,8 +156,10 @@ if gluon is not None:
     @gluon.jit
     def _loader(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M: gl.constexpr,
                 BLOCK_N: gl.constexpr, SPAN: gl.constexpr, PACK: gl.constexpr, GROUP_SIZE: gl.constexpr,
-                NUM_STAGES: gl.constexpr):  # fmt: skip
-        """One warp: every step's words, scales and X slices into the ring, in order."""
+                NUM_STAGES: gl.constexpr, STAGGER: gl.constexpr):  # fmt: skip
+        """One warp: every step's words, scales and X slices into the ring, in order. ``STAGGER``: the first
+        step's copies land before the others are issued, so that every program's first span comes from HBM
+        ahead of the ring's deeper stages (at launch all programs ask at once) and its decode starts sooner."""
         start, end, spans, m_tiles = _share(M, N, K, BLOCK_M, BLOCK_N, SPAN)
         nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + PACK * x_desc.block_type.nbytes
         for step in range(start, end):
@@ -133,6 +167,9 @@ if gluon is not None:
             stage = i % NUM_STAGES
             # A fresh barrier's "previous phase" (parity 1) counts as complete: the first lap does not wait.
             mbarrier.wait(empty.index(stage), ((i // NUM_STAGES) & 1) ^ 1)
+            if STAGGER:
+                if i == 1:
+                    mbarrier.wait(ready.index(0), 0)
             tile = step // spans
             s = step % spans
             m0 = (tile % m_tiles) * BLOCK_M
@@ -203,10 +240,28 @@ if gluon is not None:
                                          pack=1)  # fmt: skip
 
     @gluon.jit
-    def _slot8(words, i: gl.constexpr, dtype: gl.constexpr):
-        """Slot i of int8 words as exact values in X's dtype (the exponent trick in fp32)."""
-        u = (words >> (8 * i)) & 255
-        return ((u | 0x4B000000).to(gl.float32, bitcast=True) - 8388736.0).to(dtype)
+    def _bytes(words, scale2, h: gl.constexpr, IS_BF16: gl.constexpr):
+        """Slots 2h and 2h + 1 of int8 words, decoded and scaled, as wgmma's K pairs (PTX, two words a call)."""
+        if IS_BF16:
+            asm: gl.constexpr = _BYTES_BF16_0 if h == 0 else _BYTES_BF16_1
+            return gl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r", [words, scale2], dtype=(gl.bfloat16, gl.bfloat16),
+                                             is_pure=True, pack=2)  # fmt: skip
+        else:
+            asm: gl.constexpr = _BYTES_FP16_0 if h == 0 else _BYTES_FP16_1
+            return gl.inline_asm_elementwise(asm, "=r,=r,r,r,r,r", [words, scale2], dtype=(gl.float16, gl.float16),
+                                             is_pure=True, pack=2)  # fmt: skip
+
+    @gluon.jit
+    def _bytes_q(words, h: gl.constexpr, IS_BF16: gl.constexpr):
+        """Slots 2h and 2h + 1 of int8 words as exact q, wgmma's K pairs (no scale)."""
+        if IS_BF16:
+            asm: gl.constexpr = _QB_BF16_0 if h == 0 else _QB_BF16_1
+            return gl.inline_asm_elementwise(asm, "=r,=r,r,r", [words], dtype=(gl.bfloat16, gl.bfloat16),
+                                             is_pure=True, pack=2)  # fmt: skip
+        else:
+            asm: gl.constexpr = _QB_FP16_0 if h == 0 else _QB_FP16_1
+            return gl.inline_asm_elementwise(asm, "=r,=r,r,r", [words], dtype=(gl.float16, gl.float16),
+                                             is_pure=True, pack=2)  # fmt: skip
 
     @gluon.jit
     def _finish(acc, tile, parts, spans, m0, n0, M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn,
@@ -234,7 +289,7 @@ if gluon is not None:
 
     @gluon.jit
     def _span_scaled(acc, words, s_buf, x_smem, stage, a_layout: gl.constexpr, dtype: gl.constexpr,
-                     PACK: gl.constexpr, BITS: gl.constexpr):  # fmt: skip
+                     PACK: gl.constexpr, BITS: gl.constexpr, SLICE_WAIT: gl.constexpr):  # fmt: skip
         """One span's weights decoded and scaled into wgmma's register operand, multiplied into acc."""
         scale = s_buf.load(gl.SliceLayout(1, a_layout))
         if BITS == 4:
@@ -243,17 +298,68 @@ if gluon is not None:
                 even, odd = _slots(words, scale2, b, dtype == gl.bfloat16)
                 acc = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * b).permute((1, 0)), acc, is_async=True)
                 acc = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * b + 1).permute((1, 0)), acc, is_async=True)
+                if SLICE_WAIT:
+                    acc = warpgroup_mma_wait(2, deps=(acc,))
         else:
-            scale = gl.expand_dims(scale, 1)
-            for j in gl.static_range(PACK):
-                q = _slot8(words, j, dtype)
-                acc = warpgroup_mma(q * scale, x_smem.index(stage * PACK + j).permute((1, 0)), acc, is_async=True)
+            scale2 = gl.broadcast(gl.expand_dims(_packed_scale(scale), 1), words)[0]
+            for h in gl.static_range(2):
+                even, odd = _bytes(words, scale2, h, dtype == gl.bfloat16)
+                acc = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * h).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * h + 1).permute((1, 0)), acc, is_async=True)
+                if SLICE_WAIT:
+                    acc = warpgroup_mma_wait(2, deps=(acc,))
         return warpgroup_mma_wait(0, deps=(acc,))
+
+    @gluon.jit
+    def _span(acc, w_smem, s_smem, x_smem, empty, stage, acc_layout: gl.constexpr, a_layout: gl.constexpr,
+              dtype: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_M: gl.constexpr, PACK: gl.constexpr,
+              BITS: gl.constexpr, SCALE_ACC: gl.constexpr, SWIZZLE: gl.constexpr,
+              SLICE_WAIT: gl.constexpr):  # fmt: skip
+        """One step's span: words decoded into wgmma's register operand and multiplied into acc; the stage is
+        released once the product has read it."""
+        if SWIZZLE:  # 128-byte swizzled boxes: the layout TMA wrote, so read as it is (no bank conflicts)
+            w_buf = w_smem.index(stage)
+        else:  # TMA wrote the boxes unswizzled, row-major: read them as that (an NVMMA layout of swizzle 0 is
+            # read as the MMA's 8-row core matrices, a different order).
+            w_buf = _as_plain(
+                w_smem.index(stage), gl.int32, [_SLICE, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+            )
+        words = w_buf.permute((1, 0)).load(a_layout)  # (BLOCK_N, 16): word row j is K column j
+        s_buf = _as_plain(s_smem.index(stage), s_smem.dtype, [BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        if SCALE_ACC:  # the span's product of exact q, scaled once per output element
+            scale_acc = gl.expand_dims(s_buf.load(gl.SliceLayout(1, acc_layout)).to(gl.float32), 1)
+            part = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
+            if BITS == 4:
+                for b in gl.static_range(4):
+                    even, odd = _slots_q(words, b, dtype == gl.bfloat16)
+                    part = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * b).permute((1, 0)), part,
+                                         use_acc=b > 0, is_async=True)  # fmt: skip
+                    part = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * b + 1).permute((1, 0)), part,
+                                         is_async=True)  # fmt: skip
+                    if SLICE_WAIT:  # the pair before this one done: its decoded registers free again
+                        part = warpgroup_mma_wait(2, deps=(part,))
+            else:
+                for h in gl.static_range(2):
+                    even, odd = _bytes_q(words, h, dtype == gl.bfloat16)
+                    part = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * h).permute((1, 0)), part,
+                                         use_acc=h > 0, is_async=True)  # fmt: skip
+                    part = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * h + 1).permute((1, 0)), part,
+                                         is_async=True)  # fmt: skip
+                    if SLICE_WAIT:
+                        part = warpgroup_mma_wait(2, deps=(part,))
+            part = warpgroup_mma_wait(0, deps=(part,))
+            mbarrier.arrive(empty.index(stage), count=1)
+            acc = acc + part * scale_acc
+        else:
+            acc = _span_scaled(acc, words, s_buf, x_smem, stage, a_layout, dtype, PACK, BITS, SLICE_WAIT)
+            mbarrier.arrive(empty.index(stage), count=1)
+        return acc
 
     @gluon.jit
     def _consumer(y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, ready, empty, M, N, K, stride_ym, stride_yn,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPAN: gl.constexpr, PACK: gl.constexpr,
-                  BITS: gl.constexpr, NUM_STAGES: gl.constexpr, SCALE_ACC: gl.constexpr):  # fmt: skip
+                  BITS: gl.constexpr, NUM_STAGES: gl.constexpr, SCALE_ACC: gl.constexpr, SWIZZLE: gl.constexpr,
+                  SLICE_WAIT: gl.constexpr, DIAG: gl.constexpr):  # fmt: skip
         """One warpgroup: decode each step's span slice by slice into wgmma's register operand."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_M, 16])  # fmt: skip
@@ -266,45 +372,25 @@ if gluon is not None:
             i = step - start
             stage = i % NUM_STAGES
             mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
-            # TMA wrote the boxes unswizzled, row-major: read them as that (an NVMMA layout of swizzle 0 is
-            # read as the MMA's 8-row core matrices, a different order).
-            w_buf = _as_plain(
-                w_smem.index(stage), gl.int32, [_SLICE, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-            )
-            words = w_buf.permute((1, 0)).load(a_layout)  # (BLOCK_N, 16): word row j is K column j
-            s_buf = _as_plain(s_smem.index(stage), s_smem.dtype, [BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-            if SCALE_ACC:  # the span's product of exact q, scaled once per output element
-                scale_acc = gl.expand_dims(s_buf.load(gl.SliceLayout(1, acc_layout)).to(gl.float32), 1)
-                part = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
-                if BITS == 4:
-                    for b in gl.static_range(4):
-                        even, odd = _slots_q(words, b, dtype == gl.bfloat16)
-                        part = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * b).permute((1, 0)), part,
-                                             use_acc=b > 0, is_async=True)  # fmt: skip
-                        part = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * b + 1).permute((1, 0)), part,
-                                             is_async=True)  # fmt: skip
-                else:
-                    for j in gl.static_range(PACK):
-                        part = warpgroup_mma(_slot8(words, j, dtype), x_smem.index(stage * PACK + j).permute((1, 0)),
-                                             part, use_acc=j > 0, is_async=True)  # fmt: skip
-                part = warpgroup_mma_wait(0, deps=(part,))
+            if DIAG == 1:  # the loader's stream alone
                 mbarrier.arrive(empty.index(stage), count=1)
-                acc = acc + part * scale_acc
             else:
-                acc = _span_scaled(acc, words, s_buf, x_smem, stage, a_layout, dtype, PACK, BITS)
-                mbarrier.arrive(empty.index(stage), count=1)
-            s = step % spans
-            if (s == spans - 1) | (step == end - 1):  # the tile's part ends here
-                tile = step // spans
-                _finish(acc, tile, s - first + 1, spans, (tile % m_tiles) * BLOCK_M, (tile // m_tiles) * BLOCK_N,
-                        M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn, BLOCK_M, BLOCK_N)  # fmt: skip
-                acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
-                first = 0
+                acc = _span(acc, w_smem, s_smem, x_smem, empty, stage, acc_layout, a_layout, dtype, BLOCK_N, BLOCK_M,
+                            PACK, BITS, SCALE_ACC, SWIZZLE, SLICE_WAIT)  # fmt: skip
+                s = step % spans
+                if (s == spans - 1) | (step == end - 1):  # the tile's part ends here
+                    tile = step // spans
+                    _finish(acc, tile, s - first + 1, spans, (tile % m_tiles) * BLOCK_M, (tile // m_tiles) * BLOCK_N,
+                            M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn, BLOCK_M, BLOCK_N)  # fmt: skip
+                    acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
+                    first = 0
 
     @gluon.jit
     def ws_quant_kernel(x_desc, w_desc, s_desc, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_ym, stride_yn,
                         BITS: gl.constexpr, GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        NUM_STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, SCALE_ACC: gl.constexpr):  # fmt: skip
+                        NUM_STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, SCALE_ACC: gl.constexpr,
+                        SWIZZLE: gl.constexpr, SLICE_WAIT: gl.constexpr, STAGGER: gl.constexpr,
+                        DIAG: gl.constexpr):  # fmt: skip
         """A persistent program: one loader warp and one consumer warpgroup over an equal run of steps."""
         PACK: gl.constexpr = 32 // BITS
         SPAN: gl.constexpr = 16 * PACK
@@ -319,9 +405,10 @@ if gluon is not None:
         gl.warp_specialize(
             [
                 (_consumer, (y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, ready, empty, M, N, K, stride_ym,
-                             stride_yn, BLOCK_M, BLOCK_N, SPAN, PACK, BITS, NUM_STAGES, SCALE_ACC)),
+                             stride_yn, BLOCK_M, BLOCK_N, SPAN, PACK, BITS, NUM_STAGES, SCALE_ACC, SWIZZLE, SLICE_WAIT,
+                             DIAG)),
                 (_loader, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M, BLOCK_N,
-                           SPAN, PACK, GROUP_SIZE, NUM_STAGES)),
+                           SPAN, PACK, GROUP_SIZE, NUM_STAGES, STAGGER)),
             ],
             [1],
             [LOADER_REGS],
@@ -335,7 +422,8 @@ def shared_memory_bytes(bits: int, BLOCK_M: int, BLOCK_N: int, NUM_STAGES: int) 
 
 
 def check_config(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, NUM_STAGES: int,
-                 PROGRAMS_PER_SM: int, LOADER_REGS: int, SCALE_ACC: int = 0) -> str | None:  # fmt: skip
+                 PROGRAMS_PER_SM: int, LOADER_REGS: int, SCALE_ACC: int = 0, SWIZZLE: int = 0, SLICE_WAIT: int = 0,
+                 STAGGER: int = 0, DIAG: int = 0) -> str | None:  # fmt: skip
     """Why the kernel cannot run this product and config (None when it can), naming the field."""
     if bits not in (4, 8):
         return f"bits must be 4 or 8, got {bits!r}"
@@ -353,6 +441,14 @@ def check_config(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_M: in
         return f"LOADER_REGS must be a multiple of 8 in [24, 256], got {LOADER_REGS}"
     if SCALE_ACC not in (0, 1):
         return f"SCALE_ACC must be 0 or 1, got {SCALE_ACC}"
+    if SWIZZLE not in (0, 1):
+        return f"SWIZZLE must be 0 or 1, got {SWIZZLE}"
+    if SLICE_WAIT not in (0, 1):
+        return f"SLICE_WAIT must be 0 or 1, got {SLICE_WAIT}"
+    if STAGGER not in (0, 1):
+        return f"STAGGER must be 0 or 1, got {STAGGER}"
+    if DIAG not in (0, 1):
+        return f"DIAG must be 0 or 1, got {DIAG}"
     if n % 8:
         return f"TMA needs N a multiple of 8 (16-byte rows of scales), got N={n}"
     if m < 1:
@@ -386,13 +482,13 @@ def _steps(m: int, n: int, k: int, bits: int, meta: dict[str, Any]) -> tuple[int
 def _descriptors(x: Any, qweight: Any, scales: Any, m: int, n: int, k: int, bits: int, meta: dict[str, Any]) -> tuple:
     dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     bm, bn = meta["BLOCK_M"], meta["BLOCK_N"]
-    plain32 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)
+    words = gl.NVMMASharedLayout(swizzle_byte_width=128 if meta["SWIZZLE"] else 0, element_bitwidth=32, rank=2)
     plain16 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     rows = k // pack_factor(bits)
     groups = k // meta["GROUP_SIZE"]
     return (
         TensorDescriptor(x, [m, k], [k, 1], [bm, SLICE], gl.NVMMASharedLayout.get_default_for([bm, SLICE], dtype)),
-        TensorDescriptor(qweight, [rows, n], [n, 1], [SLICE, bn], plain32),
+        TensorDescriptor(qweight, [rows, n], [n, 1], [SLICE, bn], words),
         TensorDescriptor(scales, [groups, n], [n, 1], [1, bn], plain16),
     )
 

@@ -148,16 +148,20 @@ def packed_product(
 
 def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int) -> list[dict[str, int]]:
     """Tiles of the warp-specialized Gluon kernel for (M, K) x (K, N) (``WS: 1``), where this Triton has it and
-    the product fits its rules (N a multiple of 8, groups of whole spans, shared memory)."""
+    the product fits its rules (N a multiple of 8, groups of whole spans, shared memory). Each waits for its
+    wgmmas a slice pair at a time and, for int4, reads swizzled words (the fastest at every shape measured on an
+    H200); rings of 2-3 stages up to 16 rows (deeper ones measured slower there), 3-4 above."""
     from kernels import quant_gemm_ws
 
     if not quant_gemm_ws.available():
         return []
     block_m = next((b for b in quant_gemm_ws.BLOCK_MS if m <= b), quant_gemm_ws.BLOCK_MS[-1])
+    depths = (2, 3) if block_m <= 16 else (3, 4)
     tiles = []
-    for bn, stages, programs, scale_acc in itertools.product((128, 256), (3, 4), (1, 2, 3), (0, 1)):
+    for bn, stages, programs, scale_acc in itertools.product((128, 256), depths, (1, 2, 3), (0, 1)):
         tile = {"BLOCK_N": bn, "BLOCK_M": block_m, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
-                "LOADER_REGS": 24 if programs == 3 else 40, "SCALE_ACC": scale_acc}  # fmt: skip
+                "LOADER_REGS": 24 if programs == 3 else 40, "SCALE_ACC": scale_acc,
+                "SWIZZLE": int(bits == 4), "SLICE_WAIT": 1}  # fmt: skip
         if quant_gemm_ws.check_config(m, n, k, bits, group_size, **tile) is None:
             tiles.append({"WS": 1, **tile})
     return tiles

@@ -78,6 +78,42 @@ def test_kernel_compiles_for_sm90_with_register_operands_and_tma(aot_child: Any)
         assert result["maxnreg"] == [str(min(256, 65536 // (256 * programs) // 8 * 8))], result
 
 
+_SASS_SCRIPT = """
+import json, os, re, subprocess, sys, tempfile
+import triton
+from kernels import quant_gemm_ws
+if not quant_gemm_ws.available():
+    print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
+    sys.exit(0)
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+if not os.path.exists(tool):
+    print(json.dumps({"skip": "this Triton ships no nvdisasm"}))
+    sys.exit(0)
+for knobs in json.loads(sys.argv[1]):
+    kernel = compile_or_skip(lambda: quant_gemm_ws.compile_for_target(1, 14336, 4096, bits=4, **knobs))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    print(json.dumps({"knobs": knobs, "hgmma": len(re.findall(r"HGMMA\\.", sass)),
+                      "waits": len(re.findall(r"WARPGROUP\\.DEPBAR", sass)),
+                      "tma_copies": kernel.asm["ptx"].count("cp.async.bulk.tensor.2d")}), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_slice_wait_keeps_wide_tiles_pipelined_and_swizzle_splits_the_word_boxes(aot_child: Any) -> None:
+    """sm_90 SASS of 256-column tiles at three programs an SM (136 registers a thread): with ``SLICE_WAIT`` the
+    32 wgmmas of a span wait once per slice pair (4) and once at its end, not one by one (ptxas serializes them
+    where the span's decoded registers do not fit); ``SWIZZLE`` copies the words as 128-byte swizzled boxes,
+    eight of 32 columns instead of one of 256 (9 copies a stage become 16, beside the scales' one)."""
+    base = {"BLOCK_M": 8, "BLOCK_N": 256, "NUM_STAGES": 2, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24, "SCALE_ACC": 1}
+    jobs = [{**base, "SLICE_WAIT": 1}, {**base, "SWIZZLE": 1, "PROGRAMS_PER_SM": 2, "LOADER_REGS": 40}]
+    waited, swizzled = aot_child(_SASS_SCRIPT, json.dumps(jobs), timeout=290)
+    assert waited["hgmma"] == 32 and waited["waits"] == 5, waited
+    assert swizzled["hgmma"] == 32 and swizzled["tma_copies"] == 8 + 1 + 8, swizzled
+
+
 def _product(m: int, n: int, k: int, bits: int, dtype: Any, seed: int) -> tuple[Any, Any, Any]:
     import torch
 
@@ -111,6 +147,12 @@ def test_gpu_product_matches_fp32_for_ragged_shapes(bits: int, precision: str) -
         ((3, 2048, 4096), None, {"BLOCK_M": 8, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24, "SCALE_ACC": 1}),
         ((33, 512, 8192), 3, {"BLOCK_M": 32}),  # three programs: every tile summed over parts of two programs
         ((64, 2048, 512), 1, {"BLOCK_M": 64, "NUM_STAGES": 2}),  # one program walks every tile in turn
+        # swizzled words (boxes split at 128 bytes), a wait per slice pair, both, at ragged N and split tiles
+        ((1, 1000, 4096), None, {"BLOCK_M": 8, "BLOCK_N": 256, "SWIZZLE": 1, "NUM_STAGES": 2, "STAGGER": 1}),
+        ((2, 2048, 256), 2, {"BLOCK_M": 8, "NUM_STAGES": 6, "STAGGER": 1}),  # runs of one or two steps
+        ((7, 4104, 2048), None, {"BLOCK_M": 8, "BLOCK_N": 256, "SLICE_WAIT": 1, "PROGRAMS_PER_SM": 3,
+                                 "LOADER_REGS": 24, "SCALE_ACC": 1}),
+        ((40, 3000, 1024), None, {"BLOCK_M": 64, "BLOCK_N": 128, "SWIZZLE": 1, "SLICE_WAIT": 1}),
     ]
     for (m, n, k), sms, knobs in cases:
         x, packed, reference = _product(m, n, k, bits, dtype, seed=m + n)
@@ -135,7 +177,9 @@ def test_gpu_split_tiles_are_summed_right_in_every_launch() -> None:
     side = torch.cuda.Stream()
     noise = torch.randn(4096, 4096, device="cuda")
     sink = torch.empty_like(noise)
-    for knobs in ({}, {"BLOCK_N": 64, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24, "SCALE_ACC": 1}, {"BLOCK_N": 256}):
+    for knobs in ({}, {"BLOCK_N": 64, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24, "SCALE_ACC": 1}, {"BLOCK_N": 256},
+                  {"BLOCK_N": 256, "NUM_STAGES": 2, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24, "SWIZZLE": 1,
+                   "SLICE_WAIT": 1, "STAGGER": 1}):
         outs = []
         for _ in range(300):
             with torch.cuda.stream(side):
