@@ -120,7 +120,8 @@ _QB_BF16_0, _QB_BF16_1, _QB_FP16_0, _QB_FP16_1 = (
 KNOBS: dict[str, int] = {"BLOCK_N": 128, "BLOCK_M": 16, "NUM_STAGES": 4, "PROGRAMS_PER_SM": 2, "LOADER_REGS": 40,
                          "SCALE_ACC": 0, "SWIZZLE": 0, "SLICE_WAIT": 0, "STAGGER": 0, "DIAG": 0}  # fmt: skip
 #: ``DIAG`` (benchmarks only; the product is wrong unless 0): 1, the consumer only waits for each stage and
-#: releases it, so the kernel times the loader's stream of words alone.
+#: releases it, so the kernel times the loader's stream of words alone; 2, a split tile's parts are added to the
+#: workspace and nothing more (no arrival count, no last program's sum: the cost of that protocol).
 
 
 def available() -> bool:
@@ -265,7 +266,7 @@ if gluon is not None:
 
     @gluon.jit
     def _finish(acc, tile, parts, spans, m0, n0, M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DIAG: gl.constexpr):  # fmt: skip
         """Store a tile's sum over ``parts`` of its spans: straight to Y when it is all of them, else added to
         the workspace, and the program that brings the tile's count to ``spans`` writes Y and re-zeroes."""
         layout: gl.constexpr = acc.type.layout
@@ -278,6 +279,8 @@ if gluon is not None:
         else:
             ws_ptrs = ws_ptr + gl.expand_dims(offs_m, 0) * N + gl.expand_dims(offs_n, 1)
             gl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
+            if DIAG == 2:  # the partials' atomics alone: no arrival count, no last program's sum
+                return
             _cta_barrier()  # every thread's partial is issued before the arrival is counted
             arrived = gl.atomic_add(cnt_ptr + tile, parts, sem="acq_rel")
             if arrived + parts == spans:
@@ -381,7 +384,7 @@ if gluon is not None:
                 if (s == spans - 1) | (step == end - 1):  # the tile's part ends here
                     tile = step // spans
                     _finish(acc, tile, s - first + 1, spans, (tile % m_tiles) * BLOCK_M, (tile // m_tiles) * BLOCK_N,
-                            M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn, BLOCK_M, BLOCK_N)  # fmt: skip
+                            M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn, BLOCK_M, BLOCK_N, DIAG)  # fmt: skip
                     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
                     first = 0
 
@@ -447,8 +450,8 @@ def check_config(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_M: in
         return f"SLICE_WAIT must be 0 or 1, got {SLICE_WAIT}"
     if STAGGER not in (0, 1):
         return f"STAGGER must be 0 or 1, got {STAGGER}"
-    if DIAG not in (0, 1):
-        return f"DIAG must be 0 or 1, got {DIAG}"
+    if DIAG not in (0, 1, 2):
+        return f"DIAG must be 0, 1 or 2, got {DIAG}"
     if n % 8:
         return f"TMA needs N a multiple of 8 (16-byte rows of scales), got N={n}"
     if m < 1:
