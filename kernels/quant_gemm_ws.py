@@ -13,13 +13,18 @@ operand; the tile's BLOCK_M columns of Y are the MMA's N, 8 to 64).
   the arrival counter again (:func:`kernels.quant_gemm_packed.scratch`'s, left zeroed by every launch).
 - **Loader** (one warp): per step, TMA copies of the span's (16, BLOCK_N) words, its row of scales and the
   ``PACK`` (BLOCK_M, 16) slices of X into a ring of ``NUM_STAGES`` stages (a ``ready`` and an ``empty``
-  barrier each), so the weights' HBM stream never waits on the decode.
+  barrier each), so the weights' HBM stream never waits on the decode. ``SWIZZLE`` copies the words as
+  128-byte swizzled boxes (no shared-memory bank conflicts when the consumer reads them); ``STAGGER`` issues
+  the deeper stages only once the first has landed.
 - **Consumer** (one warpgroup): per step, the words go from shared memory straight into the wgmma operand
   layout (word row j is K column j of every slice, so slot i of the words *is* slice i, with no value moving
   between threads); each slice is decoded (int4: one PTX call turns byte b of two words, K rows j and j + 1,
-  into the K pairs of slices 2b and 2b + 1), scaled, and multiplied, asynchronously, while the next slice
-  decodes. ``SCALE_ACC`` decodes exact q instead and scales the span's fp32 product once per output element
-  (fewer instructions where BLOCK_M is small: the fastest at M <= 16 on an H200).
+  into the K pairs of slices 2b and 2b + 1; int8: one call turns bytes 2h and 2h + 1 into slices 2h and
+  2h + 1), scaled, and multiplied, asynchronously, while the next slice decodes. ``SCALE_ACC`` decodes exact q
+  instead and scales the span's fp32 product once per output element (fewer instructions where BLOCK_M is
+  small: the fastest at M <= 16 on an H200). ``SLICE_WAIT`` waits for the wgmmas a slice pair at a time, so
+  only two pairs' decoded registers are live (else ptxas serializes the wgmmas of wide tiles where a span's
+  registers do not fit).
 - **Registers**: ``maxnreg`` is set so that ``PROGRAMS_PER_SM`` programs of 8 warps fit the SM (the loader's
   warpgroup is padded), and ``setmaxnreg`` moves the loader's surplus (``LOADER_REGS``) to the consumer.
 
