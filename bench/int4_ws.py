@@ -48,6 +48,10 @@ def candidates(m: int, bits: int = 4) -> list[dict[str, int]]:
         out.append({"BLOCK_N": bn, "BLOCK_M": block_m, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
                     "LOADER_REGS": 24 if programs >= 3 else 40, "SCALE_ACC": scale_acc, "SWIZZLE": swizzle,
                     "SLICE_WAIT": slice_wait, "STAGGER": stagger})  # fmt: skip
+    if block_m == 64 and bits == 4:  # the decoded span through shared memory as wgmma's B operand
+        for bn, stages, programs, swizzle in itertools.product((64, 128, 256), (2, 3, 4), (1, 2), (0, 1)):
+            out.append({"BLOCK_N": bn, "BLOCK_M": 64, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
+                        "LOADER_REGS": 40, "SWIZZLE": swizzle, "UNSWAPPED": 1})  # fmt: skip
     return out
 
 
@@ -140,6 +144,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 2))
     parser.add_argument("--ms", default="1,16,64")
+    parser.add_argument("--bits", default="4,8", help="int4 at --ms, int8 at M = 1")
     parser.add_argument("--prior", default=PRIOR)
     parser.add_argument("--quick", action="store_true", help="one shape (smoke run)")
     args = parser.parse_args()
@@ -148,13 +153,15 @@ def main() -> None:
     started = time.time()
     ms = [int(v) for v in args.ms.split(",")]
     shapes = SHAPES[:1] if args.quick else SHAPES
-    plan = [(4, n, k, m) for n, k in shapes for m in ms] + [(8, n, k, 1) for n, k in shapes]
+    widths = sorted({int(b) for b in args.bits.split(",")})
+    plan = [(4, n, k, m) for n, k in shapes for m in ms if 4 in widths]
+    plan += [(8, n, k, 1) for n, k in shapes if 8 in widths]
     failed = precompile(plan, args.workers)
     prior = prior_winners(args.prior)
     bandwidth = copy_bandwidth_gbs()
     print(f"copy bandwidth {bandwidth:.0f} GB/s", flush=True)
     entries: list[dict[str, Any]] = []
-    for bits in (4, 8):
+    for bits in widths:
         for n, k in shapes:
             bench = Bench(n, k, bits)
             for m in ms if bits == 4 else [1]:
@@ -169,6 +176,7 @@ def main() -> None:
                     "ws_speedup_vs_bf16": final["bf16_matmul"] / final["ws"] if "ws" in final else None,
                     "bandwidth_fraction": bench.weight_bytes / (ours * 1e-6) / (bandwidth * 1e9) if ours else None,
                     "top": got["ok"][:8], "not_ok": [r for r in got["rows"] if r["status"] != "ok"][:12],
+                    "best_unswapped": next((r for r in got["ok"] if r["config"].get("UNSWAPPED")), None),
                 })  # fmt: skip
                 print(f"int{bits} M={m} N={n} K={k}: {final} winner {got['winner']}", flush=True)
                 save(entries, bandwidth, failed, started, args.out)

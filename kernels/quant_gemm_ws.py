@@ -24,7 +24,9 @@ operand; the tile's BLOCK_M columns of Y are the MMA's N, 8 to 64).
   instead and scales the span's fp32 product once per output element (fewer instructions where BLOCK_M is
   small: the fastest at M <= 16 on an H200). ``SLICE_WAIT`` waits for the wgmmas a slice pair at a time, so
   only two pairs' decoded registers are live (else ptxas serializes the wgmmas of wide tiles where a span's
-  registers do not fit).
+  registers do not fit). ``UNSWAPPED`` (int4, 64-row tiles) is the other orientation: the span decoded into
+  shared memory as eight (16, BLOCK_N) B operands beside X's slices as A (right, but slower than the swapped
+  tiles on an H200: nothing overlaps the decode within a program yet).
 - **Registers**: ``maxnreg`` is set so that ``PROGRAMS_PER_SM`` programs of 8 warps fit the SM (the loader's
   warpgroup is padded), and ``setmaxnreg`` moves the loader's surplus (``LOADER_REGS``) to the consumer.
 
@@ -45,7 +47,13 @@ from tuner.workload import interpreter_active
 try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -123,7 +131,8 @@ _QB_BF16_0, _QB_BF16_1, _QB_FP16_0, _QB_FP16_1 = (
 )
 #: The knobs of :func:`ws_quant_matmul` and their defaults.
 KNOBS: dict[str, int] = {"BLOCK_N": 128, "BLOCK_M": 16, "NUM_STAGES": 4, "PROGRAMS_PER_SM": 2, "LOADER_REGS": 40,
-                         "SCALE_ACC": 0, "SWIZZLE": 0, "SLICE_WAIT": 0, "STAGGER": 0, "DIAG": 0}  # fmt: skip
+                         "SCALE_ACC": 0, "SWIZZLE": 0, "SLICE_WAIT": 0, "STAGGER": 0, "UNSWAPPED": 0,
+                         "DIAG": 0}  # fmt: skip
 #: ``DIAG`` (benchmarks only; the product is wrong unless 0): 1, the consumer only waits for each stage and
 #: releases it, so the kernel times the loader's stream of words alone; 2, a split tile's parts are added to the
 #: workspace and nothing more (no arrival count, no last program's sum: the cost of that protocol).
@@ -394,11 +403,59 @@ if gluon is not None:
                     first = 0
 
     @gluon.jit
+    def _consumer_unswapped(y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, b_smem, ready, empty, M, N, K, stride_ym,
+                            stride_yn, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPAN: gl.constexpr,
+                            PACK: gl.constexpr, NUM_STAGES: gl.constexpr, SWIZZLE: gl.constexpr):  # fmt: skip
+        """``UNSWAPPED`` (int4, 64-row tiles): each span's weights decoded into shared memory, slice i as the
+        (16, BLOCK_N) B operand beside X's slice i as A, so one wgmma covers all BLOCK_N columns of 64 rows (the
+        swapped tile's wgmmas are 64 weight columns by BLOCK_M rows). Words are read 8 columns a thread, and the
+        PTX decode pairs neighbouring columns of one word row."""
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                             instr_shape=[16, BLOCK_N, 16])  # fmt: skip
+        TPW_N: gl.constexpr = BLOCK_N // 8 if BLOCK_N < 256 else 32
+        w_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_N, TPW_N], [4, 1], [1, 0])
+        dtype: gl.constexpr = y_ptr.dtype.element_ty
+        start, end, spans, m_tiles = _share(M, N, K, BLOCK_M, BLOCK_N, SPAN)
+        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+        first = start % spans
+        for step in range(start, end):
+            i = step - start
+            stage = i % NUM_STAGES
+            mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
+            if SWIZZLE:
+                w_buf = w_smem.index(stage)
+            else:
+                w_buf = _as_plain(
+                    w_smem.index(stage), gl.int32, [_SLICE, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+                )
+            words = w_buf.load(w_layout)  # (16, BLOCK_N): row j is K column j of every slice
+            s_buf = _as_plain(s_smem.index(stage), s_smem.dtype, [BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            scale = gl.expand_dims(s_buf.load(gl.SliceLayout(0, w_layout)), 0)
+            for b in gl.static_range(4):
+                even, odd = _slots_q(words, b, dtype == gl.bfloat16)
+                b_smem.index(2 * b).store(even * scale)
+                b_smem.index(2 * b + 1).store(odd * scale)
+            fence_async_shared()
+            _cta_barrier()  # every thread's slices are in shared memory before the wgmmas read them
+            for j in gl.static_range(PACK):
+                acc = warpgroup_mma(x_smem.index(stage * PACK + j), b_smem.index(j), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(empty.index(stage), count=1)
+            s = step % spans
+            if (s == spans - 1) | (step == end - 1):
+                tile = step // spans
+                _finish(gl.permute(acc, (1, 0)), tile, s - first + 1, spans, (tile % m_tiles) * BLOCK_M,
+                        (tile // m_tiles) * BLOCK_N, M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn, BLOCK_M,
+                        BLOCK_N, 0)  # fmt: skip
+                acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
+                first = 0
+
+    @gluon.jit
     def ws_quant_kernel(x_desc, w_desc, s_desc, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_ym, stride_yn,
                         BITS: gl.constexpr, GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, SCALE_ACC: gl.constexpr,
                         SWIZZLE: gl.constexpr, SLICE_WAIT: gl.constexpr, STAGGER: gl.constexpr,
-                        DIAG: gl.constexpr):  # fmt: skip
+                        UNSWAPPED: gl.constexpr, B_LAYOUT: gl.constexpr, DIAG: gl.constexpr):  # fmt: skip
         """A persistent program: one loader warp and one consumer warpgroup over an equal run of steps."""
         PACK: gl.constexpr = 32 // BITS
         SPAN: gl.constexpr = 16 * PACK
@@ -410,28 +467,43 @@ if gluon is not None:
         for i in gl.static_range(NUM_STAGES):
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
-        gl.warp_specialize(
-            [
-                (_consumer, (y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, ready, empty, M, N, K, stride_ym,
-                             stride_yn, BLOCK_M, BLOCK_N, SPAN, PACK, BITS, NUM_STAGES, SCALE_ACC, SWIZZLE, SLICE_WAIT,
-                             DIAG)),
-                (_loader, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M, BLOCK_N,
-                           SPAN, PACK, GROUP_SIZE, NUM_STAGES, STAGGER)),
-            ],
-            [1],
-            [LOADER_REGS],
-        )  # fmt: skip
+        if UNSWAPPED:
+            b_smem = gl.allocate_shared_memory(x_desc.dtype, [PACK, _SLICE, BLOCK_N], B_LAYOUT)
+            gl.warp_specialize(
+                [
+                    (_consumer_unswapped, (y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, b_smem, ready, empty, M, N,
+                                           K, stride_ym, stride_yn, BLOCK_M, BLOCK_N, SPAN, PACK, NUM_STAGES,
+                                           SWIZZLE)),
+                    (_loader, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M,
+                               BLOCK_N, SPAN, PACK, GROUP_SIZE, NUM_STAGES, STAGGER)),
+                ],
+                [1],
+                [LOADER_REGS],
+            )  # fmt: skip
+        else:
+            gl.warp_specialize(
+                [
+                    (_consumer, (y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, ready, empty, M, N, K, stride_ym,
+                                 stride_yn, BLOCK_M, BLOCK_N, SPAN, PACK, BITS, NUM_STAGES, SCALE_ACC, SWIZZLE,
+                                 SLICE_WAIT, DIAG)),
+                    (_loader, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M,
+                               BLOCK_N, SPAN, PACK, GROUP_SIZE, NUM_STAGES, STAGGER)),
+                ],
+                [1],
+                [LOADER_REGS],
+            )  # fmt: skip
 
 
-def shared_memory_bytes(bits: int, BLOCK_M: int, BLOCK_N: int, NUM_STAGES: int) -> int:
-    """The ring's words, scales and X slices (16-bit X), plus 1024 bytes for barriers and alignment."""
+def shared_memory_bytes(bits: int, BLOCK_M: int, BLOCK_N: int, NUM_STAGES: int, UNSWAPPED: int = 0) -> int:
+    """The ring's words, scales and X slices (16-bit X), ``UNSWAPPED``'s decoded span (16-bit), plus 1024 bytes
+    for barriers and alignment."""
     per_stage = SLICE * BLOCK_N * 4 + BLOCK_N * 2 + span(bits) * BLOCK_M * 2
-    return NUM_STAGES * per_stage + 1024
+    return NUM_STAGES * per_stage + UNSWAPPED * span(bits) * BLOCK_N * 2 + 1024
 
 
 def check_config(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, NUM_STAGES: int,
                  PROGRAMS_PER_SM: int, LOADER_REGS: int, SCALE_ACC: int = 0, SWIZZLE: int = 0, SLICE_WAIT: int = 0,
-                 STAGGER: int = 0, DIAG: int = 0) -> str | None:  # fmt: skip
+                 STAGGER: int = 0, UNSWAPPED: int = 0, DIAG: int = 0) -> str | None:  # fmt: skip
     """Why the kernel cannot run this product and config (None when it can), naming the field."""
     if bits not in (4, 8):
         return f"bits must be 4 or 8, got {bits!r}"
@@ -455,19 +527,24 @@ def check_config(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_M: in
         return f"SLICE_WAIT must be 0 or 1, got {SLICE_WAIT}"
     if STAGGER not in (0, 1):
         return f"STAGGER must be 0 or 1, got {STAGGER}"
+    if UNSWAPPED not in (0, 1):
+        return f"UNSWAPPED must be 0 or 1, got {UNSWAPPED}"
+    if UNSWAPPED and (bits != 4 or BLOCK_M != 64 or DIAG):
+        return f"UNSWAPPED takes int4 with BLOCK_M 64 (a wgmma's rows) and DIAG 0, got int{bits}, BLOCK_M={BLOCK_M}"
     if DIAG not in (0, 1, 2):
         return f"DIAG must be 0, 1 or 2, got {DIAG}"
     if n % 8:
         return f"TMA needs N a multiple of 8 (16-byte rows of scales), got N={n}"
     if m < 1:
         return f"M must be positive, got {m}"
-    shared = shared_memory_bytes(bits, BLOCK_M, BLOCK_N, NUM_STAGES) * PROGRAMS_PER_SM
+    shared = shared_memory_bytes(bits, BLOCK_M, BLOCK_N, NUM_STAGES, UNSWAPPED) * PROGRAMS_PER_SM
     if shared > SMEM_BYTES:
         return f"shared memory {shared} B ({PROGRAMS_PER_SM} programs of {NUM_STAGES} stages) exceeds {SMEM_BYTES} B"
     return None
 
 
-def _meta(m: int, n: int, k: int, bits: int, group_size: int, knobs: dict[str, Any]) -> dict[str, Any]:
+def _meta(m: int, n: int, k: int, bits: int, group_size: int, knobs: dict[str, Any],
+          dtype: torch.dtype) -> dict[str, Any]:  # fmt: skip
     unknown = set(knobs) - set(KNOBS)
     if unknown:
         raise ValueError(f"unknown knobs of the warp-specialized int{bits} GEMM: {sorted(unknown)}")
@@ -478,7 +555,10 @@ def _meta(m: int, n: int, k: int, bits: int, group_size: int, knobs: dict[str, A
     # Registers a thread at launch, so that PROGRAMS_PER_SM programs of 8 warps (the loader's warpgroup is
     # padded) fit the SM's 65,536; setmaxnreg then moves the loader's surplus to the consumer.
     maxnreg = min(256, 65536 // (256 * merged.pop("PROGRAMS_PER_SM")) // 8 * 8)
-    return {"BITS": bits, "GROUP_SIZE": group_size, **merged, "num_warps": 4, "maxnreg": maxnreg}
+    # UNSWAPPED's decoded slices: (16, BLOCK_N) B operands, N contiguous (a constexpr of every compile).
+    element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    b_layout = gl.NVMMASharedLayout.get_default_for([SLICE, merged["BLOCK_N"]], element)
+    return {"BITS": bits, "GROUP_SIZE": group_size, **merged, "B_LAYOUT": b_layout, "num_warps": 4, "maxnreg": maxnreg}
 
 
 def _steps(m: int, n: int, k: int, bits: int, meta: dict[str, Any]) -> tuple[int, int]:
@@ -526,7 +606,7 @@ def ws_quant_matmul(
     if scales.dtype != x.dtype or not scales.is_contiguous() or tuple(scales.shape) != (k // group_size, n):
         raise ValueError(f"scales must be contiguous {x.dtype} ({k // group_size}, {n}), got {scales.dtype} "
                          f"{tuple(scales.shape)}")  # fmt: skip
-    meta = _meta(m, n, k, bits, group_size, knobs)
+    meta = _meta(m, n, k, bits, group_size, knobs, x.dtype)
     if out is None:
         out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     elif tuple(out.shape) != (m, n) or out.dtype != x.dtype:
@@ -561,7 +641,7 @@ def compile_only(m: int, n: int, k: int, *, bits: int = 4, group_size: int = 128
     Gluon is missing or the kernels are interpreted): a process pool can fill the cache ahead."""
     if not available():
         return None
-    meta = _meta(m, n, k, bits, group_size, knobs)
+    meta = _meta(m, n, k, bits, group_size, knobs, precision)
     if num_sms is None:
         num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     programs = min(_steps(m, n, k, bits, meta)[0], num_sms * int({**KNOBS, **knobs}["PROGRAMS_PER_SM"]))
@@ -574,5 +654,5 @@ def compile_for_target(m: int, n: int, k: int, *, bits: int = 4, group_size: int
     """``triton.compile`` for ``GPUTarget("cuda", capability, 32)`` with no GPU (PTX, registers, shared memory)."""
     from kernels.attention import compile_jit_for_target
 
-    meta = _meta(m, n, k, bits, group_size, knobs)
+    meta = _meta(m, n, k, bits, group_size, knobs, precision)
     return compile_jit_for_target(ws_quant_kernel, _mock_args(m, n, k, bits, precision, meta), meta, capability)

@@ -18,6 +18,11 @@ def test_check_config_names_the_field_it_refuses() -> None:
     ok = dict(KNOBS)
     assert check_config(1, 4096, 14336, 4, 128, **ok) is None
     assert check_config(64, 4096, 4096, 8, 128, **ok) is None
+    assert "UNSWAPPED" in (check_config(64, 4096, 4096, 8, 128, **{**ok, "UNSWAPPED": 1}) or "")  # int4 only
+    assert "UNSWAPPED" in (check_config(16, 4096, 4096, 4, 128, **{**ok, "UNSWAPPED": 1}) or "")  # 64-row tiles
+    unswapped = {**ok, "BLOCK_M": 64, "BLOCK_N": 128, "NUM_STAGES": 3, "UNSWAPPED": 1}
+    assert check_config(64, 4096, 4096, 4, 128, **unswapped) is None
+    assert shared_memory_bytes(4, 64, 128, 3, 1) == shared_memory_bytes(4, 64, 128, 3) + 128 * 128 * 2
     assert "bits" in (check_config(1, 4096, 4096, 2, 128, **ok) or "")
     assert "group_size" in (check_config(1, 4096, 4096, 4, 64, **ok) or "")  # smaller than the int4 span
     assert "BLOCK_N" in (check_config(1, 4096, 4096, 4, 128, **{**ok, "BLOCK_N": 96}) or "")
@@ -96,6 +101,7 @@ for knobs in json.loads(sys.argv[1]):
         f.flush()
         sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
     print(json.dumps({"knobs": knobs, "hgmma": len(re.findall(r"HGMMA\\.", sass)),
+                      "a_from_shared": len(re.findall(r"HGMMA\\.\\S+ R\\d+, gdesc", sass)),
                       "waits": len(re.findall(r"WARPGROUP\\.DEPBAR", sass)),
                       "tma_copies": kernel.asm["ptx"].count("cp.async.bulk.tensor.2d")}), flush=True)
 """
@@ -106,12 +112,15 @@ def test_slice_wait_keeps_wide_tiles_pipelined_and_swizzle_splits_the_word_boxes
     """sm_90 SASS of 256-column tiles at three programs an SM (136 registers a thread): with ``SLICE_WAIT`` the
     32 wgmmas of a span wait once per slice pair (4) and once at its end, not one by one (ptxas serializes them
     where the span's decoded registers do not fit); ``SWIZZLE`` copies the words as 128-byte swizzled boxes,
-    eight of 32 columns instead of one of 256 (9 copies a stage become 16, beside the scales' one)."""
+    eight of 32 columns instead of one of 256 (9 copies a stage become 16, beside the scales' one).
+    ``UNSWAPPED``: a span is eight 64 x 128 x 16 wgmmas with both operands in shared memory, one wait."""
     base = {"BLOCK_M": 8, "BLOCK_N": 256, "NUM_STAGES": 2, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24, "SCALE_ACC": 1}
-    jobs = [{**base, "SLICE_WAIT": 1}, {**base, "SWIZZLE": 1, "PROGRAMS_PER_SM": 2, "LOADER_REGS": 40}]
-    waited, swizzled = aot_child(_SASS_SCRIPT, json.dumps(jobs), timeout=290)
-    assert waited["hgmma"] == 32 and waited["waits"] == 5, waited
+    jobs = [{**base, "SLICE_WAIT": 1}, {**base, "SWIZZLE": 1, "PROGRAMS_PER_SM": 2, "LOADER_REGS": 40},
+            {"BLOCK_M": 64, "BLOCK_N": 128, "NUM_STAGES": 3, "PROGRAMS_PER_SM": 2, "UNSWAPPED": 1}]
+    waited, swizzled, unswapped = aot_child(_SASS_SCRIPT, json.dumps(jobs), timeout=290)
+    assert waited["hgmma"] == 32 and waited["waits"] == 5 and waited["a_from_shared"] == 0, waited
     assert swizzled["hgmma"] == 32 and swizzled["tma_copies"] == 8 + 1 + 8, swizzled
+    assert unswapped["hgmma"] == unswapped["a_from_shared"] == 8 and unswapped["waits"] == 1, unswapped
 
 
 def _product(m: int, n: int, k: int, bits: int, dtype: Any, seed: int) -> tuple[Any, Any, Any]:
@@ -154,6 +163,13 @@ def test_gpu_product_matches_fp32_for_ragged_shapes(bits: int, precision: str) -
                                  "LOADER_REGS": 24, "SCALE_ACC": 1}),
         ((40, 3000, 1024), None, {"BLOCK_M": 64, "BLOCK_N": 128, "SWIZZLE": 1, "SLICE_WAIT": 1}),
     ]
+    if bits == 4:  # the decoded span through shared memory as wgmma's B: ragged M and N, split and whole tiles
+        cases += [
+            ((100, 3000, 1024), None, {"BLOCK_M": 64, "BLOCK_N": 128, "NUM_STAGES": 3, "UNSWAPPED": 1}),
+            ((64, 2056, 4096), None, {"BLOCK_M": 64, "BLOCK_N": 64, "NUM_STAGES": 2, "UNSWAPPED": 1, "SWIZZLE": 1}),
+            ((33, 512, 8192), 3, {"BLOCK_M": 64, "BLOCK_N": 256, "NUM_STAGES": 2, "PROGRAMS_PER_SM": 1,
+                                  "UNSWAPPED": 1}),
+        ]
     for (m, n, k), sms, knobs in cases:
         x, packed, reference = _product(m, n, k, bits, dtype, seed=m + n)
         out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
