@@ -46,8 +46,14 @@ from tuner.workload import (
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 #: Kernel variants: ``tiled`` is kernels/quant_gemm.py (byte-packed weights, BLOCK_K tiles, SWAP_AB),
 #: ``packed`` kernels/quant_gemm_packed.py (K-interleaved int32 words, inline-PTX int4 decode, split-K
-#: reduced in the kernel, BLOCK_M 1 = GEMV). A config without ``kernel`` is ``tiled`` (older studies).
-KERNELS: tuple[str, ...] = ("tiled", "packed")
+#: reduced in the kernel, BLOCK_M 1 = GEMV), ``ws`` kernels/quant_gemm_ws.py (the packed words; Gluon, a TMA
+#: loader warp and a decoding warpgroup on the tensor cores, Hopper only). A config without ``kernel`` is
+#: ``tiled`` (older studies).
+KERNELS: tuple[str, ...] = ("tiled", "packed", "ws")
+#: The ``ws`` kernel's params: BLOCK_M (1 means its 8-row tile), BLOCK_N, num_stages (its ring) and programs per
+#: SM, with SCALE_ACC, SWIZZLE and SLICE_WAIT optional (off when absent).
+WS_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_stages", "PROGRAMS_PER_SM")
+WS_FLAGS: tuple[str, ...] = ("SCALE_ACC", "SWIZZLE", "SLICE_WAIT")
 PACKED_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "SPLIT_K", "num_warps", "num_stages")
 #: The packed layout's K span per bit width and its smallest tensor-core BLOCK_M (kernels/quant_gemm_packed.py
 #: ``span`` and ``DOT_MIN_M``; a test keeps them equal).
@@ -242,6 +248,8 @@ class QuantGemm(KernelWorkload):
             return f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}"
         if kernel == "packed":
             return self._packed_static_check(config, device)
+        if kernel == "ws":
+            return self._ws_static_check(config, device)
         reason = missing_params(config, PARAMS)
         if reason:
             return reason
@@ -342,10 +350,40 @@ class QuantGemm(KernelWorkload):
             return f"needs ~{smem} bytes of shared memory, {device.name} allows {device.smem_per_block_bytes}"
         return None
 
+    def _ws_static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
+        """The Gluon kernel's rules (:func:`kernels.quant_ws_rules.check_config`, pure Python) and its device: a
+        Hopper GPU, compiled (Gluon has no interpreter)."""
+        reason = missing_params(config, (*QUANT_PARAMS, *WS_PARAMS))
+        if reason:
+            return reason
+        try:
+            knobs = self._ws_knobs(config)
+            bits, group = int(config["bits"]), int(config["group_size"])
+        except (TypeError, ValueError):
+            return f"bits, group_size and the ws params must be ints, got { {p: config.get(p) for p in WS_PARAMS} }"
+        if config["BLOCK_M"] not in (1, 8, 16, 32, 64):
+            return f"the ws kernel's BLOCK_M must be 1 (its 8-row tile), 16, 32 or 64, got {config['BLOCK_M']!r}"
+        cc = device.compute_capability
+        if not device.is_gpu or interpreter_active() or cc is None or tuple(cc) < (9, 0):
+            return f"kernel ws (Gluon, wgmma and TMA) runs only compiled on a Hopper GPU (sm_90), not on {device.name}"
+        from kernels.quant_ws_rules import check_config
+
+        reason = check_config(self.m, self.n, self.k, bits, group, **knobs)
+        if reason:
+            return reason
+        return _precision_reason(config["precision"], device)
+
     # ------------------------------------------------------------------ compile ahead
 
     def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
         """Compile for the calling thread's current CUDA device without launching (``compile_only``)."""
+        if config.get("kernel") == "ws":
+            from kernels.quant_gemm import ACT_DTYPES
+            from kernels.quant_gemm_ws import compile_only as compile_ws
+
+            compile_ws(self.m, self.n, self.k, bits=int(config["bits"]), group_size=int(config["group_size"]),
+                       precision=ACT_DTYPES[config["precision"]], **self._ws_knobs(config))  # fmt: skip
+            return
         if config.get("kernel") == "packed":
             from kernels.quant_gemm_packed import compile_only as compile_packed
 
@@ -374,6 +412,11 @@ class QuantGemm(KernelWorkload):
             from kernels.quant_gemm_packed import packed_matmul
 
             packed_matmul(case.x, weights, out=case.out, **self._packed_tile(config))
+            return
+        if config.get("kernel") == "ws":
+            from kernels.quant_gemm_ws import ws_quant_matmul
+
+            ws_quant_matmul(case.x, weights, out=case.out, **self._ws_knobs(config))
             return
         from kernels.quant_gemm import quant_matmul
 
@@ -417,7 +460,19 @@ class QuantGemm(KernelWorkload):
 
     def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """Tile kwargs and launch options as ``triton.Config`` takes them, plus the quantization it assumes
-        and the function they configure."""
+        and the function they configure (``ws``: the keyword arguments of its launcher)."""
+        if config.get("kernel") == "ws":
+            knobs = self._ws_knobs(config)
+            return {
+                "kernel": "ws",
+                "function": "kernels.quant_gemm_ws.ws_quant_matmul",
+                "kwargs": knobs,
+                "num_warps": 4,
+                "num_stages": knobs["NUM_STAGES"],
+                "bits": int(config["bits"]),
+                "group_size": int(config["group_size"]),
+                "precision": config["precision"],
+            }
         if config.get("kernel") == "packed":
             tile = self._packed_tile(config)
             return {
@@ -450,6 +505,14 @@ class QuantGemm(KernelWorkload):
             f"{self.m}x{self.n}x{self.k}: int{exported['bits']} weights, group {exported['group_size']}, "
             f"{exported['precision']} activations, for {exported['function']}"
         )
+        if exported["kernel"] == "ws":  # a launcher's keyword arguments, not a triton.Config
+            return (
+                f"# {comment}\n"
+                f"quantization = {quant!r}\n"
+                "# weights = kernels.quant_layout.quantize_packed(w, bits, group_size, scale_dtype=x.dtype)\n"
+                "# y = kernels.quant_gemm_ws.ws_quant_matmul(x, weights, **kwargs)\n"
+                f"kwargs = {exported['kwargs']!r}\n"
+            )
         return triton_configs_python(comment, exported, preamble=f"quantization = {quant!r}\n")
 
     # ------------------------------------------------------------------ helpers
@@ -461,6 +524,20 @@ class QuantGemm(KernelWorkload):
         if config.get("SWAP_AB") is not None:
             tile["SWAP_AB"] = int(config["SWAP_AB"])
         return tile
+
+    @staticmethod
+    def _ws_knobs(config: dict[str, Any]) -> dict[str, int]:
+        """The Gluon kernel's knobs: BLOCK_M 1 is its 8-row tile, the ring ``num_stages`` deep, the loader's
+        registers 24 at three or more programs an SM (else 40), the optional flags off when absent."""
+        programs = int(config["PROGRAMS_PER_SM"])
+        return {
+            "BLOCK_M": max(8, int(config["BLOCK_M"])),
+            "BLOCK_N": int(config["BLOCK_N"]),
+            "NUM_STAGES": int(config["num_stages"]),
+            "PROGRAMS_PER_SM": programs,
+            "LOADER_REGS": 24 if programs >= 3 else 40,
+            **{flag: int(config.get(flag) or 0) for flag in WS_FLAGS},
+        }
 
     @staticmethod
     def _packed_tile(config: dict[str, Any]) -> dict[str, int]:
@@ -482,7 +559,7 @@ class QuantGemm(KernelWorkload):
         layout, built on first use."""
         bits, group, precision = int(config["bits"]), int(config["group_size"]), config["precision"]
         torch_device = "cuda" if device.is_gpu else "cpu"
-        layout = "packed" if config.get("kernel") == "packed" else "tiled"
+        layout = "packed" if config.get("kernel") in ("packed", "ws") else "tiled"  # ws reads the packed words
         key = (bits, group, precision, torch_device, layout)
         case = self._cases.get(key)
         if case is not None:

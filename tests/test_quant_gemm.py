@@ -297,13 +297,14 @@ def test_static_check_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.timeout(30)
 def test_default_space_loads_and_matches_static_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    from objectives.quant_gemm import PARAMS, QuantGemm, shared_memory_bytes
+    from objectives.quant_gemm import PARAMS, WS_FLAGS, WS_PARAMS, QuantGemm, shared_memory_bytes
     from tuner.space import compile_space, load_space_file
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     raw = load_space_file(QuantGemm.space_file)
     assert raw["workloads"] == [QuantGemm.name]
-    assert set(raw["params"]) == {*PARAMS, "SWAP_AB", "kernel", "PREFETCH", "TMA", "SPAN_DOT", "STREAM"}
+    assert set(raw["params"]) == {*PARAMS, "SWAP_AB", "kernel", "PREFETCH", "TMA", "SPAN_DOT", "STREAM", *WS_PARAMS,
+                                  *WS_FLAGS}  # fmt: skip
     space = compile_space(raw)
     assert len(space.seeds) == len(raw["seeds"])  # every seed is a point of the space
     device = H200.to_dict()
@@ -359,6 +360,45 @@ def test_work_and_exports() -> None:
     source = workload.export_python(config)
     compile(source, "<export>", "exec")
     assert "triton.Config" in source and "'group_size': 128" in source
+
+
+@pytest.mark.timeout(30)
+def test_ws_kernel_is_refused_off_hopper_checked_by_its_rules_and_exported_as_kwargs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``kernel: ws`` (the Gluon kernel): refused on a CPU and before sm_90 naming the device, its tile rules
+    (kernels/quant_ws_rules.py) applied on an H200, BLOCK_M 1 run as its 8-row tile, and the export the launcher's
+    keyword arguments (a runnable Python snippet, not a triton.Config)."""
+    from objectives.quant_gemm import QuantGemm
+    from tuner.workload import DeviceInfo
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    workload = QuantGemm(m=1, n=4096, k=14336)
+    ws = {"kernel": "ws", "bits": 4, "group_size": 128, "precision": "bf16", "BLOCK_M": 1, "BLOCK_N": 256,
+          "num_stages": 2, "PROGRAMS_PER_SM": 2, "SCALE_ACC": 1, "SWIZZLE": 1, "SLICE_WAIT": 1}  # fmt: skip
+    assert workload.static_check(ws, H200) is None
+    cpu = DeviceInfo(kind="cpu", name="cpu")
+    assert "Hopper" in (workload.static_check(ws, cpu) or "") and "cpu" in workload.static_check(ws, cpu)
+    assert "T4" in (workload.static_check(ws, T4) or "")
+    assert "BLOCK_N" in (workload.static_check({**ws, "BLOCK_N": 32}, H200) or "")
+    assert "BLOCK_M" in (workload.static_check({**ws, "BLOCK_M": 128}, H200) or "")
+    assert "NUM_STAGES" in (workload.static_check({**ws, "num_stages": 1}, H200) or "")
+    assert "shared memory" in (workload.static_check({**ws, "num_stages": 6, "PROGRAMS_PER_SM": 3}, H200) or "")
+    assert "PROGRAMS_PER_SM" in (workload.static_check({k: v for k, v in ws.items() if k != "PROGRAMS_PER_SM"},
+                                                       H200) or "")  # fmt: skip
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert "Hopper" in (workload.static_check(ws, H200) or "")  # Gluon has no interpreter
+    exported = workload.export_config(ws)
+    assert exported["function"] == "kernels.quant_gemm_ws.ws_quant_matmul"
+    assert exported["kwargs"] == {"BLOCK_M": 8, "BLOCK_N": 256, "NUM_STAGES": 2, "PROGRAMS_PER_SM": 2,
+                                  "LOADER_REGS": 40, "SCALE_ACC": 1, "SWIZZLE": 1, "SLICE_WAIT": 1}  # fmt: skip
+    assert workload.export_config({**ws, "PROGRAMS_PER_SM": 3})["kwargs"]["LOADER_REGS"] == 24
+    namespace: dict = {}
+    exec(workload.export_python(ws), namespace)  # the export is meant to be pasted and run
+    assert namespace["kwargs"] == exported["kwargs"] and namespace["quantization"]["bits"] == 4
+    from kernels.quant_ws_rules import check_config
+
+    assert check_config(1, 4096, 14336, 4, 128, **namespace["kwargs"]) is None
 
 
 @pytest.mark.timeout(10)

@@ -123,6 +123,21 @@ def test_slice_wait_keeps_wide_tiles_pipelined_and_swizzle_splits_the_word_boxes
     assert unswapped["hgmma"] == unswapped["a_from_shared"] == 8 and unswapped["waits"] == 1, unswapped
 
 
+@pytest.mark.timeout(300)
+def test_quant_gemm_space_ws_seeds_compile_for_sm90(aot_child: Any) -> None:
+    """The ``quant_gemm`` workload's ``kernel: ws`` seeds (int4), as its ``_ws_knobs`` hands them to the kernel,
+    compile for sm_90 with the wgmma and no serialization beyond the slice pairs' waits."""
+    from objectives.quant_gemm import QuantGemm
+    from tuner.space import compile_space, load_space_file
+
+    seeds = [s for s in compile_space(load_space_file(QuantGemm.space_file)).seeds if s.get("kernel") == "ws"]
+    jobs = [QuantGemm._ws_knobs(seed) for seed in seeds if seed["bits"] == 4]
+    assert len(jobs) >= 2
+    for result in aot_child(_SASS_SCRIPT, json.dumps(jobs), timeout=290):
+        knobs = result["knobs"]
+        assert result["hgmma"] > 0 and result["waits"] <= 1 + 4 * knobs["SLICE_WAIT"], result
+
+
 def _product(m: int, n: int, k: int, bits: int, dtype: Any, seed: int) -> tuple[Any, Any, Any]:
     import torch
 
