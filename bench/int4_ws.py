@@ -74,8 +74,14 @@ def _key(bits: int, m: int, n: int, k: int, config: dict[str, int]) -> str:
 
 
 def precompile(plan: list[tuple[int, int, int, int]], workers: int) -> dict[str, str]:
+    """Compile every candidate of the plan (bits, n, k, m) in worker processes; failures by key."""
+    return compile_jobs([(bits, m, n, k, c) for bits, n, k, m in plan for c in candidates(m, bits)], workers)
+
+
+def compile_jobs(cases: list[tuple[int, int, int, int, dict[str, int]]], workers: int) -> dict[str, str]:
+    """Compile each (bits, m, n, k, config) in a spawned process pool; the reasons of those that fail, by key."""
     jobs = [{"key": _key(bits, m, n, k, c), "shape": (m, n, k), "bits": bits, "config": c}
-            for bits, n, k, m in plan for c in candidates(m, bits)]  # fmt: skip
+            for bits, m, n, k, c in cases]  # fmt: skip
     failed: dict[str, str] = {}
     ctx = __import__("multiprocessing").get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:

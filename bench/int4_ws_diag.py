@@ -15,7 +15,6 @@ Timing as :mod:`bench.int4_roofline` (CUDA graphs over weight copies beyond twic
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import itertools
 import os
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 from bench.common import write_result
 from bench.int4_roofline import GROUP, SHAPES, Bench, graph_time_us, read_floor
-from bench.int4_ws import MAX_ERROR, _compile, _key, ws_fn
+from bench.int4_ws import MAX_ERROR, _key, compile_jobs, ws_fn
 
 
 def candidates(bits: int, wide: bool) -> list[dict[str, int]]:
@@ -60,15 +59,8 @@ def main() -> None:
     started = time.time()
     shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")]
     bits_list = [int(b) for b in args.bits.split(",")]
-    jobs = [{"key": _key(bits, 1, n, k, c), "shape": (1, n, k), "bits": bits, "config": c}
-            for bits in bits_list for n, k in shapes for c in candidates(bits, args.wide)]  # fmt: skip
-    failed: dict[str, str] = {}
-    ctx = __import__("multiprocessing").get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=ctx) as pool:
-        for key, error in pool.map(_compile, jobs, chunksize=2):
-            if error:
-                failed[key] = error
-    print(f"compiled {len(jobs) - len(failed)} of {len(jobs)}", flush=True)
+    failed = compile_jobs([(bits, 1, n, k, c) for bits in bits_list for n, k in shapes
+                           for c in candidates(bits, args.wide)], args.workers)  # fmt: skip
     entries = []
     for bits in bits_list:
         for n, k in shapes:

@@ -236,6 +236,35 @@ if gluon is not None:
                                              is_pure=True, pack=2)  # fmt: skip
 
     @gluon.jit
+    def _pair(words, scale2, p: gl.constexpr, BITS: gl.constexpr, IS_BF16: gl.constexpr):
+        """Slots 2p and 2p + 1 of the words, decoded and scaled: int4's two nibbles of byte p, int8's bytes."""
+        if BITS == 4:
+            return _slots(words, scale2, p, IS_BF16)
+        else:
+            return _bytes(words, scale2, p, IS_BF16)
+
+    @gluon.jit
+    def _pair_q(words, p: gl.constexpr, BITS: gl.constexpr, IS_BF16: gl.constexpr):
+        """Slots 2p and 2p + 1 of the words as exact q (no scale)."""
+        if BITS == 4:
+            return _slots_q(words, p, IS_BF16)
+        else:
+            return _bytes_q(words, p, IS_BF16)
+
+    @gluon.jit
+    def _words_and_scales(w_smem, s_smem, stage, BLOCK_N: gl.constexpr, SWIZZLE: gl.constexpr):
+        """A stage's (16, BLOCK_N) words and its row of scales, as shared buffers in the layouts TMA wrote."""
+        if SWIZZLE:  # 128-byte swizzled boxes: the layout TMA wrote, so read as it is (no bank conflicts)
+            w_buf = w_smem.index(stage)
+        else:  # TMA wrote the boxes unswizzled, row-major: read them as that (an NVMMA layout of swizzle 0 is
+            # read as the MMA's 8-row core matrices, a different order).
+            w_buf = _as_plain(
+                w_smem.index(stage), gl.int32, [_SLICE, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+            )
+        s_buf = _as_plain(s_smem.index(stage), s_smem.dtype, [BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        return w_buf, s_buf
+
+    @gluon.jit
     def _finish(acc, tile, parts, spans, m0, n0, M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn,
                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DIAG: gl.constexpr):  # fmt: skip
         """Store a tile's sum over ``parts`` of its spans: straight to Y when it is all of them, else added to
@@ -266,22 +295,13 @@ if gluon is not None:
                      PACK: gl.constexpr, BITS: gl.constexpr, SLICE_WAIT: gl.constexpr):  # fmt: skip
         """One span's weights decoded and scaled into wgmma's register operand, multiplied into acc."""
         scale = s_buf.load(gl.SliceLayout(1, a_layout))
-        if BITS == 4:
-            scale2 = gl.broadcast(gl.expand_dims(_packed_scale(scale), 1), words)[0]
-            for b in gl.static_range(4):
-                even, odd = _slots(words, scale2, b, dtype == gl.bfloat16)
-                acc = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * b).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * b + 1).permute((1, 0)), acc, is_async=True)
-                if SLICE_WAIT:
-                    acc = warpgroup_mma_wait(2, deps=(acc,))
-        else:
-            scale2 = gl.broadcast(gl.expand_dims(_packed_scale(scale), 1), words)[0]
-            for h in gl.static_range(2):
-                even, odd = _bytes(words, scale2, h, dtype == gl.bfloat16)
-                acc = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * h).permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * h + 1).permute((1, 0)), acc, is_async=True)
-                if SLICE_WAIT:
-                    acc = warpgroup_mma_wait(2, deps=(acc,))
+        scale2 = gl.broadcast(gl.expand_dims(_packed_scale(scale), 1), words)[0]
+        for p in gl.static_range(PACK // 2):
+            even, odd = _pair(words, scale2, p, BITS, dtype == gl.bfloat16)
+            acc = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * p).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * p + 1).permute((1, 0)), acc, is_async=True)
+            if SLICE_WAIT:  # the pair before this one done: its decoded registers free again
+                acc = warpgroup_mma_wait(2, deps=(acc,))
         return warpgroup_mma_wait(0, deps=(acc,))
 
     @gluon.jit
@@ -291,36 +311,19 @@ if gluon is not None:
               SLICE_WAIT: gl.constexpr):  # fmt: skip
         """One step's span: words decoded into wgmma's register operand and multiplied into acc; the stage is
         released once the product has read it."""
-        if SWIZZLE:  # 128-byte swizzled boxes: the layout TMA wrote, so read as it is (no bank conflicts)
-            w_buf = w_smem.index(stage)
-        else:  # TMA wrote the boxes unswizzled, row-major: read them as that (an NVMMA layout of swizzle 0 is
-            # read as the MMA's 8-row core matrices, a different order).
-            w_buf = _as_plain(
-                w_smem.index(stage), gl.int32, [_SLICE, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-            )
+        w_buf, s_buf = _words_and_scales(w_smem, s_smem, stage, BLOCK_N, SWIZZLE)
         words = w_buf.permute((1, 0)).load(a_layout)  # (BLOCK_N, 16): word row j is K column j
-        s_buf = _as_plain(s_smem.index(stage), s_smem.dtype, [BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         if SCALE_ACC:  # the span's product of exact q, scaled once per output element
             scale_acc = gl.expand_dims(s_buf.load(gl.SliceLayout(1, acc_layout)).to(gl.float32), 1)
             part = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
-            if BITS == 4:
-                for b in gl.static_range(4):
-                    even, odd = _slots_q(words, b, dtype == gl.bfloat16)
-                    part = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * b).permute((1, 0)), part,
-                                         use_acc=b > 0, is_async=True)  # fmt: skip
-                    part = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * b + 1).permute((1, 0)), part,
-                                         is_async=True)  # fmt: skip
-                    if SLICE_WAIT:  # the pair before this one done: its decoded registers free again
-                        part = warpgroup_mma_wait(2, deps=(part,))
-            else:
-                for h in gl.static_range(2):
-                    even, odd = _bytes_q(words, h, dtype == gl.bfloat16)
-                    part = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * h).permute((1, 0)), part,
-                                         use_acc=h > 0, is_async=True)  # fmt: skip
-                    part = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * h + 1).permute((1, 0)), part,
-                                         is_async=True)  # fmt: skip
-                    if SLICE_WAIT:
-                        part = warpgroup_mma_wait(2, deps=(part,))
+            for p in gl.static_range(PACK // 2):
+                even, odd = _pair_q(words, p, BITS, dtype == gl.bfloat16)
+                part = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * p).permute((1, 0)), part,
+                                     use_acc=p > 0, is_async=True)  # fmt: skip
+                part = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * p + 1).permute((1, 0)), part,
+                                     is_async=True)  # fmt: skip
+                if SLICE_WAIT:  # the pair before this one done: its decoded registers free again
+                    part = warpgroup_mma_wait(2, deps=(part,))
             part = warpgroup_mma_wait(0, deps=(part,))
             mbarrier.arrive(empty.index(stage), count=1)
             acc = acc + part * scale_acc
@@ -379,14 +382,8 @@ if gluon is not None:
             i = step - start
             stage = i % NUM_STAGES
             mbarrier.wait(ready.index(stage), (i // NUM_STAGES) & 1)
-            if SWIZZLE:
-                w_buf = w_smem.index(stage)
-            else:
-                w_buf = _as_plain(
-                    w_smem.index(stage), gl.int32, [_SLICE, BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-                )
+            w_buf, s_buf = _words_and_scales(w_smem, s_smem, stage, BLOCK_N, SWIZZLE)
             words = w_buf.load(w_layout)  # (16, BLOCK_N): row j is K column j of every slice
-            s_buf = _as_plain(s_smem.index(stage), s_smem.dtype, [BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
             scale = gl.expand_dims(s_buf.load(gl.SliceLayout(0, w_layout)), 0)
             for b in gl.static_range(4):
                 even, odd = _slots_q(words, b, dtype == gl.bfloat16)
