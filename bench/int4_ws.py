@@ -25,6 +25,7 @@ from typing import Any
 
 from bench.common import write_result
 from bench.int4_roofline import GROUP, SHAPES, Bench, copy_bandwidth_gbs, graph_time_us, interleaved_us, make_targets
+from kernels.quant_ws_rules import loader_regs
 
 PRIOR = "bench/results/int4-roofline-xtma-h200.json"
 MAX_ERROR = 2e-2
@@ -46,12 +47,12 @@ def candidates(m: int, bits: int = 4) -> list[dict[str, int]]:
     out = []
     for bn, stages, programs, scale_acc, swizzle, slice_wait, stagger in grid:
         out.append({"BLOCK_N": bn, "BLOCK_M": block_m, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
-                    "LOADER_REGS": 24 if programs >= 3 else 40, "SCALE_ACC": scale_acc, "SWIZZLE": swizzle,
+                    "LOADER_REGS": loader_regs(programs), "SCALE_ACC": scale_acc, "SWIZZLE": swizzle,
                     "SLICE_WAIT": slice_wait, "STAGGER": stagger})  # fmt: skip
     if block_m == 64 and bits == 4:  # the decoded span through shared memory as wgmma's B operand
         for bn, stages, programs, swizzle in itertools.product((64, 128, 256), (2, 3, 4), (1, 2), (0, 1)):
             out.append({"BLOCK_N": bn, "BLOCK_M": 64, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
-                        "LOADER_REGS": 40, "SWIZZLE": swizzle, "UNSWAPPED": 1})  # fmt: skip
+                        "LOADER_REGS": loader_regs(programs), "SWIZZLE": swizzle, "UNSWAPPED": 1})  # fmt: skip
     return out
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from bench.common import write_result
 from bench.int4_roofline import GROUP, SHAPES, Bench, graph_time_us, read_floor
 from bench.int4_ws import MAX_ERROR, _key, compile_jobs, ws_fn
+from kernels.quant_ws_rules import loader_regs
 
 
 def candidates(bits: int, wide: bool) -> list[dict[str, int]]:
@@ -38,7 +39,7 @@ def candidates(bits: int, wide: bool) -> list[dict[str, int]]:
     out = []
     for bn, stages, programs, diag in grid:
         out.append({"BLOCK_N": bn, "BLOCK_M": 8, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
-                    "LOADER_REGS": 24 if programs >= 3 else 40, "SCALE_ACC": 1 if bits == 4 else 0,
+                    "LOADER_REGS": loader_regs(programs), "SCALE_ACC": 1 if bits == 4 else 0,
                     "DIAG": diag, **extra})  # fmt: skip
     return out
 

@@ -18,6 +18,12 @@ KNOBS: dict[str, int] = {"BLOCK_N": 128, "BLOCK_M": 16, "NUM_STAGES": 4, "PROGRA
 #: workspace and nothing more (no arrival count, no last program's sum: the cost of that protocol).
 
 
+def loader_regs(programs_per_sm: int) -> int:
+    """Registers the loader's warpgroup keeps (``LOADER_REGS``): 40, or 24 at three programs an SM and more, where
+    the consumers need what the smaller register file share leaves."""
+    return 24 if programs_per_sm >= 3 else 40
+
+
 def shared_memory_bytes(bits: int, BLOCK_M: int, BLOCK_N: int, NUM_STAGES: int, UNSWAPPED: int = 0) -> int:
     """The ring's words, scales and X slices (16-bit X), ``UNSWAPPED``'s decoded span (16-bit), plus 1024 bytes
     for barriers and alignment."""

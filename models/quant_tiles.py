@@ -152,6 +152,7 @@ def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int) -> list[di
     wgmmas a slice pair at a time and, for int4, reads swizzled words (the fastest at every shape measured on an
     H200); rings of 2-3 stages up to 16 rows (deeper ones measured slower there), 3-4 above."""
     from kernels import quant_gemm_ws
+    from kernels.quant_ws_rules import loader_regs
 
     if not quant_gemm_ws.available():
         return []
@@ -160,7 +161,7 @@ def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int) -> list[di
     tiles = []
     for bn, stages, programs, scale_acc in itertools.product((128, 256), depths, (1, 2, 3), (0, 1)):
         tile = {"BLOCK_N": bn, "BLOCK_M": block_m, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
-                "LOADER_REGS": 24 if programs == 3 else 40, "SCALE_ACC": scale_acc,
+                "LOADER_REGS": loader_regs(programs), "SCALE_ACC": scale_acc,
                 "SWIZZLE": int(bits == 4), "SLICE_WAIT": 1}  # fmt: skip
         if quant_gemm_ws.check_config(m, n, k, bits, group_size, **tile) is None:
             tiles.append({"WS": 1, **tile})

@@ -529,13 +529,15 @@ class QuantGemm(KernelWorkload):
     def _ws_knobs(config: dict[str, Any]) -> dict[str, int]:
         """The Gluon kernel's knobs: BLOCK_M 1 is its 8-row tile, the ring ``num_stages`` deep, the loader's
         registers 24 at three or more programs an SM (else 40), the optional flags off when absent."""
+        from kernels.quant_ws_rules import loader_regs
+
         programs = int(config["PROGRAMS_PER_SM"])
         return {
             "BLOCK_M": max(8, int(config["BLOCK_M"])),
             "BLOCK_N": int(config["BLOCK_N"]),
             "NUM_STAGES": int(config["num_stages"]),
             "PROGRAMS_PER_SM": programs,
-            "LOADER_REGS": 24 if programs >= 3 else 40,
+            "LOADER_REGS": loader_regs(programs),
             **{flag: int(config.get(flag) or 0) for flag in WS_FLAGS},
         }
 
