@@ -36,19 +36,19 @@ def candidates(m: int, bits: int = 4) -> list[dict[str, int]]:
     two or three stages (deeper rings start the decode later and measured slower) over 2-4 programs an SM, the
     words' shared memory swizzled or not, one wgmma wait a span or one a slice pair (``SLICE_WAIT``, which keeps
     a 256-column tile's decoded registers few enough for 3 programs an SM without ptxas serializing the wgmmas);
-    at M = 64 one or two programs of 3-4 stages; each with the loader's first copies landing before the rest
-    (``STAGGER``) or not."""
+    at M = 64 one or two programs of 3-4 stages; each with X's span in 16-column boxes or 64-column ones
+    (``WIDE_X``: 2 copies a span instead of 8, 128-byte swizzled). ``STAGGER`` measured slower and is left out."""
     block_m = next((b for b in (8, 16, 32, 64) if m <= b), 64)
     if block_m <= 16:
         grid = itertools.product((128, 256), (2, 3, 4, 6), (2, 3, 4), (1,) if bits == 4 else (0,),
                                  (1,) if bits == 4 else (0, 1), (0, 1), (0, 1))  # fmt: skip
     else:
-        grid = itertools.product((128,), (3, 4), (1, 2), (0, 1), (1,), (0, 1), (0, 1))
+        grid = itertools.product((128, 256), (3, 4), (1, 2), (0, 1), (1,), (0, 1), (0, 1))
     out = []
-    for bn, stages, programs, scale_acc, swizzle, slice_wait, stagger in grid:
+    for bn, stages, programs, scale_acc, swizzle, slice_wait, wide_x in grid:
         out.append({"BLOCK_N": bn, "BLOCK_M": block_m, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
                     "LOADER_REGS": loader_regs(programs), "SCALE_ACC": scale_acc, "SWIZZLE": swizzle,
-                    "SLICE_WAIT": slice_wait, "STAGGER": stagger})  # fmt: skip
+                    "SLICE_WAIT": slice_wait, "WIDE_X": wide_x})  # fmt: skip
     if block_m == 64 and bits == 4:  # the decoded span through shared memory as wgmma's B operand
         for bn, stages, programs, swizzle in itertools.product((64, 128, 256), (2, 3, 4), (1, 2), (0, 1)):
             out.append({"BLOCK_N": bn, "BLOCK_M": 64, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,

@@ -12,7 +12,8 @@ operand; the tile's BLOCK_M columns of Y are the MMA's N, 8 to 64).
   workspace with atomics; the program that adds the tile's last span writes Y and zeroes the workspace and
   the arrival counter again (:func:`kernels.quant_gemm_packed.scratch`'s, left zeroed by every launch).
 - **Loader** (one warp): per step, TMA copies of the span's (16, BLOCK_N) words, its row of scales and the
-  ``PACK`` (BLOCK_M, 16) slices of X into a ring of ``NUM_STAGES`` stages (a ``ready`` and an ``empty``
+  ``PACK`` (BLOCK_M, 16) slices of X (``WIDE_X``: its (BLOCK_M, 64) boxes, 128-byte swizzled, the slices 16-column
+  views of them) into a ring of ``NUM_STAGES`` stages (a ``ready`` and an ``empty``
   barrier each), so the weights' HBM stream never waits on the decode. ``SWIZZLE`` copies the words as
   128-byte swizzled boxes (no shared-memory bank conflicts when the consumer reads them); ``STAGGER`` issues
   the deeper stages only once the first has landed.
@@ -25,8 +26,8 @@ operand; the tile's BLOCK_M columns of Y are the MMA's N, 8 to 64).
   small: the fastest at M <= 16 on an H200). ``SLICE_WAIT`` waits for the wgmmas a slice pair at a time, so
   only two pairs' decoded registers are live (else ptxas serializes the wgmmas of wide tiles where a span's
   registers do not fit). ``UNSWAPPED`` (int4, 64-row tiles) is the other orientation: the span decoded into
-  shared memory as eight (16, BLOCK_N) B operands beside X's slices as A (right, but slower than the swapped
-  tiles on an H200: nothing overlaps the decode within a program yet).
+  shared memory as two (64, BLOCK_N) B operands beside X's two (64, 64) boxes as A, one half decoding while the
+  other multiplies.
 - **Registers**: ``maxnreg`` is set so that ``PROGRAMS_PER_SM`` programs of 8 warps fit the SM (the loader's
   warpgroup is padded), and ``setmaxnreg`` moves the loader's surplus (``LOADER_REGS``) to the consumer.
 
@@ -127,13 +128,15 @@ if gluon is not None:
 
     @gluon.jit
     def _loader(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M: gl.constexpr,
-                BLOCK_N: gl.constexpr, SPAN: gl.constexpr, PACK: gl.constexpr, GROUP_SIZE: gl.constexpr,
+                BLOCK_N: gl.constexpr, SPAN: gl.constexpr, X_BOXES: gl.constexpr, GROUP_SIZE: gl.constexpr,
                 NUM_STAGES: gl.constexpr, STAGGER: gl.constexpr):  # fmt: skip
-        """One warp: every step's words, scales and X slices into the ring, in order. ``STAGGER``: the first
-        step's copies land before the others are issued, so that every program's first span comes from HBM
-        ahead of the ring's deeper stages (at launch all programs ask at once) and its decode starts sooner."""
+        """One warp: every step's words, scales and X's span (``X_BOXES`` boxes) into the ring, in order.
+        ``STAGGER``: the first step's copies land before the others are issued, so that every program's first span
+        comes from HBM ahead of the ring's deeper stages (at launch all programs ask at once) and its decode starts
+        sooner."""
         start, end, spans, m_tiles = _share(M, N, K, BLOCK_M, BLOCK_N, SPAN)
-        nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + PACK * x_desc.block_type.nbytes
+        nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + X_BOXES * x_desc.block_type.nbytes
+        X_WIDTH: gl.constexpr = SPAN // X_BOXES
         for step in range(start, end):
             i = step - start
             stage = i % NUM_STAGES
@@ -150,8 +153,8 @@ if gluon is not None:
             mbarrier.expect(bar, nbytes)
             _tma_load(w_desc, [s * _SLICE, n0], bar, w_smem.index(stage))
             _tma_load(s_desc, [(s * SPAN) // GROUP_SIZE, n0], bar, s_smem.index(stage))
-            for j in gl.static_range(PACK):
-                _tma_load(x_desc, [m0, s * SPAN + j * _SLICE], bar, x_smem.index(stage * PACK + j))
+            for j in gl.static_range(X_BOXES):
+                _tma_load(x_desc, [m0, s * SPAN + j * X_WIDTH], bar, x_smem.index(stage * X_BOXES + j))
 
     @gluon.jit
     def _slots(words, scale2, b: gl.constexpr, IS_BF16: gl.constexpr):
@@ -291,6 +294,17 @@ if gluon is not None:
                 gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
 
     @gluon.jit
+    def _x_slice(x_smem, stage, j: gl.constexpr, PACK: gl.constexpr):
+        """X's (BLOCK_M, 16) slice j of a stage's span: a box of its own, or (``WIDE_X``) 16 columns of a 64-column
+        box (128-byte swizzled: two TMA copies a span instead of eight)."""
+        WIDTH: gl.constexpr = x_smem.shape[2]
+        if WIDTH == _SLICE:
+            return x_smem.index(stage * PACK + j)
+        else:
+            BOXES: gl.constexpr = PACK * _SLICE // WIDTH
+            return x_smem.index(stage * BOXES + j * _SLICE // WIDTH).slice(j * _SLICE % WIDTH, _SLICE, dim=1)
+
+    @gluon.jit
     def _span_scaled(acc, words, s_buf, x_smem, stage, a_layout: gl.constexpr, dtype: gl.constexpr,
                      PACK: gl.constexpr, BITS: gl.constexpr, SLICE_WAIT: gl.constexpr):  # fmt: skip
         """One span's weights decoded and scaled into wgmma's register operand, multiplied into acc."""
@@ -298,8 +312,8 @@ if gluon is not None:
         scale2 = gl.broadcast(gl.expand_dims(_packed_scale(scale), 1), words)[0]
         for p in gl.static_range(PACK // 2):
             even, odd = _pair(words, scale2, p, BITS, dtype == gl.bfloat16)
-            acc = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * p).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * p + 1).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(even, _x_slice(x_smem, stage, 2 * p, PACK).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma(odd, _x_slice(x_smem, stage, 2 * p + 1, PACK).permute((1, 0)), acc, is_async=True)
             if SLICE_WAIT:  # the pair before this one done: its decoded registers free again
                 acc = warpgroup_mma_wait(2, deps=(acc,))
         return warpgroup_mma_wait(0, deps=(acc,))
@@ -318,9 +332,9 @@ if gluon is not None:
             part = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
             for p in gl.static_range(PACK // 2):
                 even, odd = _pair_q(words, p, BITS, dtype == gl.bfloat16)
-                part = warpgroup_mma(even, x_smem.index(stage * PACK + 2 * p).permute((1, 0)), part,
+                part = warpgroup_mma(even, _x_slice(x_smem, stage, 2 * p, PACK).permute((1, 0)), part,
                                      use_acc=p > 0, is_async=True)  # fmt: skip
-                part = warpgroup_mma(odd, x_smem.index(stage * PACK + 2 * p + 1).permute((1, 0)), part,
+                part = warpgroup_mma(odd, _x_slice(x_smem, stage, 2 * p + 1, PACK).permute((1, 0)), part,
                                      is_async=True)  # fmt: skip
                 if SLICE_WAIT:  # the pair before this one done: its decoded registers free again
                     part = warpgroup_mma_wait(2, deps=(part,))
@@ -363,21 +377,37 @@ if gluon is not None:
                     first = 0
 
     @gluon.jit
+    def _decode_half(words, scale, b_smem, h: gl.constexpr, IS_BF16: gl.constexpr):
+        """Slices 4h..4h + 3 of the span (bytes 2h and 2h + 1 of the words), scaled, into half h of the decoded
+        span: its (64, BLOCK_N) B operand, visible to the wgmma once every thread is past it."""
+        e0, o0 = _slots_q(words, 2 * h, IS_BF16)
+        e1, o1 = _slots_q(words, 2 * h + 1, IS_BF16)
+        # the four (16, BLOCK_N) slices stacked along K in registers (no data moves), so that one store writes the
+        # half: separate stores into one buffer each get a CTA barrier (the barrier pass sees one allocation)
+        four = gl.join(gl.join(e0 * scale, o0 * scale), gl.join(e1 * scale, o1 * scale))  # (16, BLOCK_N, 2, 2)
+        half = gl.reshape(gl.permute(four, (3, 2, 0, 1)), [4 * _SLICE, words.shape[1]])
+        b_smem.index(h).store(half)
+        fence_async_shared()
+        _cta_barrier()  # every thread's slices are in shared memory before the wgmma reads them
+
+    @gluon.jit
     def _consumer_unswapped(y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, b_smem, ready, empty, M, N, K, stride_ym,
                             stride_yn, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPAN: gl.constexpr,
-                            PACK: gl.constexpr, NUM_STAGES: gl.constexpr, SWIZZLE: gl.constexpr):  # fmt: skip
-        """``UNSWAPPED`` (int4, 64-row tiles): each span's weights decoded into shared memory, slice i as the
-        (16, BLOCK_N) B operand beside X's slice i as A, so one wgmma covers all BLOCK_N columns of 64 rows (the
-        swapped tile's wgmmas are 64 weight columns by BLOCK_M rows). Words are read 8 columns a thread, and the
-        PTX decode pairs neighbouring columns of one word row."""
+                            NUM_STAGES: gl.constexpr, SWIZZLE: gl.constexpr):  # fmt: skip
+        """``UNSWAPPED`` (int4, 64-row tiles): each span's weights decoded into shared memory as two (64, BLOCK_N)
+        B operands, beside X's two (64, 64) boxes as A, so one wgmma of K = 64 covers all BLOCK_N columns of 64 rows
+        (the swapped tile's wgmmas are 64 weight columns by BLOCK_M rows). Pipelined by halves: half h + 1 decodes
+        while half h multiplies, and a stage is released once the next span's first wgmma is issued (its X's second
+        box is read by then). Words are read 8 columns a thread; the PTX decode pairs neighbouring columns."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_N, 16])  # fmt: skip
         TPW_N: gl.constexpr = BLOCK_N // 8 if BLOCK_N < 256 else 32
         w_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // TPW_N, TPW_N], [4, 1], [1, 0])
-        dtype: gl.constexpr = y_ptr.dtype.element_ty
+        is_bf16: gl.constexpr = y_ptr.dtype.element_ty == gl.bfloat16
         start, end, spans, m_tiles = _share(M, N, K, BLOCK_M, BLOCK_N, SPAN)
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
         first = start % spans
+        held = -1  # the stage whose X the last wgmma issued still reads (-1: none)
         for step in range(start, end):
             i = step - start
             stage = i % NUM_STAGES
@@ -385,18 +415,20 @@ if gluon is not None:
             w_buf, s_buf = _words_and_scales(w_smem, s_smem, stage, BLOCK_N, SWIZZLE)
             words = w_buf.load(w_layout)  # (16, BLOCK_N): row j is K column j of every slice
             scale = gl.expand_dims(s_buf.load(gl.SliceLayout(0, w_layout)), 0)
-            for b in gl.static_range(4):
-                even, odd = _slots_q(words, b, dtype == gl.bfloat16)
-                b_smem.index(2 * b).store(even * scale)
-                b_smem.index(2 * b + 1).store(odd * scale)
-            fence_async_shared()
-            _cta_barrier()  # every thread's slices are in shared memory before the wgmmas read them
-            for j in gl.static_range(PACK):
-                acc = warpgroup_mma(x_smem.index(stage * PACK + j), b_smem.index(j), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(empty.index(stage), count=1)
+            _decode_half(words, scale, b_smem, 0, is_bf16)  # the last span's second half multiplies meanwhile
+            acc = warpgroup_mma(x_smem.index(2 * stage), b_smem.index(0), acc, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=(acc,))  # the last span's second half done: its stage is free
+            if held >= 0:
+                mbarrier.arrive(empty.index(held), count=1)
+            _decode_half(words, scale, b_smem, 1, is_bf16)  # while the first half multiplies
+            acc = warpgroup_mma(x_smem.index(2 * stage + 1), b_smem.index(1), acc, is_async=True)
+            acc = warpgroup_mma_wait(1, deps=(acc,))  # the first half done: its rows of b_smem are free again
+            held = stage
             s = step % spans
             if (s == spans - 1) | (step == end - 1):
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                mbarrier.arrive(empty.index(stage), count=1)
+                held = -1
                 tile = step // spans
                 _finish(gl.permute(acc, (1, 0)), tile, s - first + 1, spans, (tile % m_tiles) * BLOCK_M,
                         (tile // m_tiles) * BLOCK_N, M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn, BLOCK_M,
@@ -409,11 +441,15 @@ if gluon is not None:
                         BITS: gl.constexpr, GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, SCALE_ACC: gl.constexpr,
                         SWIZZLE: gl.constexpr, SLICE_WAIT: gl.constexpr, STAGGER: gl.constexpr,
-                        UNSWAPPED: gl.constexpr, B_LAYOUT: gl.constexpr, DIAG: gl.constexpr):  # fmt: skip
+                        UNSWAPPED: gl.constexpr, WIDE_X: gl.constexpr, B_LAYOUT: gl.constexpr,
+                        DIAG: gl.constexpr):  # fmt: skip
         """A persistent program: one loader warp and one consumer warpgroup over an equal run of steps."""
         PACK: gl.constexpr = 32 // BITS
         SPAN: gl.constexpr = 16 * PACK
-        x_smem = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * PACK, BLOCK_M, _SLICE], x_desc.layout)
+        # X's span as PACK (BLOCK_M, 16) slices, or (WIDE_X, UNSWAPPED's A operands) 64-column boxes, 128-byte swizzled
+        X_BOXES: gl.constexpr = SPAN // 64 if (UNSWAPPED or WIDE_X) else PACK
+        x_smem = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * X_BOXES, BLOCK_M, SPAN // X_BOXES],
+                                           x_desc.layout)  # fmt: skip
         w_smem = gl.allocate_shared_memory(gl.int32, [NUM_STAGES, _SLICE, BLOCK_N], w_desc.layout)
         s_smem = gl.allocate_shared_memory(s_desc.dtype, [NUM_STAGES, 1, BLOCK_N], s_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -422,14 +458,13 @@ if gluon is not None:
             mbarrier.init(ready.index(i), count=1)
             mbarrier.init(empty.index(i), count=1)
         if UNSWAPPED:
-            b_smem = gl.allocate_shared_memory(x_desc.dtype, [PACK, _SLICE, BLOCK_N], B_LAYOUT)
+            b_smem = gl.allocate_shared_memory(x_desc.dtype, [2, SPAN // 2, BLOCK_N], B_LAYOUT)
             gl.warp_specialize(
                 [
                     (_consumer_unswapped, (y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, b_smem, ready, empty, M, N,
-                                           K, stride_ym, stride_yn, BLOCK_M, BLOCK_N, SPAN, PACK, NUM_STAGES,
-                                           SWIZZLE)),
+                                           K, stride_ym, stride_yn, BLOCK_M, BLOCK_N, SPAN, NUM_STAGES, SWIZZLE)),
                     (_loader, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M,
-                               BLOCK_N, SPAN, PACK, GROUP_SIZE, NUM_STAGES, STAGGER)),
+                               BLOCK_N, SPAN, X_BOXES, GROUP_SIZE, NUM_STAGES, STAGGER)),
                 ],
                 [1],
                 [LOADER_REGS],
@@ -441,7 +476,7 @@ if gluon is not None:
                                  stride_yn, BLOCK_M, BLOCK_N, SPAN, PACK, BITS, NUM_STAGES, SCALE_ACC, SWIZZLE,
                                  SLICE_WAIT, DIAG)),
                     (_loader, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M,
-                               BLOCK_N, SPAN, PACK, GROUP_SIZE, NUM_STAGES, STAGGER)),
+                               BLOCK_N, SPAN, X_BOXES, GROUP_SIZE, NUM_STAGES, STAGGER)),
                 ],
                 [1],
                 [LOADER_REGS],
@@ -460,9 +495,9 @@ def _meta(m: int, n: int, k: int, bits: int, group_size: int, knobs: dict[str, A
     # Registers a thread at launch, so that PROGRAMS_PER_SM programs of 8 warps (the loader's warpgroup is
     # padded) fit the SM's 65,536; setmaxnreg then moves the loader's surplus to the consumer.
     maxnreg = min(256, 65536 // (256 * merged.pop("PROGRAMS_PER_SM")) // 8 * 8)
-    # UNSWAPPED's decoded slices: (16, BLOCK_N) B operands, N contiguous (a constexpr of every compile).
+    # UNSWAPPED's decoded span: two (SPAN / 2, BLOCK_N) B operands, N contiguous (a constexpr of every compile).
     element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
-    b_layout = gl.NVMMASharedLayout.get_default_for([SLICE, merged["BLOCK_N"]], element)
+    b_layout = gl.NVMMASharedLayout.get_default_for([span(bits) // 2, merged["BLOCK_N"]], element)
     return {"BITS": bits, "GROUP_SIZE": group_size, **merged, "B_LAYOUT": b_layout, "num_warps": 4, "maxnreg": maxnreg}
 
 
@@ -475,12 +510,13 @@ def _steps(m: int, n: int, k: int, bits: int, meta: dict[str, Any]) -> tuple[int
 def _descriptors(x: Any, qweight: Any, scales: Any, m: int, n: int, k: int, bits: int, meta: dict[str, Any]) -> tuple:
     dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     bm, bn = meta["BLOCK_M"], meta["BLOCK_N"]
+    x_box = [bm, 64 if meta["UNSWAPPED"] or meta["WIDE_X"] else SLICE]  # X's span in 64-column boxes or 16-column
     words = gl.NVMMASharedLayout(swizzle_byte_width=128 if meta["SWIZZLE"] else 0, element_bitwidth=32, rank=2)
     plain16 = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=16, rank=2)
     rows = k // pack_factor(bits)
     groups = k // meta["GROUP_SIZE"]
     return (
-        TensorDescriptor(x, [m, k], [k, 1], [bm, SLICE], gl.NVMMASharedLayout.get_default_for([bm, SLICE], dtype)),
+        TensorDescriptor(x, [m, k], [k, 1], x_box, gl.NVMMASharedLayout.get_default_for(x_box, dtype)),
         TensorDescriptor(qweight, [rows, n], [n, 1], [SLICE, bn], words),
         TensorDescriptor(scales, [groups, n], [n, 1], [1, bn], plain16),
     )

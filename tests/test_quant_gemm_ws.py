@@ -23,6 +23,8 @@ def test_check_config_names_the_field_it_refuses() -> None:
     unswapped = {**ok, "BLOCK_M": 64, "BLOCK_N": 128, "NUM_STAGES": 3, "UNSWAPPED": 1}
     assert check_config(64, 4096, 4096, 4, 128, **unswapped) is None
     assert shared_memory_bytes(4, 64, 128, 3, 1) == shared_memory_bytes(4, 64, 128, 3) + 128 * 128 * 2
+    assert check_config(1, 4096, 4096, 8, 128, **{**ok, "WIDE_X": 1}) is None  # int8: one 64-column box a span
+    assert "WIDE_X" in (check_config(1, 4096, 4096, 4, 128, **{**ok, "WIDE_X": 2}) or "")
     assert "bits" in (check_config(1, 4096, 4096, 2, 128, **ok) or "")
     assert "group_size" in (check_config(1, 4096, 4096, 4, 64, **ok) or "")  # smaller than the int4 span
     assert "BLOCK_N" in (check_config(1, 4096, 4096, 4, 128, **{**ok, "BLOCK_N": 96}) or "")
@@ -100,7 +102,10 @@ for knobs in json.loads(sys.argv[1]):
         f.write(kernel.asm["cubin"])
         f.flush()
         sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    print(json.dumps({"knobs": knobs, "hgmma": len(re.findall(r"HGMMA\\.", sass)),
+    mma = [m.start() for m in re.finditer(r"HGMMA\\.", sass)]
+    print(json.dumps({"knobs": knobs, "hgmma": len(mma),
+                      "stores_between_halves": sass.count("STS", mma[3], mma[4]) if len(mma) == 8 else None,
+                      "waits_one_left": len(re.findall(r"WARPGROUP\\.DEPBAR\\.LE gsb0, 0x1", sass)),
                       "a_from_shared": len(re.findall(r"HGMMA\\.\\S+ R\\d+, gdesc", sass)),
                       "waits": len(re.findall(r"WARPGROUP\\.DEPBAR", sass)),
                       "tma_copies": kernel.asm["ptx"].count("cp.async.bulk.tensor.2d")}), flush=True)
@@ -113,14 +118,20 @@ def test_slice_wait_keeps_wide_tiles_pipelined_and_swizzle_splits_the_word_boxes
     32 wgmmas of a span wait once per slice pair (4) and once at its end, not one by one (ptxas serializes them
     where the span's decoded registers do not fit); ``SWIZZLE`` copies the words as 128-byte swizzled boxes,
     eight of 32 columns instead of one of 256 (9 copies a stage become 16, beside the scales' one).
-    ``UNSWAPPED``: a span is eight 64 x 128 x 16 wgmmas with both operands in shared memory, one wait."""
+    ``UNSWAPPED``: a span is eight 64 x 128 x 16 wgmmas with both operands in shared memory, in two halves of
+    four: the second half's decoded slices are stored while the first half's wgmmas run (one left in flight at
+    each wait). ``WIDE_X``: X's span in two 64-column boxes, so a stage takes 1 + 1 + 2 copies instead of 1 + 1 + 8
+    (the slices are 16-column views of the boxes)."""
     base = {"BLOCK_M": 8, "BLOCK_N": 256, "NUM_STAGES": 2, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24, "SCALE_ACC": 1}
     jobs = [{**base, "SLICE_WAIT": 1}, {**base, "SWIZZLE": 1, "PROGRAMS_PER_SM": 2, "LOADER_REGS": 40},
-            {"BLOCK_M": 64, "BLOCK_N": 128, "NUM_STAGES": 3, "PROGRAMS_PER_SM": 2, "UNSWAPPED": 1}]
-    waited, swizzled, unswapped = aot_child(_SASS_SCRIPT, json.dumps(jobs), timeout=290)
+            {"BLOCK_M": 64, "BLOCK_N": 128, "NUM_STAGES": 3, "PROGRAMS_PER_SM": 2, "UNSWAPPED": 1},
+            {**base, "PROGRAMS_PER_SM": 2, "LOADER_REGS": 40, "WIDE_X": 1}]
+    waited, swizzled, unswapped, wide = aot_child(_SASS_SCRIPT, json.dumps(jobs), timeout=290)
     assert waited["hgmma"] == 32 and waited["waits"] == 5 and waited["a_from_shared"] == 0, waited
     assert swizzled["hgmma"] == 32 and swizzled["tma_copies"] == 8 + 1 + 8, swizzled
-    assert unswapped["hgmma"] == unswapped["a_from_shared"] == 8 and unswapped["waits"] == 1, unswapped
+    assert unswapped["hgmma"] == unswapped["a_from_shared"] == 8, unswapped
+    assert unswapped["stores_between_halves"] > 0 and unswapped["waits_one_left"] == 2, unswapped
+    assert wide["hgmma"] == 32 and wide["tma_copies"] == 1 + 1 + 2, wide
 
 
 @pytest.mark.timeout(300)
@@ -177,6 +188,10 @@ def test_gpu_product_matches_fp32_for_ragged_shapes(bits: int, precision: str) -
         ((7, 4104, 2048), None, {"BLOCK_M": 8, "BLOCK_N": 256, "SLICE_WAIT": 1, "PROGRAMS_PER_SM": 3,
                                  "LOADER_REGS": 24, "SCALE_ACC": 1}),
         ((40, 3000, 1024), None, {"BLOCK_M": 64, "BLOCK_N": 128, "SWIZZLE": 1, "SLICE_WAIT": 1}),
+        # X's span in 64-column boxes, the slices 16-column views of them
+        ((5, 1000, 1024), None, {"BLOCK_M": 8, "BLOCK_N": 64, "WIDE_X": 1}),
+        ((40, 3000, 1024), None, {"BLOCK_M": 64, "BLOCK_N": 128, "WIDE_X": 1, "SLICE_WAIT": 1}),
+        ((16, 4104, 2048), 5, {"BLOCK_M": 16, "BLOCK_N": 256, "WIDE_X": 1, "SCALE_ACC": 1, "SWIZZLE": 1}),
     ]
     if bits == 4:  # the decoded span through shared memory as wgmma's B: ragged M and N, split and whole tiles
         cases += [
@@ -184,6 +199,7 @@ def test_gpu_product_matches_fp32_for_ragged_shapes(bits: int, precision: str) -
             ((64, 2056, 4096), None, {"BLOCK_M": 64, "BLOCK_N": 64, "NUM_STAGES": 2, "UNSWAPPED": 1, "SWIZZLE": 1}),
             ((33, 512, 8192), 3, {"BLOCK_M": 64, "BLOCK_N": 256, "NUM_STAGES": 2, "PROGRAMS_PER_SM": 1,
                                   "UNSWAPPED": 1}),
+            ((64, 2048, 512), 1, {"BLOCK_M": 64, "BLOCK_N": 64, "NUM_STAGES": 2, "UNSWAPPED": 1}),  # tile after tile
         ]
     for (m, n, k), sms, knobs in cases:
         x, packed, reference = _product(m, n, k, bits, dtype, seed=m + n)
@@ -210,7 +226,8 @@ def test_gpu_split_tiles_are_summed_right_in_every_launch() -> None:
     sink = torch.empty_like(noise)
     for knobs in ({}, {"BLOCK_N": 64, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24, "SCALE_ACC": 1}, {"BLOCK_N": 256},
                   {"BLOCK_N": 256, "NUM_STAGES": 2, "PROGRAMS_PER_SM": 3, "LOADER_REGS": 24, "SWIZZLE": 1,
-                   "SLICE_WAIT": 1, "STAGGER": 1}):
+                   "SLICE_WAIT": 1, "STAGGER": 1}, {"WIDE_X": 1},
+                  {"BLOCK_M": 64, "BLOCK_N": 128, "NUM_STAGES": 3, "PROGRAMS_PER_SM": 1, "UNSWAPPED": 1}):
         outs = []
         for _ in range(300):
             with torch.cuda.stream(side):
