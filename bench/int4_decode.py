@@ -37,6 +37,12 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "int4_packed_compiled_fused_gptq": {
         **INT4, "quant_kernel": "packed", "compile": "default", "split_sums": "fused", "quantizer": "gptq"
     },
+    # every kernel of the compiled step a programmatic dependent of the one before (Inductor's PDL code; the
+    # warp-specialized tiles copy their first words before waiting for X)
+    "int4_packed_compiled_gptq_pdl": {
+        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "pdl": True
+    },
+    "bf16_compiled_pdl": {**BF16, "compile": "default", "pdl": True},
 }
 GOALS = {1: 1.5, 8: 1.25, 64: 1.0}
 

@@ -127,17 +127,59 @@ if gluon is not None:
         return start, end, spans, m_tiles
 
     @gluon.jit
+    def _grid_dependency(WAIT: gl.constexpr):
+        """``griddepcontrol``: wait for the kernel this one was launched as a programmatic dependent of (its writes
+        visible after), or let this kernel's own dependents launch. Both are no-ops in a plain launch."""
+        if WAIT:
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        else:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _load_weights(w_desc, s_desc, w_smem, s_smem, bar, step, stage, spans, m_tiles, nbytes: gl.constexpr,
+                      BLOCK_N: gl.constexpr, SPAN: gl.constexpr, GROUP_SIZE: gl.constexpr):  # fmt: skip
+        """A step's words and row of scales into a stage, whose barrier expects ``nbytes`` (X's boxes included)."""
+        s = step % spans
+        n0 = (step // spans // m_tiles) * BLOCK_N
+        mbarrier.expect(bar, nbytes)
+        _tma_load(w_desc, [s * _SLICE, n0], bar, w_smem.index(stage))
+        _tma_load(s_desc, [(s * SPAN) // GROUP_SIZE, n0], bar, s_smem.index(stage))
+
+    @gluon.jit
+    def _load_x(x_desc, x_smem, bar, step, stage, spans, m_tiles, BLOCK_M: gl.constexpr, SPAN: gl.constexpr,
+                X_BOXES: gl.constexpr):  # fmt: skip
+        """A step's span of X (``X_BOXES`` boxes) into a stage."""
+        m0 = (step // spans % m_tiles) * BLOCK_M
+        s = step % spans
+        for j in gl.static_range(X_BOXES):
+            _tma_load(x_desc, [m0, s * SPAN + j * (SPAN // X_BOXES)], bar, x_smem.index(stage * X_BOXES + j))
+
+    @gluon.jit
     def _loader(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M: gl.constexpr,
                 BLOCK_N: gl.constexpr, SPAN: gl.constexpr, X_BOXES: gl.constexpr, GROUP_SIZE: gl.constexpr,
-                NUM_STAGES: gl.constexpr, STAGGER: gl.constexpr):  # fmt: skip
+                NUM_STAGES: gl.constexpr, STAGGER: gl.constexpr, PDL: gl.constexpr):  # fmt: skip
         """One warp: every step's words, scales and X's span (``X_BOXES`` boxes) into the ring, in order.
         ``STAGGER``: the first step's copies land before the others are issued, so that every program's first span
         comes from HBM ahead of the ring's deeper stages (at launch all programs ask at once) and its decode starts
-        sooner."""
+        sooner. ``PDL`` (a programmatic dependent launch): the first ``NUM_STAGES`` steps' words and scales, which
+        no kernel writes, are copied before the wait for the kernel before this one, and only X after it; once
+        every copy is issued, this kernel's dependents may launch."""
         start, end, spans, m_tiles = _share(M, N, K, BLOCK_M, BLOCK_N, SPAN)
         nbytes: gl.constexpr = w_desc.block_type.nbytes + s_desc.block_type.nbytes + X_BOXES * x_desc.block_type.nbytes
-        X_WIDTH: gl.constexpr = SPAN // X_BOXES
-        for step in range(start, end):
+        first = start
+        if PDL:
+            ahead = end - start
+            if ahead > NUM_STAGES:
+                ahead = NUM_STAGES
+            for i in range(0, ahead):  # the ring's first lap: every stage free
+                _load_weights(w_desc, s_desc, w_smem, s_smem, ready.index(i), start + i, i, spans, m_tiles, nbytes,
+                              BLOCK_N, SPAN, GROUP_SIZE)  # fmt: skip
+            _grid_dependency(True)
+            for i in range(0, ahead):
+                _load_x(x_desc, x_smem, ready.index(i), start + i, i, spans, m_tiles, BLOCK_M, SPAN, X_BOXES)
+            first = start + ahead
+        for step in range(first, end):
             i = step - start
             stage = i % NUM_STAGES
             # A fresh barrier's "previous phase" (parity 1) counts as complete: the first lap does not wait.
@@ -145,16 +187,12 @@ if gluon is not None:
             if STAGGER:
                 if i == 1:
                     mbarrier.wait(ready.index(0), 0)
-            tile = step // spans
-            s = step % spans
-            m0 = (tile % m_tiles) * BLOCK_M
-            n0 = (tile // m_tiles) * BLOCK_N
             bar = ready.index(stage)
-            mbarrier.expect(bar, nbytes)
-            _tma_load(w_desc, [s * _SLICE, n0], bar, w_smem.index(stage))
-            _tma_load(s_desc, [(s * SPAN) // GROUP_SIZE, n0], bar, s_smem.index(stage))
-            for j in gl.static_range(X_BOXES):
-                _tma_load(x_desc, [m0, s * SPAN + j * X_WIDTH], bar, x_smem.index(stage * X_BOXES + j))
+            _load_weights(w_desc, s_desc, w_smem, s_smem, bar, step, stage, spans, m_tiles, nbytes, BLOCK_N, SPAN,
+                          GROUP_SIZE)  # fmt: skip
+            _load_x(x_desc, x_smem, bar, step, stage, spans, m_tiles, BLOCK_M, SPAN, X_BOXES)
+        if PDL:
+            _grid_dependency(False)
 
     @gluon.jit
     def _slots(words, scale2, b: gl.constexpr, IS_BF16: gl.constexpr):
@@ -441,7 +479,7 @@ if gluon is not None:
                         BITS: gl.constexpr, GROUP_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                         NUM_STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, SCALE_ACC: gl.constexpr,
                         SWIZZLE: gl.constexpr, SLICE_WAIT: gl.constexpr, STAGGER: gl.constexpr,
-                        UNSWAPPED: gl.constexpr, WIDE_X: gl.constexpr, B_LAYOUT: gl.constexpr,
+                        UNSWAPPED: gl.constexpr, WIDE_X: gl.constexpr, PDL: gl.constexpr, B_LAYOUT: gl.constexpr,
                         DIAG: gl.constexpr):  # fmt: skip
         """A persistent program: one loader warp and one consumer warpgroup over an equal run of steps."""
         PACK: gl.constexpr = 32 // BITS
@@ -464,7 +502,7 @@ if gluon is not None:
                     (_consumer_unswapped, (y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, b_smem, ready, empty, M, N,
                                            K, stride_ym, stride_yn, BLOCK_M, BLOCK_N, SPAN, NUM_STAGES, SWIZZLE)),
                     (_loader, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M,
-                               BLOCK_N, SPAN, X_BOXES, GROUP_SIZE, NUM_STAGES, STAGGER)),
+                               BLOCK_N, SPAN, X_BOXES, GROUP_SIZE, NUM_STAGES, STAGGER, PDL)),
                 ],
                 [1],
                 [LOADER_REGS],
@@ -476,7 +514,7 @@ if gluon is not None:
                                  stride_yn, BLOCK_M, BLOCK_N, SPAN, PACK, BITS, NUM_STAGES, SCALE_ACC, SWIZZLE,
                                  SLICE_WAIT, DIAG)),
                     (_loader, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M,
-                               BLOCK_N, SPAN, X_BOXES, GROUP_SIZE, NUM_STAGES, STAGGER)),
+                               BLOCK_N, SPAN, X_BOXES, GROUP_SIZE, NUM_STAGES, STAGGER, PDL)),
                 ],
                 [1],
                 [LOADER_REGS],
@@ -498,7 +536,9 @@ def _meta(m: int, n: int, k: int, bits: int, group_size: int, knobs: dict[str, A
     # UNSWAPPED's decoded span: two (SPAN / 2, BLOCK_N) B operands, N contiguous (a constexpr of every compile).
     element = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
     b_layout = gl.NVMMASharedLayout.get_default_for([span(bits) // 2, merged["BLOCK_N"]], element)
-    return {"BITS": bits, "GROUP_SIZE": group_size, **merged, "B_LAYOUT": b_layout, "num_warps": 4, "maxnreg": maxnreg}
+    launch = {"launch_pdl": True} if merged["PDL"] else {}  # a programmatic dependent of the kernel before
+    return {"BITS": bits, "GROUP_SIZE": group_size, **merged, "B_LAYOUT": b_layout, "num_warps": 4, "maxnreg": maxnreg,
+            **launch}  # fmt: skip
 
 
 def _steps(m: int, n: int, k: int, bits: int, meta: dict[str, Any]) -> tuple[int, int]:

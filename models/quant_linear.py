@@ -96,13 +96,14 @@ def _packed_linear_shape(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
 
 
 def autotune_tiles(
-    model: nn.Module, m: int, dtype: torch.dtype = torch.bfloat16, partials: bool = False
+    model: nn.Module, m: int, dtype: torch.dtype = torch.bfloat16, partials: bool = False, pdl: bool = False
 ) -> dict[tuple[int, int], dict[str, int]]:
     """Measure the best tile (:func:`~models.quant_tiles.tune_tile`, :func:`~models.quant_tiles.tune_packed_tile`)
     for every distinct shape of ``model``'s CUDA :class:`QuantLinear` modules at ``m`` rows and make them use it;
     returns ``{(K, N): tile}``.
     ``partials``: packed layers may take ``PARTIALS`` tiles, whose split-K sums the model leaves to the operation
-    after each product (for a model run under ``torch.compile``, which fuses them there).
+    after each product (for a model run under ``torch.compile``, which fuses them there). ``pdl``: the packed
+    layers' warp-specialized tiles are launched as programmatic dependents of the kernel before them (``PDL``).
 
     Call it before capturing a CUDA graph of the model (tuning launches kernels). On a model without
     CUDA QuantLinears (CPU, or the interpreter) it does nothing and returns ``{}``.
@@ -115,7 +116,7 @@ def autotune_tiles(
         shape = (layer.in_features, layer.out_features)
         if shape not in chosen:
             args = (m, layer.out_features, layer.in_features, layer.bits, layer.group_size, dtype, layer.qweight.device)
-            chosen[shape] = tune_packed_tile(*args, partials) if layer.kernel == "packed" else tune_tile(*args)
+            chosen[shape] = tune_packed_tile(*args, partials, pdl) if layer.kernel == "packed" else tune_tile(*args)
         layer._tiles[(m, str(layer.qweight.device))] = chosen[shape]
     return chosen
 

@@ -146,11 +146,12 @@ def packed_product(
     return packed_matmul(x, weights, out=out, **tile)
 
 
-def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int) -> list[dict[str, int]]:
+def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int, pdl: bool = False) -> list[dict[str, int]]:
     """Tiles of the warp-specialized Gluon kernel for (M, K) x (K, N) (``WS: 1``), where this Triton has it and
     the product fits its rules (N a multiple of 8, groups of whole spans, shared memory). Each waits for its
     wgmmas a slice pair at a time and, for int4, reads swizzled words (the fastest at every shape measured on an
-    H200); rings of 2-3 stages up to 16 rows (deeper ones measured slower there), 3-4 above."""
+    H200); rings of 2-3 stages up to 16 rows (deeper ones measured slower there), 3-4 above. ``pdl``: each
+    launched as a programmatic dependent of the kernel before it (``PDL: 1``)."""
     from kernels import quant_gemm_ws
     from kernels.quant_ws_rules import loader_regs
 
@@ -162,7 +163,7 @@ def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int) -> list[di
     for bn, stages, programs, scale_acc in itertools.product((128, 256), depths, (1, 2, 3), (0, 1)):
         tile = {"BLOCK_N": bn, "BLOCK_M": block_m, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
                 "LOADER_REGS": loader_regs(programs), "SCALE_ACC": scale_acc,
-                "SWIZZLE": int(bits == 4), "SLICE_WAIT": 1}  # fmt: skip
+                "SWIZZLE": int(bits == 4), "SLICE_WAIT": 1, **({"PDL": 1} if pdl else {})}  # fmt: skip
         if quant_gemm_ws.check_config(m, n, k, bits, group_size, **tile) is None:
             tiles.append({"WS": 1, **tile})
     return tiles
@@ -332,15 +333,18 @@ def tune_packed_tile(
     dtype: torch.dtype,
     device: torch.device,
     partials: bool = False,
+    pdl: bool = False,
 ) -> dict[str, int]:
     """The fastest :func:`packed_candidates` (and :func:`ws_candidates`) tile for an (M, K) x (K, N) product on
     this GPU, measured by :func:`time_packed_tiles`; cached per GPU and shape for the process. ``partials``: the
     caller sums split-K's partial products in its next operation (a compiled model), so the split-K tiles are
-    also timed with ``PARTIALS`` (:func:`partial_candidates`), the kernel alone."""
-    key = ("packed", torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype, partials)
+    also timed with ``PARTIALS`` (:func:`partial_candidates`), the kernel alone. ``pdl``: the warp-specialized
+    tiles launched as programmatic dependents (timed so, back to back: each copies its first words while the one
+    before ends)."""
+    key = ("packed", torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype, partials, pdl)
     if key in _TUNED:
         return dict(_TUNED[key])
-    candidates = packed_candidates(m, n, k, bits) + ws_candidates(m, n, k, bits, group_size)
+    candidates = packed_candidates(m, n, k, bits) + ws_candidates(m, n, k, bits, group_size, pdl)
     if partials:
         candidates += partial_candidates(m, n, k, bits)
     timed = time_packed_tiles(m, n, k, bits, group_size, dtype, device, candidates)

@@ -47,14 +47,22 @@ def decoder_source(e: dict[str, Any]) -> str:
         # split_sums=fused: split-K tiles may leave their partial products to the next operation (torch.compile sums
         # them there)
         partials = ", partials=True" if e.get("split_sums") == "fused" else ""
+        pdl = ", pdl=True" if e.get("pdl") else ""  # the warp-specialized tiles launched as programmatic dependents
         lines.append(
-            f"autotune_tiles(model, m={e['batch']!r}{partials})  # times kernel tiles per Linear shape (GPU only)"
+            f"autotune_tiles(model, m={e['batch']!r}{partials}{pdl})  # times kernel tiles per Linear shape (GPU only)"
         )
     lines += [
         f"batch, kv_dtype, cuda_graphs = {e['batch']!r}, {e['kv_cache_dtype']}, {e['cuda_graphs']!r}",
         "cache = model.init_cache(batch, max_len=cfg.seq_len, dtype=kv_dtype)",
     ]
-    if e["compile"] != "off":
+    if e["compile"] != "off" and e.get("pdl"):  # Inductor's kernels launched as programmatic dependents too
+        lines += [
+            "import torch._inductor",
+            "",
+            f"options = {{**torch._inductor.list_mode_options({e['compile']!r}), 'triton.enable_pdl': True}}",
+            "decode = torch.compile(model.decode, dynamic=False, options=options)",
+        ]
+    elif e["compile"] != "off":
         lines.append(f"decode = torch.compile(model.decode, mode={e['compile']!r}, dynamic=False)")
     else:
         lines.append("decode = model.decode")

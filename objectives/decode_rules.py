@@ -44,6 +44,13 @@ def split_sums(config: dict[str, Any]) -> str:
     return str(config.get("split_sums") or "kernel")
 
 
+def pdl(config: dict[str, Any]) -> bool:
+    """The config's ``pdl`` (optional: false when absent): the compiled step's kernels launched as programmatic
+    dependents of the kernel before them (Inductor's, and with the packed kernel the warp-specialized int4/int8
+    tiles', which copy their first words before waiting)."""
+    return bool(config.get("pdl") or False)
+
+
 def quant_kernel(config: dict[str, Any]) -> str | None:
     """The config's ``quant_kernel`` (optional: ``tiled`` when absent); None for bf16 weights."""
     if int(config["weight_bits"]) == 16:
@@ -119,6 +126,19 @@ def static_violation(
         return (
             "split_sums=fused leaves split-K's sums to the next operation, which only torch.compile fuses them "
             "into: it needs compile=default and quant_kernel=packed"
+        )
+    if config.get("pdl") is not None and not isinstance(config["pdl"], bool):
+        return f"pdl must be true or false, got {config['pdl']!r}"
+    if pdl(config) and compile_mode(config) == "off":
+        return (
+            "pdl launches the compiled step's kernels (Inductor's, and the packed layers' warp-specialized tiles) "
+            "as programmatic dependents: it needs compile=default"
+        )
+    if pdl(config) and device.is_gpu and device.compute_capability is not None and (
+        tuple(device.compute_capability) < (9, 0)
+    ):
+        return f"pdl (programmatic dependent launch) needs compute capability >= 9.0, {device.name} has " + (
+            f"{device.compute_capability}"
         )
     if not isinstance(config["cuda_graphs"], bool):
         return f"cuda_graphs must be true or false, got {config['cuda_graphs']!r}"

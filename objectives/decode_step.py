@@ -13,7 +13,9 @@ step instead of launching its kernels one by one; GPU only) and ``compile`` (``o
 cache writes into fewer kernels; captured in the same CUDA graph; optional, ``off`` when absent) and, compiled
 with the packed kernel, ``split_sums`` (``kernel``: split-K tiles sum their parts in the kernel; ``fused``: the tiles
 may leave their fp32 partial products to the next operation, which Inductor sums them in; optional, ``kernel``
-when absent).
+when absent) and ``pdl`` (Hopper: the step's kernels launched as programmatic dependents of the ones before them,
+Inductor's through its PDL code and the warp-specialized tiles copying their first words before they wait;
+optional, false when absent).
 
 Why ``compile``: a 1B-parameter step at batch 1 launches ~300 kernels (bf16) or ~440 (int4, whose
 Linears are Triton kernels with their own set-up), and on an H200 it takes 1.39 ms where its 2 GB of
@@ -101,6 +103,26 @@ def resolve_model(model: Any) -> GPTConfig:
         if str(exc).startswith("model"):
             raise
         raise ValueError(f"model: {exc}") from None
+
+
+def compile_options(mode: str, pdl: bool) -> dict[str, Any]:
+    """``torch.compile``'s keyword arguments for the decode step: the ``mode``, or, with ``pdl``, that mode's
+    Inductor options plus ``triton.enable_pdl`` (Inductor's kernels launched as programmatic dependents; a mode
+    and options cannot both be given)."""
+    if not pdl:
+        return {"mode": mode}
+    import torch._inductor
+
+    if not hasattr(torch._inductor.config.triton, "enable_pdl"):
+        raise ValueError("pdl: this torch's Inductor has no programmatic dependent launch (triton.enable_pdl)")
+    return {"options": {**torch._inductor.list_mode_options(mode), "triton.enable_pdl": True}}
+
+
+def compile_decode(decode: Any, mode: str, pdl: bool) -> Any:
+    """``torch.compile`` of a model's decode step with static shapes (one graph, no recompiles across steps)."""
+    import torch
+
+    return torch.compile(decode, dynamic=False, **compile_options(mode, pdl))
 
 
 # ------------------------------------------------------------------------------------------ per-trial state
@@ -483,6 +505,7 @@ class DecodeStep(MeasuredWorkload):
             quantizer,
             quant_kernel,
             rules.split_sums(config),
+            rules.pdl(config),
             config["kv_dtype"],
             config["attention"],
             bool(config["cuda_graphs"]),
@@ -502,7 +525,7 @@ class DecodeStep(MeasuredWorkload):
 
             # measured kernel tiles for this batch, before any graph capture; with split_sums=fused the split-K
             # tiles may leave their partial products to the next operation (Inductor sums them there)
-            autotune_tiles(model, batch, partials=rules.split_sums(config) == "fused")
+            autotune_tiles(model, batch, partials=rules.split_sums(config) == "fused", pdl=rules.pdl(config))
         kv = model.init_cache(batch, self.max_len, getattr(torch, KV_TORCH_DTYPES[config["kv_dtype"]]), torch_device)
         decode = model.decode
         if rules.compile_mode(config) != "off":
@@ -511,7 +534,7 @@ class DecodeStep(MeasuredWorkload):
             # compiled before recompile in their untimed warm-up step; captured graphs are unaffected.
             torch._dynamo.reset()
             # static shapes (the position is a device tensor): one graph, no recompiles across steps
-            decode = torch.compile(model.decode, mode=rules.compile_mode(config), dynamic=False)
+            decode = compile_decode(model.decode, rules.compile_mode(config), rules.pdl(config))
         case = _Case(
             key=key,
             batch=batch,
@@ -544,6 +567,7 @@ class DecodeStep(MeasuredWorkload):
             "cuda_graphs": bool(config["cuda_graphs"]),
             "compile": rules.compile_mode(config),
             "split_sums": rules.split_sums(config),
+            "pdl": rules.pdl(config),
         }
 
     def export_python(self, config: dict[str, Any]) -> str:

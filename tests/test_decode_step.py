@@ -299,6 +299,8 @@ def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.Mon
         "compile must be one of ('off', 'default')": (_cfg(compile="max-autotune"), CPU),
         "split_sums must be one of": (_cfg(bits=4, group=32, split_sums="atomic"), CPU),
         "split_sums=fused leaves": (_cfg(bits=4, group=32, compile="default", split_sums="fused"), CPU),
+        "pdl must be true or false": (_cfg(bits=4, group=32, pdl="yes"), CPU),
+        "pdl launches the compiled step's kernels": (_cfg(bits=4, group=32, pdl=True), CPU),
         "config lacks batch": ({k: v for k, v in _cfg().items() if k != "batch"}, CPU),
         "compute capability": (_cfg(), DeviceInfo(kind="cuda", name="T4", compute_capability=(7, 5))),
         "GB": (_cfg(batch=64), DeviceInfo(kind="cuda", name="small", total_memory_bytes=10_000)),
@@ -307,6 +309,12 @@ def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.Mon
         reason = w.static_check(config, device)
         assert reason is not None and fragment in reason, (fragment, reason)
     assert w.static_check(_cfg(cuda_graphs=True), H200) is None
+    model = {"vocab_size": 512, "n_layers": 2, "d_model": 256, "n_heads": 4, "seq_len": 64}
+    wide = DecodeStep(**{**ARGS, "model": model})  # packed int4 needs rows of whole 128-wide spans
+    pdl = _cfg(bits=4, group=128, compile="default", quant_kernel="packed", pdl=True)
+    assert wide.static_check(pdl, CPU) is None and wide.static_check(pdl, H200) is None
+    a100 = DeviceInfo(kind="cuda", name="A100", compute_capability=(8, 0))
+    assert "pdl (programmatic dependent launch) needs compute capability >= 9.0" in (wide.static_check(pdl, a100) or "")
 
     def must_not_launch(*args: Any) -> None:
         raise AssertionError("launched a statically infeasible config")
@@ -345,6 +353,11 @@ def test_work_exports_and_registry() -> None:
     assert "partials" not in compiled and w.export_config(config)["split_sums"] == "kernel"
     fused = {**config, "compile": "default", "quant_kernel": "packed", "split_sums": "fused"}
     assert "autotune_tiles(model, m=4, partials=True)" in w.export_python(fused)
+    pdl = w.export_python({**fused, "pdl": True})
+    compile(pdl, "<export>", "exec")
+    assert "autotune_tiles(model, m=4, partials=True, pdl=True)" in pdl and w.export_config(fused)["pdl"] is False
+    assert "options = {**torch._inductor.list_mode_options('default'), 'triton.enable_pdl': True}" in pdl
+    assert "decode = torch.compile(model.decode, dynamic=False, options=options)" in pdl
     assert workload_class("decode_step") is DecodeStep
 
 
@@ -432,6 +445,19 @@ def test_compiled_decode_matches_eager_and_is_one_graph(workload: DecodeStep) ->
     for metric in ("top1_agreement", "max_logit_error", "mean_logit_error"):
         assert compiled.metrics[metric] == pytest.approx(eager.metrics[metric], abs=0.02), metric
     assert compiled.metrics["peak_mem_gb"] == eager.metrics["peak_mem_gb"]
+
+
+def test_pdl_compiles_the_step_with_inductors_programmatic_dependent_launch() -> None:
+    """``pdl``: torch.compile gets the mode's Inductor options plus ``triton.enable_pdl`` (a mode and options
+    cannot both be given); without it, the mode alone. A function compiled so runs (here on Inductor's CPU
+    backend, which has no launches to make dependent) and gives the eager result."""
+    from objectives.decode_step import compile_decode, compile_options
+
+    assert compile_options("default", False) == {"mode": "default"}
+    assert compile_options("default", True) == {"options": {"triton.enable_pdl": True}}
+    assert compile_options("reduce-overhead", True)["options"]["triton.cudagraphs"] is True
+    x = torch.randn(64)
+    assert torch.allclose(compile_decode(lambda t: torch.relu(t) * 2 + 1, "default", True)(x), torch.relu(x) * 2 + 1)
 
 
 @pytest.mark.timeout(300)

@@ -45,11 +45,16 @@ if not quant_gemm_ws.available():
 for job in json.loads(sys.argv[1]):
     kernel = compile_or_skip(lambda: quant_gemm_ws.compile_for_target(*job["shape"], bits=job["bits"], **job["knobs"]))
     ptx = kernel.asm["ptx"]
+    wait = ptx.find("griddepcontrol.wait")
     spills = re.findall(r"(\\d+) bytes spill stores", kernel.asm.get("sass", "") or "")
     print(json.dumps({**job, "shared": kernel.metadata.shared, "n_spills": getattr(kernel.metadata, "n_spills", None),
                       "wgmma_register_a": len(re.findall(r"wgmma\\.mma_async[^;]*\\{[^}]*\\}, \\{", ptx)),
                       "tma_load": "cp.async.bulk.tensor.2d.shared" in ptx,
-                      "two_word_decode": ptx.count("prmt.b32 x,"), "maxnreg": re.findall(r"\\.maxnreg (\\d+)", ptx)}),
+                      "two_word_decode": ptx.count("prmt.b32 x,"), "maxnreg": re.findall(r"\\.maxnreg (\\d+)", ptx),
+                      "launch_pdl": bool(getattr(kernel.metadata, "launch_pdl", False)),
+                      "copies_before_wait": ptx.count("cp.async.bulk.tensor", 0, wait) if wait >= 0 else None,
+                      "copies_after_wait": ptx.count("cp.async.bulk.tensor", wait) if wait >= 0 else None,
+                      "launches_dependents": "griddepcontrol.launch_dependents" in ptx}),
           flush=True)
 """
 
@@ -83,6 +88,23 @@ def test_kernel_compiles_for_sm90_with_register_operands_and_tma(aot_child: Any)
         estimate = shared_memory_bytes(result["bits"], **knobs)
         assert estimate - 1024 <= result["shared"] <= estimate, (result, estimate)
         assert result["maxnreg"] == [str(min(256, 65536 // (256 * programs) // 8 * 8))], result
+
+
+@pytest.mark.timeout(300)
+def test_pdl_copies_the_words_before_waiting_for_the_kernel_before(aot_child: Any) -> None:
+    """``PDL``: the kernel is compiled for a programmatic dependent launch; its loader copies the ring's first lap
+    of words and scales (two tensor copies in a loop) before ``griddepcontrol.wait`` and X's boxes only after it,
+    then lets its own dependents launch. Without it the kernel has neither instruction."""
+    base = {"BLOCK_M": 8, "BLOCK_N": 128, "NUM_STAGES": 3, "PROGRAMS_PER_SM": 2}
+    jobs = [{"shape": [8, 6144, 2048], "bits": 4, "knobs": {**base, "PDL": 1, "WIDE_X": 1}},
+            {"shape": [8, 6144, 2048], "bits": 4, "knobs": base},
+            {"shape": [64, 8192, 2048], "bits": 4, "knobs": {"BLOCK_M": 64, "BLOCK_N": 128, "NUM_STAGES": 3,
+                                                             "PROGRAMS_PER_SM": 1, "UNSWAPPED": 1, "PDL": 1}}]
+    pdl, plain, unswapped = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=290)
+    for result in (pdl, unswapped):
+        assert result["launch_pdl"] and result["launches_dependents"], result
+        assert result["copies_before_wait"] == 2 and result["copies_after_wait"] > 2, result
+    assert not plain["launch_pdl"] and plain["copies_before_wait"] is None and not plain["launches_dependents"]
 
 
 _SASS_SCRIPT = """
@@ -192,6 +214,9 @@ def test_gpu_product_matches_fp32_for_ragged_shapes(bits: int, precision: str) -
         ((5, 1000, 1024), None, {"BLOCK_M": 8, "BLOCK_N": 64, "WIDE_X": 1}),
         ((40, 3000, 1024), None, {"BLOCK_M": 64, "BLOCK_N": 128, "WIDE_X": 1, "SLICE_WAIT": 1}),
         ((16, 4104, 2048), 5, {"BLOCK_M": 16, "BLOCK_N": 256, "WIDE_X": 1, "SCALE_ACC": 1, "SWIZZLE": 1}),
+        # a programmatic dependent launch: the ring's first lap of words before the wait (runs of 1 to 8 steps)
+        ((3, 1000, 1024), None, {"BLOCK_M": 8, "PDL": 1}),
+        ((33, 512, 8192), 3, {"BLOCK_M": 32, "NUM_STAGES": 2, "PDL": 1}),
     ]
     if bits == 4:  # the decoded span through shared memory as wgmma's B: ragged M and N, split and whole tiles
         cases += [
@@ -208,6 +233,42 @@ def test_gpu_product_matches_fp32_for_ragged_shapes(bits: int, precision: str) -
         torch.cuda.synchronize()
         error = ((out.float() - reference).abs().max() / reference.abs().max()).item()
         assert error < (1e-2 if precision == "bf16" else 3e-3), ((m, n, k), sms, knobs, error)
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+def test_gpu_pdl_chain_reads_the_x_the_kernel_before_wrote() -> None:
+    """``PDL`` in a CUDA graph, 100 times over: a copy writes X, a product reads it and writes Y1, a second product
+    reads Y1 as its X. Each product prefetches its words before waiting for the kernel before it, so reading a
+    stale X (the previous round's, a different matrix) would show in either output."""
+    import torch
+
+    from kernels.quant_gemm_ws import ws_quant_matmul
+
+    rounds, m = 100, 8
+    _, first, _ = _product(m, 2048, 2048, 4, torch.bfloat16, seed=1)
+    _, second, _ = _product(m, 1024, 2048, 4, torch.bfloat16, seed=2)
+    xs = torch.randn(rounds, m, 2048, device="cuda", dtype=torch.bfloat16)
+    x = torch.empty(m, 2048, device="cuda", dtype=torch.bfloat16)
+    y1 = torch.empty(rounds, m, 2048, device="cuda", dtype=torch.bfloat16)
+    y2 = torch.empty(rounds, m, 1024, device="cuda", dtype=torch.bfloat16)
+    knobs = ({"BLOCK_M": 8, "NUM_STAGES": 3, "PDL": 1}, {"BLOCK_M": 8, "NUM_STAGES": 2, "WIDE_X": 1, "PDL": 1})
+    ws_quant_matmul(x, first, out=y1[0], **knobs[0])  # compile outside the capture
+    ws_quant_matmul(y1[0], second, out=y2[0], **knobs[1])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for r in range(rounds):
+            x.copy_(xs[r])
+            ws_quant_matmul(x, first, out=y1[r], **knobs[0])
+            ws_quant_matmul(y1[r], second, out=y2[r], **knobs[1])
+    graph.replay()
+    torch.cuda.synchronize()
+    w1, w2 = first.dequantize(), second.dequantize()
+    for r in range(rounds):
+        for got, want in ((y1[r], xs[r].float() @ w1), (y2[r], y1[r].float() @ w2)):
+            error = ((got.float() - want).abs().max() / want.abs().max()).item()
+            assert error < 1e-2, (r, error)
 
 
 @pytest.mark.gpu
@@ -241,7 +302,8 @@ def test_gpu_split_tiles_are_summed_right_in_every_launch() -> None:
 
 def test_ws_tiles_offered_to_the_packed_layers_tuner_only_where_they_run(monkeypatch: Any) -> None:
     """Without Gluon (or interpreted) no tile is offered; with it, every offered tile is named ``WS: 1`` and passes
-    the kernel's rules, none for a product the kernel refuses (N not a multiple of 8, groups smaller than a span)."""
+    the kernel's rules, none for a product the kernel refuses (N not a multiple of 8, groups smaller than a span);
+    ``pdl`` offers the same tiles with ``PDL: 1``."""
     from kernels import quant_gemm_ws
     from models.quant_tiles import ws_candidates
 
@@ -255,6 +317,8 @@ def test_ws_tiles_offered_to_the_packed_layers_tuner_only_where_they_run(monkeyp
             knobs = {name: value for name, value in tile.items() if name != "WS"}
             assert quant_gemm_ws.check_config(m, 4096, 4096, 4, 128, **knobs) is None
     assert ws_candidates(1, 4100, 4096, 4, 128) == [] and ws_candidates(1, 4096, 4096, 4, 64) == []
+    plain, pdl = ws_candidates(8, 4096, 4096, 4, 128), ws_candidates(8, 4096, 4096, 4, 128, pdl=True)
+    assert pdl == [{**tile, "PDL": 1} for tile in plain]  # the same tiles, launched as programmatic dependents
 
 
 @pytest.mark.gpu
