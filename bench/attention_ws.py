@@ -16,9 +16,10 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
 - ``persistent``: the persistent grid's candidates (:data:`PERSISTENT_CONFIGS`) and the best one-tile config at
   every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``);
 - ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``, ``release``, ``single_vec``,
-  ``thread_arrive``, ``release3``, ``warp_arrive``: the same per shape for one variant's candidates beside the
-  winners (``chain``, ``epilogue``, ``release``, ``single_vec``, ``thread_arrive`` and ``warp_arrive`` also
-  re-measure the best config without the variant; ``--head-dims`` keeps those head dims only).
+  ``thread_arrive``, ``release3``, ``warp_arrive``, ``half_diag`` (causal shapes only): the same per shape for one
+  variant's candidates beside the winners (``chain``, ``epilogue``, ``release``, ``single_vec``, ``thread_arrive``,
+  ``warp_arrive`` and ``half_diag`` also re-measure the best config without the variant; ``--head-dims`` keeps those
+  head dims only).
 """
 
 from __future__ import annotations
@@ -333,9 +334,18 @@ RELEASE_CONFIGS: list[dict[str, Any]] = [
                                                  (False, True))
 ]  # fmt: skip
 
+#: The causal winners' loops (two consumers, 128-key blocks, no ping-pong) with and without ``HALF_DIAG`` (the first
+#: consumer takes the first 64 keys of a tile's diagonal block alone); ``half_diag`` phase, causal shapes only.
+HALF_DIAG_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": 2,
+     "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": rk, "HALF_DIAG": half}
+    for (nb, ep, rk), half in itertools.product(((2, 2, True), (3, 0, False), (2, 0, True)), (False, True))
+]  # fmt: skip
+
+
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,
-              contrast: str | None = None, checked: bool = True,
-              head_dims: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+              contrast: str | None = None, checked: bool = True, head_dims: list[int] | None = None,
+              causal_only: bool = False) -> dict[str, Any]:  # fmt: skip
     """At every target shape (or those of ``seq_lens``): one round over ``configs`` picks the fastest, which is
     then re-measured interleaved with SDPA cuDNN and flash (``rounds`` rounds, medians), with ``contrast`` (a knob)
     also the fastest config whose ``contrast`` differs from the winner's. Written after each shape. ``checked``
@@ -347,6 +357,8 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
                               "checked": checked, "wrong": sorted(wrong), "attention": [], "targets": []}  # fmt: skip
     for shape in SHAPES:
         if (seq_lens and shape["seq_len"] not in seq_lens) or (head_dims and shape["head_dim"] not in head_dims):
+            continue
+        if causal_only and not shape["causal"]:
             continue
         d = shape["head_dim"]
         usable = [c for c in configs if not _unusable(d, c)]
@@ -385,7 +397,7 @@ PER_SHAPE_PHASES: dict[str, tuple[list[dict[str, Any]], str | None]] = {
     "single": (SINGLE_CONFIGS, None), "epilogue": (EPILOGUE_CONFIGS, "EPILOGUE"),
     "release": (RELEASE_CONFIGS, "RELEASE_K"), "single_vec": (SINGLE_VEC_CONFIGS, "CTAS_PER_SM"),
     "thread_arrive": (THREAD_ARRIVE_CONFIGS, "THREAD_ARRIVE"), "release3": (RELEASE3_CONFIGS, None),
-    "warp_arrive": (WARP_ARRIVE_CONFIGS, "WARP_ARRIVE"),
+    "warp_arrive": (WARP_ARRIVE_CONFIGS, "WARP_ARRIVE"), "half_diag": (HALF_DIAG_CONFIGS, "HALF_DIAG"),
 }  # fmt: skip
 
 
@@ -406,7 +418,8 @@ def main() -> None:
         result = grid_order(ns.rounds)
     elif ns.phase in PER_SHAPE_PHASES:
         configs, contrast = PER_SHAPE_PHASES[ns.phase]
-        result = per_shape(configs, ns.rounds, ns.out, ns.seq, contrast, not ns.no_check, ns.head_dims)
+        result = per_shape(configs, ns.rounds, ns.out, ns.seq, contrast, not ns.no_check, ns.head_dims,
+                           causal_only=ns.phase == "half_diag")  # HALF_DIAG changes nothing without the mask
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
     write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)

@@ -72,6 +72,12 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   ``kernel-variants-attention-ws-warp-arrive-h200.json``): the warps that no longer wait at the barriers wait for
   each other at the next wgmma. Not in the search space.
 
+- ``HALF_DIAG`` (causal, two consumers, 128-key blocks, ``OVERLAP`` without ``PINGPONG``): in a tile's diagonal key
+  block the first consumer's rows see only the first 64 keys, so it folds in that half alone (a 64 x 64 score
+  wgmma on the K slot's first half, P V on the V slot's) after its loop over the blocks before, instead of scores,
+  exponentials and P V over 128 keys of which 64 are masked: a quarter of the diagonal block's work, 5.6% of a
+  causal tile's at S = 1024 (2.9% at 2048). Not yet measured on a GPU; not in the default search space.
+
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
 :mod:`kernels.attention_ws_steps`; this module holds the loader, the partitions, the kernel and its launch.
 
@@ -142,6 +148,7 @@ if gluon is not None:
     from kernels.attention_ws_steps import (
         _consume,
         _consume_chained,
+        _consume_half,
         _consume_overlap,
         _num_items,
         _program_tile,
@@ -216,9 +223,10 @@ if gluon is not None:
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
                      OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
                      CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, EPILOGUE: gl.constexpr,
-                     ARRIVE_AT: gl.constexpr):  # fmt: skip
+                     ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr):  # fmt: skip
         """Consumer ``c`` on one tile: query rows ``start_m * 64 * CONSUMERS + c * 64 + [0, 64)`` over all its key
-        blocks.
+        blocks (``HALF_DIAG``, causal: the first consumer takes only the first 64 keys of the diagonal block, the
+        rest of which its rows never see).
 
         Frees its Q buffer (``q_empty``) as soon as the last wgmma that reads it is done (with ``OVERLAP`` before
         the last P V), so the loader fetches the next tile's Q while this one finishes and stores. The key blocks
@@ -238,7 +246,17 @@ if gluon is not None:
         their_turn = turn.index((c + 1) % CONSUMERS)  # with PINGPONG the consumers take turns round the program
         # ONE_LOOP: every key block in the first loop, masked from n_full on; else the masked ones in a second.
         first_hi = n_blocks if ONE_LOOP else n_full
-        if OVERLAP:
+        if HALF_DIAG and CAUSAL and c == 0:  # 128-row tiles, 128-key blocks: the diagonal block is block n_full
+            if n_full > 0:
+                acc, m_i, l_i, turns = _consume_overlap(
+                    q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base, qk_scale,
+                    SEQ_LEN, n_full, q_empty.index(c), False, turn.index(c), their_turn, turns, BLOCK_N, NUM_BUFFERS,
+                    False, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT,
+                )  # fmt: skip
+            acc, m_i, l_i = _consume_half(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full,
+                                          base, qk_scale, SEQ_LEN, q_empty.index(c), NUM_BUFFERS, CAUSAL, p_layout,
+                                          ARRIVE_AT)  # fmt: skip
+        elif OVERLAP:
             if ONE_LOOP or first_hi > 0:  # ONE_LOOP: n_blocks >= 1
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
@@ -271,7 +289,7 @@ if gluon is not None:
                   NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                   HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
                   CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr,
-                  EPILOGUE: gl.constexpr, ARRIVE_AT: gl.constexpr):  # fmt: skip
+                  EPILOGUE: gl.constexpr, ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr):  # fmt: skip
         """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn."""
         if CHAIN:
             _consume_chained(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
@@ -291,7 +309,7 @@ if gluon is not None:
                                          kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
                                          turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
                                          OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
-                                         ARRIVE_AT)  # fmt: skip
+                                         ARRIVE_AT, HALF_DIAG)  # fmt: skip
                     base += n_blocks
                     i += 1
         else:
@@ -300,7 +318,7 @@ if gluon is not None:
             _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
                          off_hz * SEQ_LEN, n_full, n_blocks, 0, 0, gl.program_id(0) * 0, qk_scale, c, SEQ_LEN,
                          HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS,
-                         ONE_LOOP, EPILOGUE, ARRIVE_AT)  # fmt: skip
+                         ONE_LOOP, EPILOGUE, ARRIVE_AT, HALF_DIAG)  # fmt: skip
 
     @gluon.jit
     def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, sm_scale, SEQ_LEN, BH,
@@ -309,7 +327,7 @@ if gluon is not None:
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
                                 PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
                                 ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr,
-                                EPILOGUE: gl.constexpr, RELEASE_K: gl.constexpr,
+                                EPILOGUE: gl.constexpr, RELEASE_K: gl.constexpr, HALF_DIAG: gl.constexpr,
                                 ARRIVE_AT: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
@@ -347,7 +365,7 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT)),
+                                 ARRIVE_AT, HALF_DIAG)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -361,15 +379,15 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT)),
+                                 ARRIVE_AT, HALF_DIAG)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT)),
+                                 ARRIVE_AT, HALF_DIAG)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 2, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT)),
+                                 ARRIVE_AT, HALF_DIAG)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -383,11 +401,11 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT)),
+                                 ARRIVE_AT, HALF_DIAG)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT)),
+                                 ARRIVE_AT, HALF_DIAG)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -524,6 +542,13 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
         raise ValueError("PINGPONG passes the turn between consumers: it needs CONSUMERS >= 2")
     if knobs.get("THREAD_ARRIVE") and knobs.get("WARP_ARRIVE"):
         raise ValueError("THREAD_ARRIVE and WARP_ARRIVE are two ways to free a K/V slot: set one of them")
+    if knobs.get("HALF_DIAG"):
+        given = {"OVERLAP": bool(knobs.get("OVERLAP")), "PINGPONG": bool(knobs.get("PINGPONG")),
+                 "CHAIN": bool(knobs.get("CHAIN")), "CONSUMERS": consumers, "BLOCK_N": knobs.get("BLOCK_N", 128)}
+        if given != {"OVERLAP": True, "PINGPONG": False, "CHAIN": False, "CONSUMERS": 2, "BLOCK_N": 128}:
+            raise ValueError("HALF_DIAG gives the first consumer of a 128-row tile half of the 128-key diagonal block "
+                             "after its OVERLAP loop: it needs OVERLAP true, PINGPONG and CHAIN false, CONSUMERS 2 and "
+                             f"BLOCK_N 128, got {given}")  # fmt: skip
     if knobs.get("CHAIN"):
         given = {name: bool(knobs.get(name)) for name in ("PERSISTENT", "OVERLAP", "ONE_LOOP", "PINGPONG")}
         if given != {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "PINGPONG": False}:
@@ -535,7 +560,7 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
 KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
     "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False, "CTAS_PER_SM": 1,
-    "EPILOGUE": 0, "RELEASE_K": False, "THREAD_ARRIVE": False, "WARP_ARRIVE": False,
+    "EPILOGUE": 0, "RELEASE_K": False, "THREAD_ARRIVE": False, "WARP_ARRIVE": False, "HALF_DIAG": False,
 }  # fmt: skip
 
 

@@ -268,6 +268,41 @@ if gluon is not None:
         _release(kv_empty, V_EMPTY + stage, ARRIVE_AT)
         return acc, m_i, l_i, turns
 
+    @gluon.jit
+    def _consume_half(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, j, base, qk_scale, SEQ_LEN,
+                      q_free, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, p_layout: gl.constexpr,
+                      ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD):  # fmt: skip
+        """Fold the first 64 keys of key block ``j`` (128 keys) into (acc, m_i, l_i), masked: the diagonal block of
+        the first consumer of a causal 128-row tile, whose rows see none of the block's last 64 keys (``HALF_DIAG``).
+        The scores are a 64 x 64 wgmma on the first half of the K slot, P V one on the first half of the V slot; Q is
+        freed after the scores, the slot's K and V after their wgmmas, as the full blocks do."""
+        V_EMPTY: gl.constexpr = kv_empty.shape[0] - NUM_BUFFERS  # RELEASE_K: V's empty barriers' offset
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, 64, 16])  # fmt: skip
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        stage = (base + j) % NUM_BUFFERS
+        phase = ((base + j) // NUM_BUFFERS) & 1
+        mbarrier.wait(k_ready.index(stage), phase)
+        k_t = k_smem.index(stage).slice(0, 64, dim=0).permute((1, 0))
+        s = warpgroup_mma(q, k_t, gl.zeros([64, 64], gl.float32, s_layout), use_acc=False, is_async=True)
+        s, q, k_t = warpgroup_mma_wait(0, deps=(s, q, k_t))
+        mbarrier.arrive(q_free, count=1)
+        if V_EMPTY > 0:
+            _release(kv_empty, stage, ARRIVE_AT)
+        keys = j * k_smem.shape[1] + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
+        p, alpha, m_new, l_new = _online_softmax(s, gl.convert_layout(m_i, row_layout),
+                                                 gl.convert_layout(l_i, row_layout), keys,
+                                                 gl.convert_layout(rows, row_layout), qk_scale, SEQ_LEN, True, True,
+                                                 CAUSAL)  # fmt: skip
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+        p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
+        mbarrier.wait(v_ready.index(stage), phase)
+        v = v_smem.index(stage).slice(0, 64, dim=0)
+        acc = warpgroup_mma(p_op, v, acc, is_async=True)
+        acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+        _release(kv_empty, V_EMPTY + stage, ARRIVE_AT)
+        return acc, gl.convert_layout(m_new, m_i.type.layout), gl.convert_layout(l_new, l_i.type.layout)
+
     @gluon.constexpr_function
     def _quad_vector_layout(head_dim):
         """The wgmma accumulator's layout of a 64 x ``head_dim`` tile (4 warps; a thread holds columns 2t, 2t + 1

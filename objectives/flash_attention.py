@@ -9,7 +9,7 @@ specialization; ``gluon_ws``, the Gluon kernel of ``kernels/attention_ws.py`` wi
 consumer warpgroups (CONSUMERS; three at head_dim 64 only), sm_90 only: BLOCK_M 128 and 4 warps per consumer fixed,
 num_stages its K/V stages, OVERLAP its intra-warpgroup overlap, ONE_LOOP its key blocks in one loop, CHAIN a
 persistent program's tiles as one overlapped stream, EPILOGUE how its output tile is stored, RELEASE_K a K slot
-freed after its scores), BLOCK_M,
+freed after its scores, HALF_DIAG the first consumer's half of a causal tile's diagonal key block), BLOCK_M,
 BLOCK_N, num_warps, num_stages, precision (bf16, fp16), use_tma (the tutorial kernel's Q/K/V tiles through tensor
 descriptors, Hopper and newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
@@ -267,7 +267,7 @@ class FlashAttention(KernelWorkload):
         for knob in ("use_tma", "SPLIT_M"):
             if config.get(knob, False):
                 return f"{knob} belongs to the Triton kernels; gluon_ws always loads through TMA, 64 rows per consumer"
-        for knob in ("OVERLAP", "PERSISTENT", "PINGPONG", "ONE_LOOP", "CHAIN", "RELEASE_K"):
+        for knob in ("OVERLAP", "PERSISTENT", "PINGPONG", "ONE_LOOP", "CHAIN", "RELEASE_K", "HALF_DIAG"):
             if not isinstance(config.get(knob, False), bool):
                 return f"{knob} must be true or false, got {config.get(knob)!r}"
         if config.get("PINGPONG", False) and not config.get("OVERLAP", False):
@@ -279,6 +279,17 @@ class FlashAttention(KernelWorkload):
                 return (
                     "CHAIN runs a persistent program's tiles as one OVERLAP loop of ONE_LOOP tiles: it needs "
                     f"PERSISTENT, OVERLAP and ONE_LOOP true and PINGPONG false, got {', '.join(wrong)}"
+                )
+        if config.get("HALF_DIAG", False):
+            needs = {"OVERLAP": True, "PINGPONG": False, "CHAIN": False}
+            wrong = [f"{k}={str(config.get(k, False)).lower()}" for k, v in needs.items() if config.get(k, False) != v]
+            if config.get("CONSUMERS", 2) != 2 or int(config["BLOCK_N"]) != 128:
+                wrong.append(f"CONSUMERS={config.get('CONSUMERS', 2)}, BLOCK_N={config['BLOCK_N']}")
+            if wrong:
+                return (
+                    "HALF_DIAG gives the first consumer of a 128-row tile the first half of the 128-key diagonal "
+                    "block: it needs OVERLAP true, PINGPONG and CHAIN false, CONSUMERS 2 and BLOCK_N 128, got "
+                    + ", ".join(wrong)
                 )
         epilogue = config.get("EPILOGUE", 0)
         if epilogue not in (0, 1, 2) or isinstance(epilogue, bool):
@@ -481,6 +492,7 @@ class FlashAttention(KernelWorkload):
             "CHAIN": bool(config.get("CHAIN", False)),
             "EPILOGUE": int(config.get("EPILOGUE", 0)),
             "RELEASE_K": bool(config.get("RELEASE_K", False)),
+            "HALF_DIAG": bool(config.get("HALF_DIAG", False)),
         }
 
     @classmethod

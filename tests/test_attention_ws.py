@@ -62,6 +62,12 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
     assert "EPILOGUE" in (workload.static_check(_config(EPILOGUE=3), H200) or "")
     assert "RELEASE_K must be true or false" in (workload.static_check(_config(RELEASE_K=2), H200) or "")
     assert workload.static_check(_config(stages=2, RELEASE_K=True), H200) is None
+    assert workload.static_check(_config(persistent=True, ONE_LOOP=True, HALF_DIAG=True), H200) is None
+    assert "HALF_DIAG must be true or false" in (workload.static_check(_config(HALF_DIAG=1), H200) or "")
+    for wrong in ({"overlap": False}, {"PINGPONG": True}, {"block_n": 64}):
+        reason = workload.static_check(_config(**{**wrong, "HALF_DIAG": True}), H200) or ""
+        assert "HALF_DIAG gives the first consumer" in reason, (wrong, reason)
+    assert "CONSUMERS=3" in (narrow.static_check(_config(CONSUMERS=3, HALF_DIAG=True), H200) or "")
     for epilogue in (1, 2):  # the conversion's scratch beside three K/V stages fits at D=64, not at D=128
         assert "epilogue scratch" in (workload.static_check(_config(EPILOGUE=epilogue), H200) or "")
         assert workload.static_check(_config(stages=2, EPILOGUE=epilogue), H200) is None
@@ -90,7 +96,7 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     assert exported["function"] == "kernels.attention_ws.attention_ws"
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
                                   "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False,
-                                  "EPILOGUE": 0, "RELEASE_K": False}  # fmt: skip
+                                  "EPILOGUE": 0, "RELEASE_K": False, "HALF_DIAG": False}  # fmt: skip
     source = workload.export_python(_config(persistent=True))
     tree = ast.parse(source)
     namespace: dict[str, Any] = {}
@@ -116,6 +122,7 @@ for job in json.loads(sys.argv[1]):
                       "arrives": ptx.count("mbarrier.arrive"),
                       "warpgroup_barriers": len(re.findall(r"bar\\.sync\\s+\\d+, 128;", ptx)),
                       "thread_arrives": ptx.count("cp.async.mbarrier.arrive.noinc"),
+                      "scores_64_keys": len(re.findall(r"mma_async\\.\\S+\\.m64n64k16\\.\\S+ \\{[^}]*\\}, %rd", ptx)),
                       "warp_arrives": ptx.count("mov.u32 l, %laneid; setp.eq.u32 p, l, 0;")}),
           flush=True)
 """
@@ -197,6 +204,48 @@ def _without_and_with(aot_child: Any, knob: str, loops: tuple) -> list[tuple[dic
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
     assert len(lines) == len(jobs), lines
     return list(zip(lines[::2], lines[1::2], strict=True))
+
+
+@pytest.mark.timeout(300)
+def test_half_diagonal_adds_a_64_key_step_for_the_first_consumer_only_when_causal(aot_child: Any) -> None:
+    """``HALF_DIAG`` (sm_90 PTX, no GPU): causal, the first consumer's diagonal block is a step of its own on the
+    first 64 keys: scores of 64 x 64 from shared memory (Q and the K slot's first half: K / 16 wgmmas, none
+    without the knob), one program per tile and persistent, D = 64 and 128, in the same shared memory; without the
+    causal mask the kernel is the same as without the knob."""
+    jobs = []
+    for d, extra in ((64, {"PERSISTENT": True, "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True}),
+                     (128, {"PERSISTENT": True, "ONE_LOOP": True, "RELEASE_K": True}), (128, {})):  # fmt: skip
+        for causal in (True, False):
+            for on in (False, True):
+                config = {"causal": causal, "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, **extra, "HALF_DIAG": on}
+                jobs.append({"shape": [2, 16, 1024, d], "config": config})
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
+    assert len(lines) == len(jobs), lines
+    for i in range(0, len(lines), 4):
+        causal_off, causal_on, full_off, full_on = lines[i : i + 4]
+        d = causal_on["shape"][3]
+        assert causal_off["scores_64_keys"] == 0 and causal_on["scores_64_keys"] == d // 16, causal_on
+        assert causal_on["shared"] == causal_off["shared"], (causal_off, causal_on)
+        assert full_on["wgmma"] == full_off["wgmma"] and full_on["scores_64_keys"] == 0, full_on
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 16, 1024, 64), (1, 2, 200, 64)],
+                         ids=lambda s: "x".join(map(str, s)))  # fmt: skip
+def test_gpu_half_diagonal_matches_fp32_attention(shape: tuple[int, int, int, int]) -> None:
+    """``HALF_DIAG`` (causal: the first consumer takes the first 64 keys of the diagonal block alone): outputs
+    (NaN-filled first) and log-sum-exp against fp32 math, one program per tile and persistent, one loop or two,
+    K released early or not, two and three stages, at ragged lengths (a last tile partly past the end; S = 200
+    has tiles whose first consumer has no block before the diagonal)."""
+    q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, True, shape[2] + 17)
+    persistent = {"PERSISTENT": True, "ONE_LOOP": True}
+    variants = [{}, {"ONE_LOOP": True}, persistent, {**persistent, "RELEASE_K": True, "EPILOGUE": 2},
+                {**persistent, "NUM_BUFFERS": 3}, {"PERSISTENT": True, "RELEASE_K": True}]
+    base = {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True}
+    for knobs in variants:
+        _assert_matches_fp32(q, k, v, expected, expected_lse, True, **{**base, **knobs, "HALF_DIAG": True})
 
 
 @pytest.mark.timeout(300)
