@@ -28,6 +28,9 @@ operand; the tile's BLOCK_M columns of Y are the MMA's N, 8 to 64).
   registers do not fit). ``UNSWAPPED`` (int4, 64-row tiles) is the other orientation: the span decoded into
   shared memory as two (64, BLOCK_N) B operands beside X's two (64, 64) boxes as A, one half decoding while the
   other multiplies.
+- ``PDL`` (a programmatic dependent launch): the loader copies the ring's first lap of words and scales before
+  ``griddepcontrol.wait`` (no kernel writes them), X only after it, and lets the next kernel launch once its copies
+  are issued, so a short product's words stream under the previous kernel's tail.
 - **Registers**: ``maxnreg`` is set so that ``PROGRAMS_PER_SM`` programs of 8 warps fit the SM (the loader's
   warpgroup is padded), and ``setmaxnreg`` moves the loader's surplus (``LOADER_REGS``) to the consumer.
 
