@@ -468,6 +468,21 @@ def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memor
     assert _grid(2, 1024, meta, 132) == (32,)
 
 
+def test_half_diag_phase_offers_each_loop_with_and_without_the_knob_within_the_rules() -> None:
+    """``bench/attention_ws.py half_diag``: every candidate comes with and without ``HALF_DIAG`` (the contrast the
+    phase re-measures), all pass the kernel's knob rules, and at each head dim some fit the shared memory."""
+    from bench.attention_ws import HALF_DIAG_CONFIGS, _unusable
+    from kernels.attention_ws import _check
+
+    pairs = {json.dumps({**c, "HALF_DIAG": False}, sort_keys=True) for c in HALF_DIAG_CONFIGS}
+    assert len(pairs) * 2 == len(HALF_DIAG_CONFIGS)  # each loop once without the knob and once with it
+    for config in HALF_DIAG_CONFIGS:
+        _check(64, "bf16", dict(config))  # raises naming the knob it refuses
+    for d in (64, 128):
+        usable = [c for c in HALF_DIAG_CONFIGS if _unusable(d, c) is None]
+        assert {c["HALF_DIAG"] for c in usable} == {False, True}, d
+
+
 def test_persistent_grid_counts_its_work_items_once() -> None:
     """The persistent grid and the wave benchmark count work items with one function: 128-row tiles (two
     consumers) or 192-row ones (three), causal items pairing two tiles; the grid is capped at the SMs."""

@@ -321,6 +321,20 @@ def test_ws_tiles_offered_to_the_packed_layers_tuner_only_where_they_run(monkeyp
     assert pdl == [{**tile, "PDL": 1} for tile in plain]  # the same tiles, launched as programmatic dependents
 
 
+def test_sweep_offers_wide_x_unswapped_and_wide_swapped_tiles_that_pass_the_rules() -> None:
+    """``bench/int4_ws.py``'s candidates at the benchmark's (8192, 8192): at every row count and width some pass the
+    kernel's rules with X in 64-column boxes and some without; at M = 64 (int4) the pipelined ``UNSWAPPED`` tiles
+    and 256-column swapped tiles are among them; none asks for ``STAGGER`` (measured slower)."""
+    from bench.int4_ws import candidates
+    from kernels.quant_ws_rules import check_config
+
+    for m, bits in ((1, 4), (16, 4), (64, 4), (1, 8)):
+        ok = [c for c in candidates(m, bits) if check_config(m, 8192, 8192, bits, 128, **c) is None]
+        assert {c.get("WIDE_X", 0) for c in ok} == {0, 1} and not any(c.get("STAGGER") for c in ok), (m, bits)
+    wide = [c for c in candidates(64, 4) if check_config(64, 8192, 8192, 4, 128, **c) is None]
+    assert any(c.get("UNSWAPPED") for c in wide) and any(c["BLOCK_N"] == 256 and not c.get("UNSWAPPED") for c in wide)
+
+
 @pytest.mark.gpu
 @compiled_gpu
 @pytest.mark.timeout(600)
