@@ -8,7 +8,9 @@ and row count, in CUDA graphs over weight copies rotating through 256 MB (as the
 - bf16 ``F.linear`` (cuBLAS), the baseline's product;
 - every int4 tile the decode tuner measures (:func:`models.quant_tiles.packed_candidates` and
   :func:`~models.quant_tiles.ws_candidates`), and with ``--partials`` the split-K tiles whose partial products are
-  left to the next operation (:func:`~models.quant_tiles.partial_candidates`, the kernel alone), best first;
+  left to the next operation (:func:`~models.quant_tiles.partial_candidates`, the kernel alone), and with
+  ``--pdl`` the warp-specialized tiles also as programmatic dependents (``PDL: 1``: timed back to back, each
+  copying its first words while the one before ends), best first;
 - the read floor of the int4 words (:mod:`bench.stream_floor`'s flat reader, the fastest of its configs).
 
     PYTHONPATH=. python bench/decode_shapes.py --rows 1 64 --partials \
@@ -101,6 +103,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=6)
     parser.add_argument("--partials", action="store_true", help="also the PARTIALS tiles")
     parser.add_argument("--extra-gemv", action="store_true", help="also EXTRA_GEMV at M = 1")
+    parser.add_argument("--pdl", action="store_true", help="also the warp-specialized tiles with PDL")
     parser.add_argument("--out")
     args = parser.parse_args()
     started = time.time()
@@ -111,6 +114,7 @@ def main() -> None:
             n, k = SHAPES[name]
             tiles = packed_candidates(m, n, k, 4) + ws_candidates(m, n, k, 4, GROUP)
             tiles += partial_candidates(m, n, k, 4) if args.partials else []
+            tiles += ws_candidates(m, n, k, 4, GROUP, pdl=True) if args.pdl else []
             tiles += EXTRA_GEMV if args.extra_gemv and m == 1 else []
             timed = sorted(time_packed_tiles(m, n, k, 4, GROUP, torch.bfloat16, torch.device("cuda"), tiles),
                            key=lambda pair: pair[1])  # fmt: skip
