@@ -43,7 +43,10 @@ def candidates(m: int, bits: int = 4) -> list[dict[str, int]]:
         grid = itertools.product((128, 256), (2, 3, 4, 6), (2, 3, 4), (1,) if bits == 4 else (0,),
                                  (1,) if bits == 4 else (0, 1), (0, 1), (0, 1))  # fmt: skip
     else:
-        grid = itertools.product((128, 256), (3, 4), (1, 2), (0, 1), (1,), (0, 1), (0, 1))
+        # 256-column tiles hold a 256 x 64 fp32 accumulator: without spills (sm_90 SASS) only at one program an
+        # SM and with the scales applied in the decode (SCALE_ACC's second accumulator spills)
+        grid = itertools.chain(itertools.product((128,), (3, 4), (1, 2), (0, 1), (1,), (0, 1), (0, 1)),
+                               itertools.product((256,), (3, 4), (1,), (0,), (1,), (0, 1), (0, 1)))  # fmt: skip
     out = []
     for bn, stages, programs, scale_acc, swizzle, slice_wait, wide_x in grid:
         out.append({"BLOCK_N": bn, "BLOCK_M": block_m, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
