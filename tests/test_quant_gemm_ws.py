@@ -317,6 +317,9 @@ def test_ws_tiles_offered_to_the_packed_layers_tuner_only_where_they_run(monkeyp
             knobs = {name: value for name, value in tile.items() if name != "WS"}
             assert quant_gemm_ws.check_config(m, 4096, 4096, 4, 128, **knobs) is None
     assert ws_candidates(1, 4100, 4096, 4, 128) == [] and ws_candidates(1, 4096, 4096, 4, 64) == []
+    wide = ws_candidates(64, 4096, 4096, 4, 128)  # 64-row tiles: none whose accumulators spill
+    assert all(t["PROGRAMS_PER_SM"] < 3 for t in wide) and wide
+    assert all(t["PROGRAMS_PER_SM"] == 1 and not t["SCALE_ACC"] for t in wide if t["BLOCK_N"] == 256)
     plain, pdl = ws_candidates(8, 4096, 4096, 4, 128), ws_candidates(8, 4096, 4096, 4, 128, pdl=True)
     assert pdl == [{**tile, "PDL": 1} for tile in plain]  # the same tiles, launched as programmatic dependents
 
