@@ -43,8 +43,9 @@ def candidates(m: int, bits: int = 4) -> list[dict[str, int]]:
         grid = itertools.product((128, 256), (2, 3, 4, 6), (2, 3, 4), (1,) if bits == 4 else (0,),
                                  (1,) if bits == 4 else (0, 1), (0, 1), (0, 1))  # fmt: skip
     else:
-        # 256-column tiles hold a 256 x 64 fp32 accumulator: without spills (sm_90 SASS) only at one program an
-        # SM and with the scales applied in the decode (SCALE_ACC's second accumulator spills)
+        # 256-column tiles: at 64 rows only these escape kernels.quant_ws_rules.accumulators_spill (one program an
+        # SM, the scales applied in the decode); the same restriction is kept at 32 rows, where the sm_90 SASS
+        # spills only at two programs with SCALE_ACC (60 instructions): a wider 32-row grid waits for a GPU run
         grid = itertools.chain(itertools.product((128,), (3, 4), (1, 2), (0, 1), (1,), (0, 1), (0, 1)),
                                itertools.product((256,), (3, 4), (1,), (0,), (1,), (0, 1), (0, 1)))  # fmt: skip
     out = []

@@ -24,6 +24,13 @@ def loader_regs(programs_per_sm: int) -> int:
     return 24 if programs_per_sm >= 3 else 40
 
 
+def accumulators_spill(BLOCK_M: int, BLOCK_N: int, PROGRAMS_PER_SM: int, SCALE_ACC: int = 0) -> bool:
+    """Whether a 64-row tile's fp32 accumulators overflow the consumer's registers: three programs an SM, or 256
+    columns other than at one program with the scales in the decode (387-1,304 spill instructions in their sm_90
+    SASS, against 0-20 for the other 64-row tiles). Such tiles never won; sweeps and tuners leave them out."""
+    return BLOCK_M == 64 and (PROGRAMS_PER_SM >= 3 or (BLOCK_N == 256 and (PROGRAMS_PER_SM > 1 or bool(SCALE_ACC))))
+
+
 def shared_memory_bytes(bits: int, BLOCK_M: int, BLOCK_N: int, NUM_STAGES: int, UNSWAPPED: int = 0) -> int:
     """The ring's words, scales and X slices (16-bit X), ``UNSWAPPED``'s decoded span (16-bit), plus 1024 bytes
     for barriers and alignment."""

@@ -150,13 +150,11 @@ def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int, pdl: bool 
     """Tiles of the warp-specialized Gluon kernel for (M, K) x (K, N) (``WS: 1``), where this Triton has it and
     the product fits its rules (N a multiple of 8, groups of whole spans, shared memory). Each waits for its
     wgmmas a slice pair at a time and, for int4, reads swizzled words (the fastest at every shape measured on an
-    H200); rings of 2-3 stages up to 16 rows (deeper ones measured slower there), 3-4 above. 64-row tiles whose
-    fp32 accumulators do not fit the consumer's registers are left out: three programs an SM, and 256 columns
-    but at one program an SM with the scales in the decode (387-887 spill instructions in their sm_90 SASS,
-    against 0-20 for the others). ``pdl``: each launched as a programmatic dependent of the kernel before it
-    (``PDL: 1``)."""
+    H200); rings of 2-3 stages up to 16 rows (deeper ones measured slower there), 3-4 above; none whose
+    accumulators spill (:func:`kernels.quant_ws_rules.accumulators_spill`). ``pdl``: each launched as a
+    programmatic dependent of the kernel before it (``PDL: 1``)."""
     from kernels import quant_gemm_ws
-    from kernels.quant_ws_rules import loader_regs
+    from kernels.quant_ws_rules import accumulators_spill, loader_regs
 
     if not quant_gemm_ws.available():
         return []
@@ -164,8 +162,8 @@ def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int, pdl: bool 
     depths = (2, 3) if block_m <= 16 else (3, 4)
     tiles = []
     for bn, stages, programs, scale_acc in itertools.product((128, 256), depths, (1, 2, 3), (0, 1)):
-        if block_m == 64 and (programs == 3 or (bn == 256 and (programs > 1 or scale_acc))):
-            continue  # the accumulators spill
+        if accumulators_spill(block_m, bn, programs, scale_acc):
+            continue
         tile = {"BLOCK_N": bn, "BLOCK_M": block_m, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
                 "LOADER_REGS": loader_regs(programs), "SCALE_ACC": scale_acc,
                 "SWIZZLE": int(bits == 4), "SLICE_WAIT": 1, **({"PDL": 1} if pdl else {})}  # fmt: skip

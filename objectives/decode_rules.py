@@ -48,7 +48,7 @@ def pdl(config: dict[str, Any]) -> bool:
     """The config's ``pdl`` (optional: false when absent): the compiled step's kernels launched as programmatic
     dependents of the kernel before them (Inductor's, and with the packed kernel the warp-specialized int4/int8
     tiles', which copy their first words before waiting)."""
-    return bool(config.get("pdl") or False)
+    return bool(config.get("pdl"))
 
 
 def quant_kernel(config: dict[str, Any]) -> str | None:

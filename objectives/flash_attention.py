@@ -73,6 +73,11 @@ TMA_SHARED_OVERHEAD_BYTES = 1024
 MAX_BLOCK_N_WITH_KEY_TAIL = 128
 
 
+def _unmet(config: dict[str, Any], needs: dict[str, bool]) -> list[str]:
+    """The flags of ``needs`` that ``config`` does not set as needed (absent counts as false), as ``NAME=value``."""
+    return [f"{k}={str(config.get(k, False)).lower()}" for k, v in needs.items() if config.get(k, False) != v]
+
+
 def _next_pow2(value: int) -> int:
     return 1 << max(0, value - 1).bit_length()
 
@@ -273,16 +278,14 @@ class FlashAttention(KernelWorkload):
         if config.get("PINGPONG", False) and not config.get("OVERLAP", False):
             return "PINGPONG orders the OVERLAP loop's wgmmas between the consumers: it needs OVERLAP=true"
         if config.get("CHAIN", False):
-            needs = {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "PINGPONG": False}
-            wrong = [f"{k}={str(config.get(k, False)).lower()}" for k, v in needs.items() if config.get(k, False) != v]
+            wrong = _unmet(config, {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "PINGPONG": False})
             if wrong:
                 return (
                     "CHAIN runs a persistent program's tiles as one OVERLAP loop of ONE_LOOP tiles: it needs "
                     f"PERSISTENT, OVERLAP and ONE_LOOP true and PINGPONG false, got {', '.join(wrong)}"
                 )
         if config.get("HALF_DIAG", False):
-            needs = {"OVERLAP": True, "PINGPONG": False, "CHAIN": False}
-            wrong = [f"{k}={str(config.get(k, False)).lower()}" for k, v in needs.items() if config.get(k, False) != v]
+            wrong = _unmet(config, {"OVERLAP": True, "PINGPONG": False, "CHAIN": False})
             if config.get("CONSUMERS", 2) != 2 or int(config["BLOCK_N"]) != 128:
                 wrong.append(f"CONSUMERS={config.get('CONSUMERS', 2)}, BLOCK_N={config['BLOCK_N']}")
             if wrong:

@@ -362,7 +362,7 @@ class QuantGemm(KernelWorkload):
         except (TypeError, ValueError):
             return f"bits, group_size and the ws params must be ints, got { {p: config.get(p) for p in WS_PARAMS} }"
         if config["BLOCK_M"] not in (1, 8, 16, 32, 64):
-            return f"the ws kernel's BLOCK_M must be 1 (its 8-row tile), 16, 32 or 64, got {config['BLOCK_M']!r}"
+            return f"the ws kernel's BLOCK_M must be 1 (its 8-row tile), 8, 16, 32 or 64, got {config['BLOCK_M']!r}"
         cc = device.compute_capability
         if not device.is_gpu or interpreter_active() or cc is None or tuple(cc) < (9, 0):
             return f"kernel ws (Gluon, wgmma and TMA) runs only compiled on a Hopper GPU (sm_90), not on {device.name}"
