@@ -16,10 +16,10 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
 - ``persistent``: the persistent grid's candidates (:data:`PERSISTENT_CONFIGS`) and the best one-tile config at
   every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``);
 - ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``, ``release``, ``single_vec``,
-  ``thread_arrive``, ``release3``, ``warp_arrive``, ``half_diag`` (causal shapes only): the same per shape for one
-  variant's candidates beside the winners (``chain``, ``epilogue``, ``release``, ``single_vec``, ``thread_arrive``,
-  ``warp_arrive`` and ``half_diag`` also re-measure the best config without the variant; ``--head-dims`` keeps those
-  head dims only).
+  ``thread_arrive``, ``release3``, ``warp_arrive``, ``half_diag`` (causal shapes only), ``exp_poly``: the same per
+  shape for one variant's candidates beside the winners (``chain``, ``epilogue``, ``release``, ``single_vec``,
+  ``thread_arrive``, ``warp_arrive``, ``half_diag`` and ``exp_poly`` also re-measure the best config without the
+  variant; ``--head-dims`` keeps those head dims only).
 """
 
 from __future__ import annotations
@@ -342,6 +342,14 @@ HALF_DIAG_CONFIGS: list[dict[str, Any]] = [
     for (nb, ep, rk), half in itertools.product(((2, 2, True), (3, 0, False), (2, 0, True)), (False, True))
 ]  # fmt: skip
 
+#: The D = 64 winners' loops (two consumers with two stages, three with three) with 0-4 of every 8 exponentials on
+#: the FMA pipe (``EXP_POLY``); ``exp_poly`` phase, contrast: the fastest without it.
+EXP_POLY_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": c,
+     "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True, "EXP_POLY": poly}
+    for (c, nb), poly in itertools.product(((2, 2), (3, 3)), range(5))
+]  # fmt: skip
+
 
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,
               contrast: str | None = None, checked: bool = True, head_dims: list[int] | None = None,
@@ -398,6 +406,7 @@ PER_SHAPE_PHASES: dict[str, tuple[list[dict[str, Any]], str | None]] = {
     "release": (RELEASE_CONFIGS, "RELEASE_K"), "single_vec": (SINGLE_VEC_CONFIGS, "CTAS_PER_SM"),
     "thread_arrive": (THREAD_ARRIVE_CONFIGS, "THREAD_ARRIVE"), "release3": (RELEASE3_CONFIGS, None),
     "warp_arrive": (WARP_ARRIVE_CONFIGS, "WARP_ARRIVE"), "half_diag": (HALF_DIAG_CONFIGS, "HALF_DIAG"),
+    "exp_poly": (EXP_POLY_CONFIGS, "EXP_POLY"),
 }  # fmt: skip
 
 

@@ -77,6 +77,12 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   wgmma on the K slot's first half, P V on the V slot's) after its loop over the blocks before, instead of scores,
   exponentials and P V over 128 keys of which 64 are masked: a quarter of the diagonal block's work, 5.6% of a
   causal tile's at S = 1024 (2.9% at 2048). Not yet measured on a GPU; not in the default search space.
+- ``EXP_POLY`` (0-4): FlashAttention-4's exponential. Each score costs one ``MUFU.EX2``, and the multi-function
+  unit does 16 a clock an SM against the tensor cores' 4,096 bf16 FLOPs: at D = 64 a 128 x 128 block's
+  exponentials (1,024 clocks) take as long as its two wgmmas, so the unit, not the tensor cores, sets the pace.
+  ``EXP_POLY`` of every 8 scores instead get a degree-3 polynomial on the FMA pipe (128 a clock; about seven
+  instructions, :func:`kernels.attention_ws_steps.exp2_asm`), relative error 7.5e-5 against bf16's 3.9e-3. Not yet
+  measured on a GPU; not in the default search space.
 
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
 :mod:`kernels.attention_ws_steps`; this module holds the loader, the partitions, the kernel and its launch.
@@ -99,6 +105,8 @@ from kernels.attention_ws_steps import (
     ARRIVE_EVERY_THREAD,
     ARRIVE_ONE_THREAD,
     ARRIVE_WARPS_UNPLACED,
+    EXP_PACK,
+    EXP_POLY_CHOICES,
     MASKED_SCORE,
     _place_warp_arrivals,
 )
@@ -223,7 +231,7 @@ if gluon is not None:
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
                      OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
                      CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, EPILOGUE: gl.constexpr,
-                     ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr):  # fmt: skip
+                     ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr, EXP_POLY: gl.constexpr):  # fmt: skip
         """Consumer ``c`` on one tile: query rows ``start_m * 64 * CONSUMERS + c * 64 + [0, 64)`` over all its key
         blocks (``HALF_DIAG``, causal: the first consumer takes only the first 64 keys of the diagonal block, the
         rest of which its rows never see).
@@ -251,33 +259,34 @@ if gluon is not None:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base, qk_scale,
                     SEQ_LEN, n_full, q_empty.index(c), False, turn.index(c), their_turn, turns, BLOCK_N, NUM_BUFFERS,
-                    False, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT,
+                    False, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY,
                 )  # fmt: skip
             acc, m_i, l_i = _consume_half(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full,
                                           base, qk_scale, SEQ_LEN, q_empty.index(c), NUM_BUFFERS, CAUSAL, p_layout,
-                                          ARRIVE_AT)  # fmt: skip
+                                          ARRIVE_AT, EXP_POLY)  # fmt: skip
         elif OVERLAP:
             if ONE_LOOP or first_hi > 0:  # ONE_LOOP: n_blocks >= 1
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
                     SEQ_LEN, n_full, q_empty.index(c), n_blocks == first_hi, turn.index(c), their_turn, turns,
-                    BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT,
+                    BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY,
                 )  # fmt: skip
             if not ONE_LOOP and n_blocks > n_full:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
                     qk_scale, SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
-                    NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT,
+                    NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY,
                 )  # fmt: skip
         else:
             acc, m_i, l_i = _consume(
                 q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
-                SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, ARRIVE_AT,
+                SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, ARRIVE_AT, EXP_POLY,
             )  # fmt: skip
             if not ONE_LOOP:
                 acc, m_i, l_i = _consume(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
                     qk_scale, SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, ARRIVE_AT,
+                    EXP_POLY,
                 )  # fmt: skip
             mbarrier.arrive(q_empty.index(c), count=1)
         _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)
@@ -289,12 +298,13 @@ if gluon is not None:
                   NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                   HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
                   CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr,
-                  EPILOGUE: gl.constexpr, ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr):  # fmt: skip
+                  EPILOGUE: gl.constexpr, ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr,
+                  EXP_POLY: gl.constexpr):  # fmt: skip
         """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn."""
         if CHAIN:
             _consume_chained(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
                              c, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, STORE_LSE,
-                             CONSUMERS, EPILOGUE, ARRIVE_AT)  # fmt: skip
+                             CONSUMERS, EPILOGUE, ARRIVE_AT, EXP_POLY)  # fmt: skip
         elif PERSISTENT:
             num_m = gl.cdiv(SEQ_LEN, 64 * CONSUMERS)
             base = 0
@@ -309,7 +319,7 @@ if gluon is not None:
                                          kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
                                          turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
                                          OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
-                                         ARRIVE_AT, HALF_DIAG)  # fmt: skip
+                                         ARRIVE_AT, HALF_DIAG, EXP_POLY)  # fmt: skip
                     base += n_blocks
                     i += 1
         else:
@@ -318,7 +328,7 @@ if gluon is not None:
             _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
                          off_hz * SEQ_LEN, n_full, n_blocks, 0, 0, gl.program_id(0) * 0, qk_scale, c, SEQ_LEN,
                          HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS,
-                         ONE_LOOP, EPILOGUE, ARRIVE_AT, HALF_DIAG)  # fmt: skip
+                         ONE_LOOP, EPILOGUE, ARRIVE_AT, HALF_DIAG, EXP_POLY)  # fmt: skip
 
     @gluon.jit
     def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, sm_scale, SEQ_LEN, BH,
@@ -328,6 +338,7 @@ if gluon is not None:
                                 PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
                                 ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr,
                                 EPILOGUE: gl.constexpr, RELEASE_K: gl.constexpr, HALF_DIAG: gl.constexpr,
+                                EXP_POLY: gl.constexpr,
                                 ARRIVE_AT: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
@@ -365,7 +376,7 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -379,15 +390,15 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 2, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -401,11 +412,11 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
                                CONSUMERS)),
@@ -549,6 +560,10 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
             raise ValueError("HALF_DIAG gives the first consumer of a 128-row tile half of the 128-key diagonal block "
                              "after its OVERLAP loop: it needs OVERLAP true, PINGPONG and CHAIN false, CONSUMERS 2 and "
                              f"BLOCK_N 128, got {given}")  # fmt: skip
+    exp_poly = knobs.get("EXP_POLY", 0)
+    if exp_poly not in EXP_POLY_CHOICES or isinstance(exp_poly, bool):
+        raise ValueError(f"EXP_POLY (how many of every {EXP_PACK} exponentials a polynomial takes) must be one of "
+                         f"{EXP_POLY_CHOICES}, got {exp_poly!r}")  # fmt: skip
     if knobs.get("CHAIN"):
         given = {name: bool(knobs.get(name)) for name in ("PERSISTENT", "OVERLAP", "ONE_LOOP", "PINGPONG")}
         if given != {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "PINGPONG": False}:
@@ -561,6 +576,7 @@ KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
     "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False, "CTAS_PER_SM": 1,
     "EPILOGUE": 0, "RELEASE_K": False, "THREAD_ARRIVE": False, "WARP_ARRIVE": False, "HALF_DIAG": False,
+    "EXP_POLY": 0,
 }  # fmt: skip
 
 
@@ -584,7 +600,9 @@ def attention_ws(
     at D = 64, or 1; ``ONE_LOOP``: a tile's key blocks in one loop; ``CTAS_PER_SM``: programs an SM, 2 with one
     consumer; ``EPILOGUE``: 1 and 2 store the output in 16-byte vectors; ``RELEASE_K``: a consumer frees a key
     block's K slot once its scores are done, not with its V after P V; ``THREAD_ARRIVE``: every consumer thread
-    arrives on the slots' empty barriers; ``WARP_ARRIVE``: one lane a warp, in inline PTX). Launches asynchronously
+    arrives on the slots' empty barriers; ``WARP_ARRIVE``: one lane a warp, in inline PTX; ``HALF_DIAG``: causal, the
+    first consumer takes half the diagonal block; ``EXP_POLY``: 0-4 of every 8 exponentials by a polynomial on the
+    FMA pipe). Launches asynchronously
     on the current stream.
     """
     out = check_operands(q, k, v, out, lse)

@@ -27,6 +27,63 @@ ARRIVE_EVERY_THREAD = triton.language.constexpr(-2)
 ARRIVE_WARPS_UNPLACED = triton.language.constexpr(-3)
 
 
+#: ``EXP_POLY``: 2^f on [-0.5, 0.5], degree 3, minimax in relative error (7.5e-5: a bf16 probability rounds at
+#: 3.9e-3), lowest power first. Rounded to fp32, they are the immediates of the PTX below.
+EXP2_POLY_COEFFS = (0.99992807, 0.69326099, 0.24261114, 0.05517167)
+#: The fewest scores ``EXP_POLY`` lets the exponential unit take: x < this is raised to it (2^-125, still a normal
+#: fp32, so that adding the integer part to the exponent field cannot wrap; masked scores land here, not at 0).
+EXP2_POLY_FLOOR = -125.0
+#: The scores of one inline-assembly call: ``EXP_POLY`` of every ``EXP_PACK`` go to the polynomial.
+EXP_PACK = 8
+
+
+def _f32_hex(value: float) -> str:
+    """A PTX fp32 immediate (``0f`` and the eight hex digits of the rounded value)."""
+    import struct
+
+    return "0f" + struct.pack(">f", value).hex().upper()
+
+
+def exp2_asm(poly: int) -> str:
+    """PTX for ``2^x`` of ``EXP_PACK`` scores ($EXP_PACK.. in, $0.. out): the first ``EXP_PACK - poly`` on the
+    multi-function unit (``ex2.approx.ftz``, 16 a clock an SM on sm_90), the last ``poly`` on the FMA pipe (128 a
+    clock): FlashAttention-4's exponential, split between the two units. x is raised to
+    :data:`EXP2_POLY_FLOOR`, rounded to an integer j by adding 1.5 * 2^23 (the sum's low mantissa bits are j), the
+    polynomial :data:`EXP2_POLY_COEFFS` evaluated at f = x - j in [-0.5, 0.5] by Horner (three FMAs), and j added
+    to its exponent field (the sum's bits shifted left by 23)."""
+    c0, c1, c2, c3 = map(_f32_hex, EXP2_POLY_COEFFS)
+    magic, floor = _f32_hex(1.5 * 2**23), _f32_hex(EXP2_POLY_FLOOR)
+    lines = ["{", ".reg .f32 x, t, j, f, p;", ".reg .b32 e, b;"]
+    for i in range(EXP_PACK):
+        out, arg = f"${i}", f"${EXP_PACK + i}"
+        if i < EXP_PACK - poly:
+            lines.append(f"ex2.approx.ftz.f32 {out}, {arg};")
+            continue
+        lines += [
+            f"max.ftz.f32 x, {arg}, {floor};",
+            f"add.rn.ftz.f32 t, x, {magic};",
+            f"sub.rn.ftz.f32 j, t, {magic};",
+            "sub.rn.ftz.f32 f, x, j;",
+            f"fma.rn.ftz.f32 p, f, {c3}, {c2};",
+            f"fma.rn.ftz.f32 p, p, f, {c1};",
+            f"fma.rn.ftz.f32 p, p, f, {c0};",
+            "mov.b32 e, t;",
+            "shl.b32 e, e, 23;",
+            "mov.b32 b, p;",
+            "add.s32 b, b, e;",
+            f"mov.b32 {out}, b;",
+        ]
+    return " ".join([*lines, "}"])
+
+
+EXP_POLY_CHOICES = tuple(range(EXP_PACK // 2 + 1))  # up to half the scores on the polynomial
+_EXP2_ASM_1 = triton.language.constexpr(exp2_asm(1))
+_EXP2_ASM_2 = triton.language.constexpr(exp2_asm(2))
+_EXP2_ASM_3 = triton.language.constexpr(exp2_asm(3))
+_EXP2_ASM_4 = triton.language.constexpr(exp2_asm(4))
+_EXP_PACK = triton.language.constexpr(EXP_PACK)
+_EXP2_CONSTRAINTS = triton.language.constexpr(",".join(["=f"] * EXP_PACK + ["f"] * EXP_PACK))
+
 #: kv_empty's byte offset in shared memory, per kernel specialization (WARP_ARRIVE's inline PTX needs it).
 _EMPTY_OFFSETS: dict[tuple, int] = {}
 
@@ -131,16 +188,33 @@ if gluon is not None:
         return s
 
     @gluon.jit
+    def _exp2(x, EXP_POLY: gl.constexpr):
+        """``2^x`` elementwise (x <= 0 here), ``EXP_POLY`` of every ``EXP_PACK`` values by a polynomial on the FMA
+        pipe and the rest on the multi-function unit (:func:`exp2_asm`); 0: all on the unit (``gl.exp2``)."""
+        if EXP_POLY == 0:
+            return gl.exp2(x)
+        if EXP_POLY == 1:
+            asm: gl.constexpr = _EXP2_ASM_1
+        elif EXP_POLY == 2:
+            asm: gl.constexpr = _EXP2_ASM_2
+        elif EXP_POLY == 3:
+            asm: gl.constexpr = _EXP2_ASM_3
+        else:
+            asm: gl.constexpr = _EXP2_ASM_4
+        return gl.inline_asm_elementwise(asm, _EXP2_CONSTRAINTS, [x], dtype=gl.float32, is_pure=True, pack=_EXP_PACK)
+
+    @gluon.jit
     def _online_softmax(s, m_i, l_i, keys, rows, qk_scale, SEQ_LEN, mask_now, MASK: gl.constexpr,
-                        CAUSAL: gl.constexpr):  # fmt: skip
+                        CAUSAL: gl.constexpr, EXP_POLY: gl.constexpr = 0):  # fmt: skip
         """One block's step of the online softmax: P, the rescale of what came before, the new max and sum.
 
         The row maximum is taken over the raw scores and scaled once per row (``qk_scale > 0``), so each score
-        costs one fused multiply-add before its ``exp2`` instead of a multiply and a subtraction."""
+        costs one fused multiply-add before its ``exp2`` instead of a multiply and a subtraction. ``EXP_POLY``:
+        how many of every ``EXP_PACK`` scores' exponentials a polynomial computes (:func:`_exp2`)."""
         s = _masked(s, keys, rows, SEQ_LEN, mask_now, MASK, CAUSAL)
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(s * qk_scale - gl.expand_dims(m_new, 1))
+        p = _exp2(s * qk_scale - gl.expand_dims(m_new, 1), EXP_POLY)
         l_i = l_i * alpha + gl.sum(p, 1)
         return p, alpha, m_new, l_i
 
@@ -173,7 +247,7 @@ if gluon is not None:
     def _consume(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base, qk_scale,
                  SEQ_LEN, mask_from, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr,
                  CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                 ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD):  # fmt: skip
+                 ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD, EXP_POLY: gl.constexpr = 0):  # fmt: skip
         """Fold key blocks ``lo .. hi-1`` into (acc, m_i, l_i): S = Q K^T, online softmax, acc += P V; with
         ``MASK`` the blocks from ``mask_from`` on are masked.
 
@@ -192,7 +266,7 @@ if gluon is not None:
             if V_EMPTY > 0:
                 _release(kv_empty, stage, ARRIVE_AT)
             p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
-                                                   j >= mask_from, MASK, CAUSAL)  # fmt: skip
+                                                   j >= mask_from, MASK, CAUSAL, EXP_POLY)  # fmt: skip
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
             p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
             mbarrier.wait(v_ready.index(stage), phase)
@@ -209,7 +283,7 @@ if gluon is not None:
                          SEQ_LEN, mask_from, q_free, release_q, my_turn, their_turn, turns, BLOCK_N: gl.constexpr,
                          NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
                          p_layout: gl.constexpr, c: gl.constexpr, PINGPONG: gl.constexpr,
-                         ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD):  # fmt: skip
+                         ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD, EXP_POLY: gl.constexpr = 0):  # fmt: skip
         """As :func:`_consume` (blocks from ``mask_from`` on masked with ``MASK``), with the scores of block j+1 in
         flight while P_j V_j and the softmax of j+1 run.
 
@@ -229,7 +303,7 @@ if gluon is not None:
         if V_EMPTY > 0:
             _release(kv_empty, stage, ARRIVE_AT)
         p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, lo * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
-                                               lo >= mask_from, MASK, CAUSAL)  # fmt: skip
+                                               lo >= mask_from, MASK, CAUSAL, EXP_POLY)  # fmt: skip
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
         m_i = m_new
@@ -251,7 +325,7 @@ if gluon is not None:
             if V_EMPTY > 0:
                 _release(kv_empty, nstage, ARRIVE_AT)
             p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
-                                                   j >= mask_from, MASK, CAUSAL)  # fmt: skip
+                                                   j >= mask_from, MASK, CAUSAL, EXP_POLY)  # fmt: skip
             acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
             _release(kv_empty, V_EMPTY + stage, ARRIVE_AT)
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
@@ -271,7 +345,7 @@ if gluon is not None:
     @gluon.jit
     def _consume_half(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, j, base, qk_scale, SEQ_LEN,
                       q_free, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, p_layout: gl.constexpr,
-                      ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD):  # fmt: skip
+                      ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD, EXP_POLY: gl.constexpr = 0):  # fmt: skip
         """Fold the first 64 keys of key block ``j`` (128 keys) into (acc, m_i, l_i), masked: the diagonal block of
         the first consumer of a causal 128-row tile, whose rows see none of the block's last 64 keys (``HALF_DIAG``).
         The scores are a 64 x 64 wgmma on the first half of the K slot, P V one on the first half of the V slot; Q is
@@ -293,7 +367,7 @@ if gluon is not None:
         p, alpha, m_new, l_new = _online_softmax(s, gl.convert_layout(m_i, row_layout),
                                                  gl.convert_layout(l_i, row_layout), keys,
                                                  gl.convert_layout(rows, row_layout), qk_scale, SEQ_LEN, True, True,
-                                                 CAUSAL)  # fmt: skip
+                                                 CAUSAL, EXP_POLY)  # fmt: skip
         acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
         mbarrier.wait(v_ready.index(stage), phase)
@@ -346,7 +420,7 @@ if gluon is not None:
                          c: gl.constexpr, SEQ_LEN, BH, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                          NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, STORE_LSE: gl.constexpr,
                          CONSUMERS: gl.constexpr, EPILOGUE: gl.constexpr = 0,
-                         ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD):  # fmt: skip
+                         ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD, EXP_POLY: gl.constexpr = 0):  # fmt: skip
         """Consumer ``c`` of the persistent grid with ``CHAIN``: all its tiles' key blocks as one overlapped
         stream, so a tile's first scores and softmax run under the previous tile's last P V.
 
@@ -403,7 +477,7 @@ if gluon is not None:
                     fresh = j == 0  # a new tile: the running max and sum start over
                     p, alpha, m_new, l_new = _online_softmax(
                         s, gl.where(fresh, MASKED_SCORE, m_i), gl.where(fresh, 0.0, l_i), j * BLOCK_N + offs_n,
-                        rows, qk_scale, SEQ_LEN, j >= n_full, True, CAUSAL,
+                        rows, qk_scale, SEQ_LEN, j >= n_full, True, CAUSAL, EXP_POLY,
                     )  # fmt: skip
                     acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
                     if base + j > 0:

@@ -9,7 +9,8 @@ specialization; ``gluon_ws``, the Gluon kernel of ``kernels/attention_ws.py`` wi
 consumer warpgroups (CONSUMERS; three at head_dim 64 only), sm_90 only: BLOCK_M 128 and 4 warps per consumer fixed,
 num_stages its K/V stages, OVERLAP its intra-warpgroup overlap, ONE_LOOP its key blocks in one loop, CHAIN a
 persistent program's tiles as one overlapped stream, EPILOGUE how its output tile is stored, RELEASE_K a K slot
-freed after its scores, HALF_DIAG the first consumer's half of a causal tile's diagonal key block), BLOCK_M,
+freed after its scores, HALF_DIAG the first consumer's half of a causal tile's diagonal key block, EXP_POLY how
+many of every 8 exponentials a polynomial on the FMA pipe takes), BLOCK_M,
 BLOCK_N, num_warps, num_stages, precision (bf16, fp16), use_tma (the tutorial kernel's Q/K/V tiles through tensor
 descriptors, Hopper and newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
@@ -297,6 +298,9 @@ class FlashAttention(KernelWorkload):
         epilogue = config.get("EPILOGUE", 0)
         if epilogue not in (0, 1, 2) or isinstance(epilogue, bool):
             return f"EPILOGUE (how a consumer stores its output tile) must be 0, 1 or 2, got {epilogue!r}"
+        exp_poly = config.get("EXP_POLY", 0)
+        if exp_poly not in range(5) or isinstance(exp_poly, bool):
+            return f"EXP_POLY (how many of every 8 exponentials a polynomial takes) must be 0 to 4, got {exp_poly!r}"
         consumers = config.get("CONSUMERS", 2)
         if consumers not in (2, 3) or isinstance(consumers, bool):
             return f"CONSUMERS (consumer warpgroups of 64 query rows) must be 2 or 3, got {consumers!r}"
@@ -496,6 +500,7 @@ class FlashAttention(KernelWorkload):
             "EPILOGUE": int(config.get("EPILOGUE", 0)),
             "RELEASE_K": bool(config.get("RELEASE_K", False)),
             "HALF_DIAG": bool(config.get("HALF_DIAG", False)),
+            "EXP_POLY": int(config.get("EXP_POLY", 0)),
         }
 
     @classmethod

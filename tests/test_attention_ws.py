@@ -68,6 +68,9 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
         reason = workload.static_check(_config(**{**wrong, "HALF_DIAG": True}), H200) or ""
         assert "HALF_DIAG gives the first consumer" in reason, (wrong, reason)
     assert "CONSUMERS=3" in (narrow.static_check(_config(CONSUMERS=3, HALF_DIAG=True), H200) or "")
+    assert narrow.static_check(_config(stages=2, EXP_POLY=3), H200) is None
+    for wrong in (5, -1, True, 1.5):
+        assert "EXP_POLY" in (workload.static_check(_config(EXP_POLY=wrong), H200) or ""), wrong
     for epilogue in (1, 2):  # the conversion's scratch beside three K/V stages fits at D=64, not at D=128
         assert "epilogue scratch" in (workload.static_check(_config(EPILOGUE=epilogue), H200) or "")
         assert workload.static_check(_config(stages=2, EPILOGUE=epilogue), H200) is None
@@ -96,7 +99,8 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     assert exported["function"] == "kernels.attention_ws.attention_ws"
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
                                   "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False,
-                                  "EPILOGUE": 0, "RELEASE_K": False, "HALF_DIAG": False}  # fmt: skip
+                                  "EPILOGUE": 0, "RELEASE_K": False, "HALF_DIAG": False, "EXP_POLY": 0}  # fmt: skip
+    assert workload.export_config(_config(persistent=True, EXP_POLY=2))["kwargs"]["EXP_POLY"] == 2
     source = workload.export_python(_config(persistent=True))
     tree = ast.parse(source)
     namespace: dict[str, Any] = {}
@@ -246,6 +250,158 @@ def test_gpu_half_diagonal_matches_fp32_attention(shape: tuple[int, int, int, in
     base = {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True}
     for knobs in variants:
         _assert_matches_fp32(q, k, v, expected, expected_lse, True, **{**base, **knobs, "HALF_DIAG": True})
+
+
+def _run_exp2_ptx(asm: str, x: Any) -> Any:
+    """Run the straight-line PTX of :func:`kernels.attention_ws_steps.exp2_asm` on fp32 arrays, one lane per
+    value, ``x`` split round-robin over its ``EXP_PACK`` inputs; returns the outputs in ``x``'s order. Registers
+    hold raw 32-bit words; each fp32 operation rounds to fp32 (an FMA through fp64, where a float32 product is
+    exact); ``ex2.approx`` is taken as exact (the hardware's error, 2^-22, is not what is checked here)."""
+    import re
+
+    import numpy as np
+
+    from kernels.attention_ws_steps import EXP_PACK
+
+    lanes = x.reshape(-1, EXP_PACK).astype(np.float32)
+    regs: dict[str, Any] = {f"${EXP_PACK + i}": lanes[:, i].view(np.uint32) for i in range(EXP_PACK)}
+
+    def value(operand: str) -> Any:
+        if operand.startswith("0f"):
+            return np.full(len(lanes), int(operand[2:], 16), dtype=np.uint32)
+        if re.fullmatch(r"\d+", operand):
+            return int(operand)
+        return regs[operand]
+
+    def f32(word: Any) -> Any:
+        return word.view(np.float32).astype(np.float64)
+
+    def word(value: Any) -> Any:
+        return value.astype(np.float32).view(np.uint32)
+
+    for statement in asm.replace("{", ";").replace("}", ";").split(";"):
+        statement = statement.strip()
+        if not statement or statement.startswith(".reg"):
+            continue
+        op, rest = statement.split(None, 1)
+        dest, *args = [a.strip() for a in rest.split(",")]
+        a = [value(arg) for arg in args]
+        if op == "ex2.approx.ftz.f32":
+            regs[dest] = word(np.exp2(f32(a[0])))
+        elif op == "max.ftz.f32":
+            regs[dest] = word(np.maximum(f32(a[0]), f32(a[1])))
+        elif op == "add.rn.ftz.f32":
+            regs[dest] = word(f32(a[0]) + f32(a[1]))
+        elif op == "sub.rn.ftz.f32":
+            regs[dest] = word(f32(a[0]) - f32(a[1]))
+        elif op == "fma.rn.ftz.f32":
+            regs[dest] = word(f32(a[0]) * f32(a[1]) + f32(a[2]))
+        elif op == "mov.b32":
+            regs[dest] = a[0].copy()
+        elif op == "shl.b32":
+            regs[dest] = (a[0] << np.uint32(a[1])).astype(np.uint32)
+        elif op == "add.s32":
+            regs[dest] = (a[0] + a[1]).astype(np.uint32)
+        else:
+            raise AssertionError(f"an instruction this check does not model: {statement}")
+    return np.stack([regs[f"${i}"].view(np.float32) for i in range(EXP_PACK)], axis=1).reshape(x.shape)
+
+
+@pytest.mark.timeout(60)
+def test_polynomial_exponential_ptx_matches_exp2_and_keeps_masked_scores_tiny() -> None:
+    """``EXP_POLY``'s PTX, run value by value on the CPU: for every split (0-4 of 8 on the polynomial) the outputs
+    are 2^x to within 1e-4 relative over [-125, 0] (and at the integers, where f = 0, and the half-integers, where
+    the rounding of j turns), masked scores (-1e30 after the max) come out finite, positive and below 2^-124, and
+    the polynomial takes the last ``poly`` of every 8 values, the exponential unit the rest."""
+    import numpy as np
+
+    from kernels.attention_ws_steps import EXP_POLY_CHOICES, exp2_asm
+
+    x = np.concatenate([np.linspace(-125.0, 0.0, 200_000), -np.arange(126.0), -np.arange(125.0) - 0.5,
+                        np.array([-1e-7, -0.25, -0.75])]).astype(np.float32)  # fmt: skip
+    x = np.resize(x, (len(x) + 7) // 8 * 8)
+    exact = np.exp2(x.astype(np.float64))
+    for poly in EXP_POLY_CHOICES:
+        asm = exp2_asm(poly)
+        assert asm.count("ex2.approx.ftz.f32") == 8 - poly and asm.count("fma.rn.ftz.f32 p, p, f") == 2 * poly, poly
+        got = _run_exp2_ptx(asm, x).astype(np.float64)
+        assert np.max(np.abs(got / exact - 1)) < 1e-4, (poly, np.max(np.abs(got / exact - 1)))
+        masked = _run_exp2_ptx(asm, np.full(64, -1e30, dtype=np.float32)).reshape(8, 8)
+        assert np.all(masked[:, : 8 - poly] == 0.0), poly  # the unit flushes to zero
+        assert np.all((masked[:, 8 - poly :] > 0) & (masked[:, 8 - poly :] < 2.0**-124)), (poly, masked)
+
+
+_EXP_SCRIPT = """
+import json, os, re, subprocess, sys, tempfile
+import triton
+from kernels import attention_ws
+if not attention_ws.available():
+    print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
+    sys.exit(0)
+tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+if not os.path.exists(tool):
+    print(json.dumps({"skip": "this Triton ships no nvdisasm"}))
+    sys.exit(0)
+for job in json.loads(sys.argv[1]):
+    kernel = compile_or_skip(lambda: attention_ws.compile_for_target(*job["shape"], precision="bf16", **job["config"]))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    ptx = kernel.asm["ptx"]
+    print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+                      "ex2_ptx": ptx.count("ex2.approx.ftz.f32"), "poly_ptx": ptx.count("fma.rn.ftz.f32 p, f,"),
+                      "mufu_ex2": sass.count("MUFU.EX2"), "spills": len(re.findall(r"\\b(?:STL|LDL)\\b", sass))}),
+          flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_polynomial_exponentials_move_scores_off_the_multi_function_unit(aot_child: Any) -> None:
+    """``EXP_POLY`` (sm_90 PTX and SASS, no GPU): with 2 and 4 of every 8 scores on the polynomial, each
+    polynomial in the PTX replaces one ``ex2`` and one ``MUFU.EX2`` in the SASS (the rescale's exponentials stay on
+    the unit), with the same wgmmas and shared memory and no spills: the winners' loops at D = 64 and 128,
+    ping-pong, chained tiles, three consumers and ``HALF_DIAG``."""
+    loops = ((64, True, {"PERSISTENT": True, "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True}),
+             (64, False, {"PERSISTENT": True, "ONE_LOOP": True, "CONSUMERS": 3, "NUM_BUFFERS": 3, "EPILOGUE": 2}),
+             (128, True, {"PERSISTENT": True, "ONE_LOOP": True, "PINGPONG": True, "RELEASE_K": True}),
+             (128, False, {"PERSISTENT": True, "ONE_LOOP": True, "CHAIN": True}),
+             (64, True, {"PERSISTENT": True, "ONE_LOOP": True, "RELEASE_K": True, "HALF_DIAG": True}))  # fmt: skip
+    jobs = [{"shape": [2, 16, 1024, d], "config": {"causal": causal, "BLOCK_N": 128, "NUM_BUFFERS": 2,
+                                                   "OVERLAP": True, **extra, "EXP_POLY": poly}}
+            for d, causal, extra in loops for poly in (0, 2, 4)]  # fmt: skip
+    lines = aot_child(_EXP_SCRIPT, json.dumps(jobs), timeout=290)
+    assert len(lines) == len(jobs), lines
+    for i in range(0, len(lines), 3):
+        plain, quarter, half = lines[i : i + 3]
+        assert plain["poly_ptx"] == 0 and quarter["poly_ptx"] > 0 and half["poly_ptx"] == 2 * quarter["poly_ptx"]
+        for split in (quarter, half):  # to within one: the compiler folds one of HALF_DIAG's plain exponentials
+            assert abs(split["ex2_ptx"] + split["poly_ptx"] - plain["ex2_ptx"]) <= 1, (plain, split)
+            assert abs(split["mufu_ex2"] + split["poly_ptx"] - plain["mufu_ex2"]) <= 1, (plain, split)
+            assert split["wgmma"] == plain["wgmma"] and split["shared"] == plain["shared"], split
+        assert plain["spills"] == quarter["spills"] == half["spills"] == 0, (plain, quarter, half)
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 16, 1024, 64)], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_polynomial_exponentials_match_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
+    """``EXP_POLY`` 1-4 (part of every 8 scores' exponentials by the polynomial): outputs (NaN-filled first) and
+    log-sum-exp against fp32 math with the plain, overlapped, ping-pong and chained loops, three consumers at
+    D = 64 and ``HALF_DIAG`` when causal, at a ragged length (S = 1000: masked keys past the end)."""
+    q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 19)
+    persistent = {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "RELEASE_K": True}
+    variants = [({}, 2), ({"OVERLAP": True}, 1), ({**persistent, "EPILOGUE": 2}, 3),
+                ({**persistent, "PINGPONG": True}, 4), ({**persistent, "CHAIN": True}, 2)]  # fmt: skip
+    if shape[3] == 64:
+        variants.append(({**persistent, "CONSUMERS": 3, "NUM_BUFFERS": 3}, 2))
+    if causal:
+        variants.append(({**persistent, "HALF_DIAG": True}, 2))
+    for knobs, poly in variants:
+        _assert_matches_fp32(q, k, v, expected, expected_lse, causal,
+                             **{"BLOCK_N": 128, "NUM_BUFFERS": 2, **knobs, "EXP_POLY": poly})  # fmt: skip
 
 
 @pytest.mark.timeout(300)
@@ -468,19 +624,26 @@ def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memor
     assert _grid(2, 1024, meta, 132) == (32,)
 
 
-def test_half_diag_phase_offers_each_loop_with_and_without_the_knob_within_the_rules() -> None:
-    """``bench/attention_ws.py half_diag``: every candidate comes with and without ``HALF_DIAG`` (the contrast the
-    phase re-measures), all pass the kernel's knob rules, and at each head dim some fit the shared memory."""
-    from bench.attention_ws import HALF_DIAG_CONFIGS, _unusable
+@pytest.mark.parametrize("phase, knob, values", [("half_diag", "HALF_DIAG", [False, True]),
+                                                 ("exp_poly", "EXP_POLY", [0, 1, 2, 3, 4])])  # fmt: skip
+def test_knob_phases_offer_each_loop_with_every_value_of_the_knob_within_the_rules(phase: str, knob: str,
+                                                                                   values: list) -> None:  # fmt: skip
+    """``bench/attention_ws.py half_diag`` and ``exp_poly``: every candidate loop comes with every value of the
+    phase's knob (without it: the contrast the phase re-measures), all pass the kernel's knob rules, and at each head
+    dim some fit the shared memory with the knob off and on."""
+    from bench.attention_ws import PER_SHAPE_PHASES, _unusable
     from kernels.attention_ws import _check
 
-    pairs = {json.dumps({**c, "HALF_DIAG": False}, sort_keys=True) for c in HALF_DIAG_CONFIGS}
-    assert len(pairs) * 2 == len(HALF_DIAG_CONFIGS)  # each loop once without the knob and once with it
-    for config in HALF_DIAG_CONFIGS:
+    configs, contrast = PER_SHAPE_PHASES[phase]
+    assert contrast == knob
+    loops = {json.dumps({**c, knob: values[0]}, sort_keys=True) for c in configs}
+    assert len(loops) * len(values) == len(configs)  # each loop once with each value
+    assert {json.dumps({**c, knob: values[0]}, sort_keys=True) for c in configs if c[knob] == values[-1]} == loops
+    for config in configs:
         _check(64, "bf16", dict(config))  # raises naming the knob it refuses
     for d in (64, 128):
-        usable = [c for c in HALF_DIAG_CONFIGS if _unusable(d, c) is None]
-        assert {c["HALF_DIAG"] for c in usable} == {False, True}, d
+        usable = [c for c in configs if _unusable(d, c) is None]
+        assert {bool(c[knob]) for c in usable} == {False, True}, d
 
 
 def test_persistent_grid_counts_its_work_items_once() -> None:
