@@ -25,7 +25,7 @@ KINDS: tuple[tuple[str, str], ...] = (
     ("inductor fused", r"^triton_"),  # before the GEMMs: a fused kernel's name holds the ops around it
     ("int4 gemm", r"quant|packed"),
     ("library gemm", r"gemm|gemv|xmma|nvjet|cutlass|splitk|sm90_|cublas"),
-    ("attention", r"fmha|flash|attention|efficient|sdpa|softmax"),
+    ("attention", r"fmha|flash|attention|efficient|sdpa|softmax|_decode_(split|combine)_kernel"),
     ("copy/fill", r"copy|fill|memcpy|memset|index"),
 )
 

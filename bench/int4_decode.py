@@ -43,6 +43,17 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "pdl": True
     },
     "bf16_compiled_pdl": {**BF16, "compile": "default", "pdl": True},
+    # the decode step's own attention kernel (kernels/decode_attention.py: split over the cache, the cache write
+    # fused), with a bf16 cache and with an fp8 one, which it reads as fp8
+    "bf16_compiled_flash": {**BF16, "compile": "default", "attention": "flash_decode"},
+    "int4_packed_compiled_gptq_flash": {
+        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode"
+    },
+    "bf16_compiled_flash_fp8kv": {**BF16, "compile": "default", "attention": "flash_decode", "kv_dtype": "fp8_e4m3"},
+    "int4_packed_compiled_gptq_flash_fp8kv": {
+        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode",
+        "kv_dtype": "fp8_e4m3",
+    },
 }
 GOALS = {1: 1.5, 8: 1.25, 64: 1.0}
 

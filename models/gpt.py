@@ -20,7 +20,9 @@ with ``is_causal=True``; the caller picks the backend with ``torch.nn.attention.
 ``"math"`` (explicit ``softmax(QK^T/sqrt(D)) V`` in the activations' dtype, softmax in fp32) and
 ``"triton"`` (the project's flash kernel, :func:`kernels.attention.attention`, bf16/fp16 only;
 where a gradient is needed, through :func:`kernels.attention_grad.flash_attention` and its
-backward kernels).
+backward kernels) and ``"flash_decode"`` (SDPA as ``"sdpa"``, except that a decode step's attention over the cache
+is :func:`kernels.decode_attention.decode_attention`, split over the cache, which also writes the step's key and
+value into it).
 
 KV-cache decoding: :meth:`GPT.init_cache` allocates a :class:`KVCache` (per layer ``k`` and ``v``
 of ``[B, H, max_len, D]`` in bf16/fp16/fp32 or ``float8_e4m3fn`` with a per-layer scale),
@@ -69,7 +71,7 @@ __all__ = [
 ]
 
 #: Attention implementations ``GPT(attention=...)`` accepts.
-ATTENTION_MODES: tuple[str, ...] = ("sdpa", "math", "triton")
+ATTENTION_MODES: tuple[str, ...] = ("sdpa", "math", "triton", "flash_decode")
 #: Tile config of the Triton flash kernel in ``attention="triton"`` (valid for head_dim 16..128 on sm_80+).
 TRITON_ATTENTION_CONFIG: dict[str, int] = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 #: Largest finite float8_e4m3fn value: per-tensor scales map a tensor's max |x| onto it.
@@ -244,7 +246,7 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim))
 
     def _causal(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if self.attention == "sdpa":
+        if self.attention in ("sdpa", "flash_decode"):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         if self.attention == "math":
             seq = q.shape[2]
@@ -284,6 +286,13 @@ class CausalSelfAttention(nn.Module):
     def decode(
         self, x: torch.Tensor, cache: KVCache, layer: int, index: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
+        if self.attention == "flash_decode":  # the kernel writes the step's key and value and attends
+            from kernels.decode_attention import decode_attention
+
+            qkv = self.qkv(x)
+            y = decode_attention(qkv.contiguous(), cache.k[layer], cache.v[layer], cache.k_scale[layer],
+                                 cache.v_scale[layer], index, self.n_heads)  # fmt: skip
+            return self.proj(y.view(x.shape[0], 1, -1))
         q, k, v = self._split(x)
         cache.write_at(layer, k, v, index)
         k_all, v_all = cache.read(layer, q.dtype)

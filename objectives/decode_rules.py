@@ -10,11 +10,11 @@ from collections.abc import Callable
 from typing import Any
 
 from models.config import GPTConfig
-from tuner.workload import DeviceInfo, missing_params
+from tuner.workload import DeviceInfo, interpreter_active, missing_params
 
 WEIGHT_BITS: tuple[int, ...] = (16, 8, 4)
 KV_DTYPES: tuple[str, ...] = ("bf16", "fp8_e4m3")
-ATTENTION: tuple[str, ...] = ("sdpa", "math")
+ATTENTION: tuple[str, ...] = ("sdpa", "math", "flash_decode")
 PARAMS: tuple[str, ...] = ("weight_bits", "kv_dtype", "attention", "cuda_graphs")
 QUANTIZERS: tuple[str, ...] = ("rtn", "gptq")
 #: The weight-only GEMM a quantized Linear runs on the GPU (models/quant_linear.py): ``tiled``
@@ -117,6 +117,13 @@ def static_violation(
         return "attention='triton': the flash kernel cannot attend one query over a masked cache (decode_step)"
     if attention not in ATTENTION:
         return f"attention must be one of {ATTENTION}, got {attention!r}"
+    if attention == "flash_decode":
+        d = cfg.head_dim
+        if d & (d - 1) or not 16 <= d <= 256:
+            return f"attention=flash_decode needs a head_dim that is a power of two in [16, 256], the model has {d}"
+        if not device.is_gpu and not interpreter_active():
+            return ("attention=flash_decode runs a Triton kernel (kernels/decode_attention.py): on a CPU only under "
+                    "the interpreter (TRITON_INTERPRET=1)")  # fmt: skip
     if config.get("compile") is not None and config["compile"] not in COMPILE_MODES:
         return f"compile must be one of {COMPILE_MODES}, got {config['compile']!r}"
     sums = config.get("split_sums")

@@ -7,7 +7,7 @@ with int4, ``int8_first_blocks`` keeps the first 0 / 1 / 2 blocks in int8, optio
 ``quantizer``: ``rtn`` rounds each weight to nearest with a clipped per-group scale, ``gptq``
 runs :mod:`models.gptq` on synthetic calibration tokens, optional, ``rtn`` when absent),
 ``kv_dtype`` (``bf16`` or ``fp8_e4m3`` with one scale per layer and tensor, calibrated by the
-prefill), ``attention`` (``sdpa`` or ``math``), ``cuda_graphs`` (replay one captured decode
+prefill), ``attention`` (``sdpa``, ``math`` or ``flash_decode``), ``cuda_graphs`` (replay one captured decode
 step instead of launching its kernels one by one; GPU only) and ``compile`` (``off`` or
 ``default``: the decode step through ``torch.compile``, which fuses its norms, residual adds and
 cache writes into fewer kernels; captured in the same CUDA graph; optional, ``off`` when absent) and, compiled
@@ -27,7 +27,10 @@ Why no ``attention: triton``: the project's flash kernel (``kernels/attention.py
 and key blocks of one length with the causal diagonal at their start; a decode step has one query
 over a cache of ``max_len`` positions masked at a device-side ``pos`` (static shapes for CUDA
 graphs), which it cannot express, and ``GPT.decode`` runs ``attention="triton"`` through SDPA
-anyway: the knob would only duplicate ``sdpa``.
+anyway. ``attention: flash_decode`` is the decode step's own kernel (:mod:`kernels.decode_attention`):
+the cache split over the SMs, positions past ``pos`` never read, the step's key and value written into
+the cache by the same kernel, an fp8 cache read as fp8 (half the bytes; the SDPA path dequantizes the
+layer's whole cache to bf16 first). Outside the default space until measured on a GPU.
 
 One trial: the bf16 model (``make_model``, seeded, built once per worker and attention mode) is
 copied with its block Linears quantized per config (:func:`models.quant_linear.quantize_linears`,

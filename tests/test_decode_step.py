@@ -430,6 +430,31 @@ def test_quantized_weights_and_fp8_cache_trade_accuracy(workload: DecodeStep) ->
 
 
 @pytest.mark.timeout(300)
+def test_flash_decode_attention_matches_sdpa_with_bf16_and_fp8_caches(
+    workload: DecodeStep, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``attention: flash_decode`` (the Triton decode kernel, under the interpreter here): with a bf16 cache the
+    same logits as SDPA's step up to rounding, with an fp8 cache the same agreement as SDPA's fp8 path; and the
+    static rules refuse it on a CPU without the interpreter and for a head_dim the kernel cannot take."""
+    runs = {name: workload.run(config, CPU, TrialContext()) for name, config in {
+        "sdpa": _cfg(), "flash": _cfg(attention="flash_decode"),
+        "sdpa_fp8": _cfg(kv_dtype="fp8_e4m3"), "flash_fp8": _cfg(attention="flash_decode", kv_dtype="fp8_e4m3"),
+    }.items()}  # fmt: skip
+    for name, result in runs.items():
+        assert result.status == TrialStatus.OK, (name, result.error)
+    m = {name: r.metrics for name, r in runs.items()}
+    assert m["flash"]["top1_agreement"] >= 0.95 and m["flash"]["max_logit_error"] < 0.05
+    assert m["flash"]["mean_logit_error"] < 2 * m["sdpa"]["mean_logit_error"] + 1e-3
+    assert m["flash_fp8"]["top1_agreement"] >= 0.95 and 0 < m["flash_fp8"]["max_logit_error"] < 0.05
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert "only under the interpreter" in (workload.static_check(_cfg(attention="flash_decode"), CPU) or "")
+    assert workload.static_check(_cfg(attention="flash_decode"), H200) is None
+    odd = DecodeStep(**{**ARGS, "model": {"vocab_size": 256, "n_layers": 2, "d_model": 96, "n_heads": 4,
+                                          "seq_len": 32}})  # fmt: skip
+    assert "power of two" in (odd.static_check(_cfg(attention="flash_decode"), H200) or "")
+
+
+@pytest.mark.timeout(300)
 def test_compiled_decode_matches_eager_and_is_one_graph(workload: DecodeStep) -> None:
     """``compile: default`` runs the step through torch.compile (inductor, here its CPU backend): the same
     logits as the eager step up to fused-kernel rounding, every step through one compiled graph."""

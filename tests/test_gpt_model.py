@@ -168,10 +168,11 @@ def test_replace_linears_swaps_every_block_linear() -> None:
     assert ((logits.float() - ref_logits).abs().max() / ref_logits.abs().max()).item() < 0.1
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "math"])
+@pytest.mark.parametrize("attention", ["sdpa", "math", "flash_decode"])
 def test_prefill_then_decode_matches_forward(attention: str) -> None:
     """Prefill 10 tokens, decode the rest one by one (int and tensor positions): the same logits as one
-    forward pass over the whole sequence, in an fp32 cache."""
+    forward pass over the whole sequence, in an fp32 cache (``flash_decode``: the Triton decode kernel writes the
+    cache and attends, under the interpreter on a CPU)."""
     model = make_model(TINY, seed=3, device="cpu", attention=attention)
     tokens = _tokens(2, 20, seed=1)
     with torch.no_grad():
@@ -187,8 +188,9 @@ def test_prefill_then_decode_matches_forward(attention: str) -> None:
         assert torch.all(cache.k[1][:, :, 20:] == 0)  # nothing written past the last position
 
 
-def test_decode_from_empty_cache_and_fp8_cache() -> None:
-    model = make_model(TINY, seed=4, device="cpu")
+@pytest.mark.parametrize("attention", ["sdpa", "flash_decode"])
+def test_decode_from_empty_cache_and_fp8_cache(attention: str) -> None:
+    model = make_model(TINY, seed=4, device="cpu", attention=attention)
     tokens = _tokens(1, 12, seed=2)
     with torch.no_grad():
         full = model(tokens)
@@ -214,9 +216,13 @@ def test_decode_from_empty_cache_and_fp8_cache() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("cache_dtype", ["bfloat16", "float8_e4m3fn"])
-def test_decode_cuda_graph_matches_eager_on_gpu(cache_dtype: str) -> None:
+@pytest.mark.parametrize("attention", ["sdpa", "flash_decode"])
+def test_decode_cuda_graph_matches_eager_on_gpu(cache_dtype: str, attention: str) -> None:
+    """A captured decode step replayed at advancing positions gives the eager steps' logits; ``flash_decode``'s
+    eager steps also match SDPA's (the split kernel and its cache write against ``index_copy_`` and SDPA)."""
     cfg = GPTConfig(vocab_size=512, n_layers=2, d_model=256, n_heads=4, seq_len=128)
-    model = make_model(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
+    model = make_model(cfg, seed=0, device="cuda", dtype=torch.bfloat16, attention=attention)
+    sdpa = make_model(cfg, seed=0, device="cuda", dtype=torch.bfloat16)
     tokens = torch.randint(0, cfg.vocab_size, (4, 40), device="cuda")
     dtype = getattr(torch, cache_dtype)
     with torch.no_grad():
@@ -225,6 +231,11 @@ def test_decode_cuda_graph_matches_eager_on_gpu(cache_dtype: str) -> None:
         model.prefill(tokens[:, :32], eager_cache)
         model.prefill(tokens[:, :32], graph_cache)
         eager = [model.decode(tokens[:, p : p + 1], eager_cache, p) for p in range(32, 40)]
+        sdpa_cache = sdpa.init_cache(4, 64, dtype)
+        sdpa.prefill(tokens[:, :32], sdpa_cache)
+        for p in range(32, 40):
+            torch.testing.assert_close(sdpa.decode(tokens[:, p : p + 1], sdpa_cache, p), eager[p - 32], rtol=3e-2,
+                                       atol=3e-2)  # fmt: skip
         static_tok = tokens[:, 32:33].clone()
         pos = torch.tensor(32, device="cuda")
         stream = torch.cuda.Stream()

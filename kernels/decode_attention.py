@@ -1,0 +1,231 @@
+"""Attention of one decoded token over a KV cache, split over the cache (flash-decoding), in Triton.
+
+A decode step attends one query a sequence and head over the cache's positions ``0..pos``. SDPA (cuDNN) runs it
+as a prefill kernel with one query row in a 16-row tile: one program per (batch, head), 16 programs at batch 1 on
+132 SMs, so the step's 18 layers spend 6.8 + 1.8 us each (its kernel and a reduction) reading 4.7 MB at batch 1
+(``bench/results/int4-roofline-decode-profile-h200.json``). Here:
+
+- **Split over the cache**: program (b*h, s) attends positions ``[s * CHUNK, (s + 1) * CHUNK)`` up to ``pos``,
+  ``BLOCK_N`` rows at a time (scores as a row-wise dot product on the CUDA cores: one query row leaves a tensor
+  core nothing to do), and stores its partial (base-2 running max, sum, unnormalized output). ``SPLITS`` is
+  chosen so that about two programs per SM run; positions past ``pos`` are never read (SDPA reads the whole
+  cache and masks it).
+- **Combine**: a second kernel, one program per (batch, head), rescales the partials to their common max and
+  normalizes. With one split (large batches) the first kernel normalizes and stores the output itself.
+- **The cache write, fused**: the program whose chunk holds ``pos`` stores the step's new key and value there
+  (quantized for an fp8 cache) and uses them from registers for that row, so no other kernel writes the cache.
+- **fp8 caches** (``float8_e4m3fn`` with one scale per layer and tensor) are read as fp8 and scaled in registers:
+  half the bytes of bf16, where the SDPA path dequantizes the layer's whole cache to bf16 first.
+
+Everything runs under CUDA graphs: ``pos`` is read on the device, the grid and ``CHUNK`` depend only on shapes.
+:func:`decode_attention` is a ``torch.library`` operator that mutates the cache, so ``torch.compile`` calls it as it
+is. Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (element-wise ops and reductions, no ``tl.dot``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+#: e4m3's largest finite value: an fp8 cache stores ``clamp(x / scale, -448, 448)``.
+FP8_MAX = 448.0
+#: Cache rows a program reads per step (one row a warp lane group; 32 rows of 128 bf16 = 8 KiB a tensor).
+BLOCK_N = 32
+#: Programs per SM the split aims for.
+PROGRAMS_PER_SM = 2
+#: The running max's start: finite, so a chunk with no valid position gives alpha = 1 and p = 0, never NaN.
+START_MAX = tl.constexpr(-1.0e30)
+
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8  # the interpreter: a few splits, so the combine is exercised
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+def split_plan(batch_heads: int, max_len: int, sms: int, block_n: int = BLOCK_N) -> tuple[int, int]:
+    """``(SPLITS, CHUNK)``: the cache's ``max_len`` positions cut into ``SPLITS`` chunks of ``CHUNK`` (a multiple
+    of ``block_n``) so that ``batch_heads * SPLITS`` is about ``PROGRAMS_PER_SM * sms`` programs."""
+    blocks = triton.cdiv(max_len, block_n)
+    splits = max(1, min(blocks, triton.cdiv(PROGRAMS_PER_SM * sms, batch_heads)))
+    chunk = triton.cdiv(blocks, splits) * block_n
+    return triton.cdiv(max_len, chunk), chunk
+
+
+@triton.jit
+def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART_ACC, PART_ML, H, MAX_LEN, CHUNK,
+                         qk_scale, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                         FP8: tl.constexpr):  # fmt: skip
+    """Program (b * H + h, s): positions ``[s * CHUNK, min((s + 1) * CHUNK, pos + 1))`` of head h's cache;
+    ``QKV`` is the qkv projection ``[B, 1, 3 * H * D]`` (q, then k, then v, each head's D contiguous)."""
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    pos = tl.load(POS)
+    offs_d = tl.arange(0, D)
+    row = QKV + b * 3 * H * D + h * D
+    q = tl.load(row + offs_d).to(tl.float32) * qk_scale  # base-2 scores: sm_scale * log2(e) folded into q
+    k_new = tl.load(row + H * D + offs_d).to(tl.float32)
+    v_new = tl.load(row + 2 * H * D + offs_d).to(tl.float32)
+    cache = bh.to(tl.int64) * MAX_LEN * D
+    if FP8:
+        k_scale = tl.load(K_SCALE)
+        v_scale = tl.load(V_SCALE)
+        k_stored = tl.clamp(k_new / k_scale, -448.0, 448.0).to(K_CACHE.dtype.element_ty)
+        v_stored = tl.clamp(v_new / v_scale, -448.0, 448.0).to(V_CACHE.dtype.element_ty)
+        k_new = k_stored.to(tl.float32) * k_scale  # what the cache holds, as later steps will read it
+        v_new = v_stored.to(tl.float32) * v_scale
+    else:
+        k_stored = k_new.to(K_CACHE.dtype.element_ty)
+        v_stored = v_new.to(V_CACHE.dtype.element_ty)
+        k_new = k_stored.to(tl.float32)
+        v_new = v_stored.to(tl.float32)
+    lo = split * CHUNK
+    hi = tl.minimum(lo + CHUNK, pos + 1)
+    if (lo <= pos) & (pos < lo + CHUNK):  # this chunk holds pos: the step's key and value go in here
+        tl.store(K_CACHE + cache + pos * D + offs_d, k_stored)
+        tl.store(V_CACHE + cache + pos * D + offs_d, v_stored)
+    m_i = tl.full((), START_MAX, tl.float32)
+    l_i = tl.full((), 0.0, tl.float32)
+    acc = tl.zeros((D,), tl.float32)
+    for start in range(lo, hi, BLOCK_N):
+        rows = start + tl.arange(0, BLOCK_N)
+        valid = rows < hi
+        fresh = (rows == pos)[:, None]  # the row stored above, taken from registers (the store may not be seen)
+        offs = cache + rows[:, None] * D + offs_d[None, :]
+        k = tl.load(K_CACHE + offs, mask=valid[:, None], other=0.0).to(tl.float32)
+        if FP8:
+            k = k * k_scale
+        k = tl.where(fresh, k_new[None, :], k)
+        s = tl.where(valid, tl.sum(k * q[None, :], 1), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new)
+        v = tl.load(V_CACHE + offs, mask=valid[:, None], other=0.0).to(tl.float32)
+        if FP8:
+            v = v * v_scale
+        v = tl.where(fresh, v_new[None, :], v)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    if SPLITS == 1:  # the only split: normalize and store ``out[b, 0, h, :]``
+        tl.store(OUT + bh * D + offs_d, (acc / l_i).to(OUT.dtype.element_ty))
+    else:
+        part = bh * SPLITS + split
+        tl.store(PART_ACC + part * D + offs_d, acc)
+        tl.store(PART_ML + part * 2, m_i)
+        tl.store(PART_ML + part * 2 + 1, l_i)
+
+
+@triton.jit
+def _decode_combine_kernel(OUT, PART_ACC, PART_ML, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Program b * H + h: the splits' partials rescaled to their common max, summed and normalized (splits past
+    ``pos`` hold max START_MAX and sum 0, so they weigh nothing). ``BLOCK_S``: SPLITS to a power of two."""
+    bh = tl.program_id(0)
+    split = tl.arange(0, BLOCK_S)
+    used = split < SPLITS
+    parts = bh * SPLITS + split
+    offs_d = tl.arange(0, D)
+    m = tl.load(PART_ML + parts * 2, mask=used, other=START_MAX)
+    weight = tl.exp2(m - tl.max(m, 0))
+    total = tl.sum(tl.load(PART_ML + parts * 2 + 1, mask=used, other=0.0) * weight, 0)
+    acc = tl.load(PART_ACC + parts[:, None] * D + offs_d[None, :], mask=used[:, None], other=0.0)
+    acc = tl.sum(acc * weight[:, None], 0)
+    tl.store(OUT + bh * D + offs_d, (acc / total).to(OUT.dtype.element_ty))
+
+
+def check_operands(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int) -> str | None:
+    """Why :func:`decode_attention` cannot take these tensors (None when it can)."""
+    if qkv.ndim != 3 or qkv.shape[1] != 1 or not qkv.is_contiguous():
+        return f"qkv must be a contiguous [B, 1, 3 * H * D] tensor, got {tuple(qkv.shape)} strides {qkv.stride()}"
+    if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return f"the caches must be contiguous [B, H, max_len, D] of one shape, got {tuple(k_cache.shape)}, " \
+               f"{tuple(v_cache.shape)}"  # fmt: skip
+    batch, h, _, d = k_cache.shape
+    if h != heads or qkv.shape[0] != batch or qkv.shape[2] != 3 * heads * d:
+        return f"qkv {tuple(qkv.shape)} does not match the cache {tuple(k_cache.shape)} with {heads} heads"
+    if d & (d - 1) or not 16 <= d <= 256:
+        return f"head_dim must be a power of two in [16, 256], got {d}"
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (torch.bfloat16, torch.float16, torch.float32,
+                                                                 torch.float8_e4m3fn):  # fmt: skip
+        return f"the caches must be bf16, fp16, fp32 or float8_e4m3fn, got {k_cache.dtype} / {v_cache.dtype}"
+    return None
+
+
+def _launch(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
+            v_scale: torch.Tensor, index: torch.Tensor, num_warps: int) -> torch.Tensor:  # fmt: skip
+    batch, heads, max_len, d = k_cache.shape
+    splits, chunk = split_plan(batch * heads, max_len, _sm_count(qkv.device))
+    out = torch.empty((batch, 1, heads, d), device=qkv.device, dtype=qkv.dtype)
+    part_acc = torch.empty((batch * heads * splits, d), device=qkv.device, dtype=torch.float32)
+    part_ml = torch.empty((batch * heads * splits, 2), device=qkv.device, dtype=torch.float32)
+    fp8 = k_cache.dtype == torch.float8_e4m3fn
+    qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634  # log2(e)
+    _decode_split_kernel[(batch * heads, splits)](
+        qkv, k_cache, v_cache, k_scale, v_scale, index, out, part_acc, part_ml, heads, max_len, chunk, qk_scale,
+        D=d, BLOCK_N=BLOCK_N, SPLITS=splits, FP8=fp8, num_warps=num_warps,
+    )  # fmt: skip
+    if splits > 1:
+        _decode_combine_kernel[(batch * heads,)](out, part_acc, part_ml, D=d, SPLITS=splits,
+                                                 BLOCK_S=triton.next_power_of_2(splits), num_warps=num_warps)
+    return out
+
+
+@torch.library.custom_op("tuner::decode_attention", mutates_args=("k_cache", "v_cache"))
+def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
+                     v_scale: torch.Tensor, index: torch.Tensor, heads: int,
+                     num_warps: int = 4) -> torch.Tensor:  # fmt: skip
+    """One decode step's attention for every sequence and head: stores the step's key and value (from ``qkv``,
+    the ``[B, 1, 3 * H * D]`` projection) at position ``index`` (a 1-element int64 device tensor) of ``k_cache``
+    and ``v_cache`` (``[B, H, max_len, D]``; fp8 ones hold ``x / scale`` with the 0-dim fp32 ``k_scale`` /
+    ``v_scale``) and returns softmax(q K^T / sqrt(D)) V over positions ``0..index`` as ``[B, 1, H, D]`` in qkv's
+    dtype."""
+    reason = check_operands(qkv, k_cache, v_cache, heads)
+    if reason:
+        raise ValueError(reason)
+    return _launch(qkv, k_cache, v_cache, k_scale, v_scale, index, num_warps)
+
+
+@decode_attention.register_fake
+def _decode_attention_shape(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
+                            v_scale: torch.Tensor, index: torch.Tensor, heads: int,
+                            num_warps: int = 4) -> torch.Tensor:  # fmt: skip
+    batch, _, _, d = k_cache.shape
+    return qkv.new_empty((batch, 1, heads, d))
+
+
+def compile_for_target(batch: int, heads: int, max_len: int, head_dim: int, *, cache_dtype: torch.dtype,
+                       dtype: torch.dtype = torch.bfloat16, sms: int = 132, num_warps: int = 4,
+                       capability: int = 90) -> list:  # fmt: skip
+    """``triton.compile`` of the kernels :func:`decode_attention` launches for these shapes (the split kernel, and
+    the combine when there is more than one split) for ``GPUTarget("cuda", capability, 32)``, no GPU needed."""
+    from kernels.attention import compile_jit_for_target, mock_tensor_class
+
+    MockTensor = mock_tensor_class()
+    splits, chunk = split_plan(batch * heads, max_len, sms)
+    qkv = MockTensor(dtype, [batch, 1, 3 * heads * head_dim])
+    caches = [MockTensor(cache_dtype, [batch, heads, max_len, head_dim]) for _ in range(2)]
+    scales = [MockTensor(torch.float32, []) for _ in range(2)]
+    out = MockTensor(dtype, [batch, 1, heads, head_dim])
+    part_acc = MockTensor(torch.float32, [batch * heads * splits, head_dim])
+    part_ml = MockTensor(torch.float32, [batch * heads * splits, 2])
+    index = MockTensor(torch.int64, [1])
+    args = (qkv, *caches, *scales, index, out, part_acc, part_ml, heads, max_len, chunk, 0.18)
+    meta = {"D": head_dim, "BLOCK_N": BLOCK_N, "SPLITS": splits, "FP8": cache_dtype == torch.float8_e4m3fn,
+            "num_warps": num_warps}  # fmt: skip
+    kernels = [compile_jit_for_target(_decode_split_kernel, args, meta, capability)]
+    if splits > 1:
+        kernels.append(compile_jit_for_target(
+            _decode_combine_kernel, (out, part_acc, part_ml),
+            {"D": head_dim, "SPLITS": splits, "BLOCK_S": triton.next_power_of_2(splits), "num_warps": num_warps},
+            capability))  # fmt: skip
+    return kernels
