@@ -1,0 +1,118 @@
+"""One decode step's attention over the KV cache, layer by layer: SDPA (the model's path) against the split
+decode kernel (``kernels/decode_attention.py``), at the 1B preset's shapes (16 heads of 128, prompt 512 + 64
+decoded tokens: a 576-position cache, ``pos`` 543, the middle of the decoded tokens).
+
+Per batch (1, 8, 64) and cache dtype (bf16, fp8 e4m3), both paths do what a decode step's attention does for
+each of the 18 layers, each layer with its own cache (so the caches do not sit in L2 between layers):
+
+- ``sdpa``: :meth:`models.gpt.KVCache.write_at` (``index_copy_`` of the step's k and v), :meth:`~KVCache.read`
+  (an fp8 cache dequantized to bf16 first) and SDPA with the boolean mask over all 576 positions, as
+  ``CausalSelfAttention.decode`` runs it with ``attention: sdpa``;
+- ``flash_decode``: :func:`kernels.decode_attention.decode_attention` (the write fused; positions past ``pos``
+  not read).
+
+Each is captured in a CUDA graph of the 18 layers, timed by :func:`tuner.measure.time_fn`, the two interleaved
+over ``--rounds`` rounds; reported per layer with the bytes each path must read (positions ``0..pos`` of k and v)
+over its time. ``targets``: the kernel's speed-up over SDPA per case (goal 1.0: no slower).
+
+    PYTHONPATH=. python bench/decode_attention.py --out bench/results/decode-attention-h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from bench.common import median, verdict, write_result
+
+HEADS, HEAD_DIM, MAX_LEN, LAYERS, POS = 16, 128, 576, 18, 543
+
+
+def _layers(batch: int, cache_dtype: Any) -> tuple[Any, list[Any]]:
+    """The model's cache for ``batch`` sequences (random contents, fp8 scales as a prefill would set them) and one
+    qkv projection a layer."""
+    import torch
+
+    from models.gpt import GPT, GPTConfig
+
+    cfg = GPTConfig(vocab_size=256, n_layers=LAYERS, d_model=HEADS * HEAD_DIM, n_heads=HEADS, seq_len=2048)
+    with torch.device("meta"):
+        model = GPT(cfg)
+    cache = model.init_cache(batch, MAX_LEN, cache_dtype, "cuda")
+    for layer in range(LAYERS):
+        k, v = (torch.randn(batch, HEADS, MAX_LEN, HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+        cache.write_prefix(layer, k, v)
+    qkv = [torch.randn(batch, 1, 3 * HEADS * HEAD_DIM, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
+    return cache, qkv
+
+
+def _paths(batch: int, cache_dtype: Any) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    from kernels.decode_attention import decode_attention
+
+    cache, qkv = _layers(batch, cache_dtype)
+    index = torch.tensor([POS], device="cuda")
+    mask = (cache.positions <= index).view(1, 1, 1, -1)
+
+    def sdpa() -> None:
+        for layer in range(LAYERS):
+            q, k, v = qkv[layer].view(batch, 1, 3, HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4).unbind(0)
+            cache.write_at(layer, k, v, index)
+            k_all, v_all = cache.read(layer, torch.bfloat16)
+            F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+
+    def flash() -> None:
+        for layer in range(LAYERS):
+            decode_attention(qkv[layer], cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer],
+                             index, HEADS)  # fmt: skip
+
+    return {"sdpa": sdpa, "flash_decode": flash}
+
+
+def measure(batches: list[int], dtypes: list[str], rounds: int) -> dict[str, Any]:
+    import torch
+
+    from tuner.fingerprint import device_info
+    from tuner.measure import time_fn
+
+    device = device_info()
+    rows: list[dict[str, Any]] = []
+    targets: list[dict[str, Any]] = []
+    for batch in batches:
+        for name in dtypes:
+            cache_dtype = getattr(torch, name)
+            paths = _paths(batch, cache_dtype)
+            samples: dict[str, list[float]] = {path: [] for path in paths}
+            for _ in range(rounds):
+                for path, fn in paths.items():
+                    timing = time_fn(fn, device, cuda_graph=True, graph_calls=4, flush_l2=True, rep_ms=200.0)
+                    samples[path].append(timing.median_ms * 1e3 / LAYERS)
+            us = {path: median(values) for path, values in samples.items()}
+            read = 2 * batch * HEADS * (POS + 1) * HEAD_DIM * torch.tensor([], dtype=cache_dtype).element_size()
+            row = {"batch": batch, "cache": name, "us_per_layer": us, "samples_us": samples,
+                   "read_bytes_per_layer": read,
+                   "tb_per_s": {path: read / (t * 1e-6) / 1e12 for path, t in us.items() if t}}  # fmt: skip
+            rows.append(row)
+            ratio = us["sdpa"] / us["flash_decode"] if us["sdpa"] and us["flash_decode"] else None
+            targets.append({"target": f"decode attention, batch {batch}, {name} cache: split kernel vs SDPA",
+                            "tuned": us["flash_decode"], "baseline": us["sdpa"], "ratio": ratio, "goal": 1.0,
+                            "verdict": verdict(ratio, 1.0)})  # fmt: skip
+            print(f"batch {batch} {name}: sdpa {us['sdpa']:.2f} us, flash_decode {us['flash_decode']:.2f} us a layer",
+                  flush=True)  # fmt: skip
+    return {"what": __doc__.splitlines()[0], "rows": rows, "targets": targets}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float8_e4m3fn"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", required=True)
+    ns = parser.parse_args()
+    write_result(measure(ns.batches, ns.dtypes, ns.rounds), ns.out)
+
+
+if __name__ == "__main__":
+    main()
