@@ -49,6 +49,13 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "int4_packed_compiled_gptq_flash": {
         **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode"
     },
+    # the tied LM head (32000 x 2048, 131 MB in bf16) as an int8 / int4 copy of the embedding
+    "int4_packed_compiled_gptq_head8": {
+        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "lm_head_bits": 8
+    },
+    "int4_packed_compiled_gptq_head4": {
+        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "lm_head_bits": 4
+    },
     "bf16_compiled_flash_fp8kv": {**BF16, "compile": "default", "attention": "flash_decode", "kv_dtype": "fp8_e4m3"},
     "int4_packed_compiled_gptq_flash_fp8kv": {
         **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode",
@@ -77,6 +84,7 @@ def kernels_per_step(workload: Any, config: dict[str, Any], batch: int) -> dict[
         rules.int8_first_blocks(config),
         rules.quantizer(config),
         kernel,
+        rules.lm_head_bits(config),
     )
     kv = model.init_cache(batch, workload.max_len, torch.bfloat16, "cuda")
     prompt = torch.randint(0, workload.cfg.vocab_size, (batch, 16), device="cuda")

@@ -8,7 +8,8 @@ Architecture (chosen to be plain and fast, and documented here once):
   Linear (``d_model -> 3*d_model``) and an output Linear, and a GELU (tanh approximation) MLP
   ``d_model -> d_ff -> d_model``. No Linear has a bias, no dropout;
 - a final RMSNorm and an LM head **tied** to the token embedding (``logits = x @ E^T``), as
-  GPT-2: it saves ``vocab_size * d_model`` parameters and their optimizer state.
+  GPT-2: it saves ``vocab_size * d_model`` parameters and their optimizer state. A quantized decoder may run
+  the head as a weight-only quantized copy of E (``lm_head``, :func:`models.quant_linear.quantize_head`).
 
 Every Linear of the blocks is built by ``linear_factory(in_features, out_features, bias)``
 (default :class:`torch.nn.Linear`), so a workload can swap them: :class:`Fp8Linear` (fp8
@@ -352,12 +353,18 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, attention, linear) for _ in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.d_model, eps=1e-5)
+        # The LM head is tied to the embedding; a decoder may replace it by a quantized copy of that matrix
+        # (models.quant_linear.quantize_head), the lookup keeping the bf16 one.
+        self.lm_head: nn.Module | None = None
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.tok_emb(tokens) + self.pos_emb(positions).unsqueeze(0)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x), self.tok_emb.weight)  # tied LM head
+        x = self.norm(x)
+        if self.lm_head is not None:
+            return self.lm_head(x)
+        return F.linear(x, self.tok_emb.weight)  # tied LM head
 
     def _check_tokens(self, tokens: torch.Tensor, limit: int) -> None:
         if tokens.ndim != 2:

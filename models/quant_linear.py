@@ -325,6 +325,22 @@ def quantize_decoder(model: nn.Module, bits: int, group_size: int, int8_first_bl
     return quantize_linears(model, bits, group_size)
 
 
+def quantize_head(model: nn.Module, bits: int, group_size: int, scale_dtype: torch.dtype = torch.bfloat16) -> nn.Module:
+    """A copy of a GPT (``models.gpt``) whose tied LM head (``logits = x @ E^T``) is a :class:`QuantLinear` of E
+    (round-to-nearest with the clipping search, ``bits`` 8 or 4): at the 1B preset the head is a 32000 x 2048
+    product, 131 MB in bf16, the largest of the step. The embedding lookup keeps E as it is; every other module,
+    parameter and buffer is shared with the original."""
+    weight = model.tok_emb.weight
+    with torch.device("meta"):
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    linear.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    head = QuantLinear.from_linear(linear, bits, group_size, scale_dtype)
+    memo: dict[int, Any] = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
+    copied = copy.deepcopy(model, memo)
+    copied.lm_head = head
+    return copied
+
+
 def pack_linears(model: nn.Module) -> nn.Module:
     """A copy of ``model`` whose :class:`QuantLinear` layers run the packed kernel (:meth:`QuantLinear.packed`);
     every other module, parameter and buffer is shared with the original."""

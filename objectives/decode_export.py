@@ -43,6 +43,14 @@ def decoder_source(e: dict[str, Any]) -> str:
             f"model = quantize_decoder(model, bits={e['weight_bits']!r}, group_size={e['group_size']!r}, "
             f"int8_first_blocks={e['int8_first_blocks']!r})"
         )
+    if e.get("lm_head_bits", 16) != 16:  # the tied LM head as a quantized copy of the embedding
+        lines += [
+            "from models.quant_linear import quantize_head",
+            "",
+            f"model = quantize_head(model, bits={e['lm_head_bits']!r}, group_size={e['group_size']!r})",
+        ]
+    if e.get("quant_kernel") == "packed":  # the quantized layers' words laid out for the packed kernel
+        lines += ["from models.quant_linear import pack_linears", "", "model = pack_linears(model)"]
     if e["weight_bits"] != 16:
         # split_sums=fused: split-K tiles may leave their partial products to the next operation (torch.compile sums
         # them there)

@@ -64,21 +64,26 @@ class DecodeModels:
         int8_first_blocks: int = 0,
         quantizer: str | None = "rtn",
         quant_kernel: str = "tiled",
+        lm_head_bits: int = 16,
     ) -> tuple[Any, int]:
         """The model of a config and its parameter bytes: the base, or a quantized copy sharing its other tensors
-        (with ``quant_kernel="packed"``, the quantized layers' words laid out for the packed kernel)."""
-        from models.quant_linear import pack_linears, parameter_bytes, quantize_decoder
+        (with ``quant_kernel="packed"``, the quantized layers' words laid out for the packed kernel; with
+        ``lm_head_bits`` 8 or 4 the tied LM head a quantized copy of the embedding, round-to-nearest, the config's
+        group size)."""
+        from models.quant_linear import pack_linears, parameter_bytes, quantize_decoder, quantize_head
 
         base = self.base(attention, torch_device)
         if bits == 16:
             return base, parameter_bytes(base)
-        key = (torch_device, attention, bits, group, int8_first_blocks, quantizer, quant_kernel)
+        key = (torch_device, attention, bits, group, int8_first_blocks, quantizer, quant_kernel, lm_head_bits)
         entry = self.variants.get(key)
         if entry is None:
             if quantizer == "gptq":
                 model = gptq_model(base, self.cfg, self.seed, self.train_steps, bits, int(group), int8_first_blocks)
             else:
                 model = quantize_decoder(base, bits, int(group), int8_first_blocks)  # type: ignore[arg-type]
+            if lm_head_bits != 16:
+                model = quantize_head(model, lm_head_bits, int(group))  # type: ignore[arg-type]
             if quant_kernel == "packed":
                 model = pack_linears(model)
             entry = (model, parameter_bytes(model))

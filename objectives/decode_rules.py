@@ -58,6 +58,12 @@ def quant_kernel(config: dict[str, Any]) -> str | None:
     return str(config.get("quant_kernel") or "tiled")
 
 
+def lm_head_bits(config: dict[str, Any]) -> int:
+    """The config's ``lm_head_bits`` (optional: 16 when absent): the tied LM head as it is (16) or a weight-only
+    quantized copy of the embedding (8, 4; quantized configs only)."""
+    return int(config.get("lm_head_bits") or 16)
+
+
 def quantizer(config: dict[str, Any]) -> str | None:
     """The config's ``quantizer`` (optional: ``rtn`` when absent); None for bf16 weights."""
     if int(config["weight_bits"]) == 16:
@@ -110,6 +116,11 @@ def static_violation(
     reason = _quant_kernel_reason(config.get("quant_kernel"), bits, cfg)
     if reason:
         return reason
+    head = config.get("lm_head_bits")
+    if head is not None and (isinstance(head, bool) or head not in WEIGHT_BITS):
+        return f"lm_head_bits must be one of {WEIGHT_BITS}, got {head!r}"
+    if head is not None and head != 16 and bits == 16:
+        return "lm_head_bits < 16 quantizes the LM head of a quantized model: it needs weight_bits < 16"
     if config["kv_dtype"] not in KV_DTYPES:
         return f"kv_dtype must be one of {KV_DTYPES}, got {config['kv_dtype']!r}"
     attention = config["attention"]

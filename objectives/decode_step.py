@@ -5,7 +5,9 @@ the ``batch`` arg fixes it), ``weight_bits`` (16: bf16 ``nn.Linear``; 8 / 4: wei
 quantized :class:`models.quant_linear.QuantLinear` with ``group_size`` 32 / 64 / 128;
 with int4, ``int8_first_blocks`` keeps the first 0 / 1 / 2 blocks in int8, optional, 0 when absent;
 ``quantizer``: ``rtn`` rounds each weight to nearest with a clipped per-group scale, ``gptq``
-runs :mod:`models.gptq` on synthetic calibration tokens, optional, ``rtn`` when absent),
+runs :mod:`models.gptq` on synthetic calibration tokens, optional, ``rtn`` when absent; ``lm_head_bits``: the
+tied LM head as it is (16) or a round-to-nearest int8 / int4 copy of the embedding with the config's group size,
+the step's largest product at 1B (32000 x 2048), optional, 16 when absent),
 ``kv_dtype`` (``bf16`` or ``fp8_e4m3`` with one scale per layer and tensor, calibrated by the
 prefill), ``attention`` (``sdpa``, ``math`` or ``flash_decode``), ``cuda_graphs`` (replay one captured decode
 step instead of launching its kernels one by one; GPU only) and ``compile`` (``off`` or
@@ -275,6 +277,13 @@ class DecodeStep(MeasuredWorkload):
         int8 = n * rules.int8_first_blocks(config) // self.cfg.n_layers
         return (n - int8) * bits // 8 + int8 + scales
 
+    def head_bytes(self, config: dict[str, Any]) -> int:
+        """Bytes the LM head reads a step: the tied ``vocab x d_model`` bf16 embedding, or with ``lm_head_bits``
+        8 / 4 its quantized copy (bits/8 a weight plus a bf16 scale per group)."""
+        n = self.cfg.vocab_size * self.cfg.d_model
+        bits = rules.lm_head_bits(config)
+        return 2 * n if bits == 16 else n * bits // 8 + 2 * n // int(config["group_size"])
+
     def kv_bytes(self, config: dict[str, Any]) -> int:
         """Bytes of the whole KV cache (k and v of every layer, ``max_len`` positions)."""
         c = self.cfg
@@ -290,6 +299,7 @@ class DecodeStep(MeasuredWorkload):
             2 * self._linear_elements()
             + others
             + self.weight_bytes(config)
+            + (self.head_bytes(config) if rules.lm_head_bits(config) != 16 else 0)  # beside the bf16 embedding
             + ref_cache
             + self.kv_bytes(config)
             + (logits)
@@ -300,15 +310,15 @@ class DecodeStep(MeasuredWorkload):
 
         FLOPs: ``batch * gen_tokens`` tokens at ``models.gpt.model_flops_per_token(training=False)`` with the
         mean context of the steps (``prompt_len + (gen_tokens + 1) / 2`` positions). Bytes per step: the
-        block Linears as stored, the tied LM head (``vocab x d_model`` bf16, read whole by the head) and the
-        cache positions attended (k and v of the mean context).
+        block Linears as stored, the LM head as stored (:meth:`head_bytes`) and the cache positions attended (k
+        and v of the mean context).
         """
         c = self.cfg
         batch = self._batch(config)
         context = self.prompt_len + (self.gen_tokens + 1) / 2
         flops = batch * self.gen_tokens * model_flops_per_token(c, training=False, context_len=context)  # type: ignore[arg-type]
         kv_step = 2 * c.n_layers * batch * context * c.d_model * KV_BYTES[config["kv_dtype"]]
-        per_step = self.weight_bytes(config) + 2 * c.vocab_size * c.d_model + kv_step
+        per_step = self.weight_bytes(config) + self.head_bytes(config) + kv_step
         return float(flops), float(per_step * self.gen_tokens), "bf16"
 
     # ------------------------------------------------------------------ one trial
@@ -507,6 +517,7 @@ class DecodeStep(MeasuredWorkload):
             keep,
             quantizer,
             quant_kernel,
+            rules.lm_head_bits(config),
             rules.split_sums(config),
             rules.pdl(config),
             config["kv_dtype"],
@@ -521,7 +532,8 @@ class DecodeStep(MeasuredWorkload):
         self._make_room(config, device)
         ref = self.models.reference(batch, torch_device)
         model, model_bytes = self.models.variant(
-            config["attention"], bits, group, torch_device, keep, quantizer, quant_kernel or "tiled"
+            config["attention"], bits, group, torch_device, keep, quantizer, quant_kernel or "tiled",
+            rules.lm_head_bits(config),
         )
         if bits != 16 and device.is_gpu:
             from models.quant_linear import autotune_tiles
@@ -565,6 +577,7 @@ class DecodeStep(MeasuredWorkload):
             "int8_first_blocks": rules.int8_first_blocks(config),
             "quantizer": rules.quantizer(config),
             "quant_kernel": rules.quant_kernel(config),
+            "lm_head_bits": rules.lm_head_bits(config),
             "kv_cache_dtype": f"torch.{KV_TORCH_DTYPES[config['kv_dtype']]}",
             "attention": config["attention"],
             "cuda_graphs": bool(config["cuda_graphs"]),

@@ -300,6 +300,8 @@ def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.Mon
         "split_sums must be one of": (_cfg(bits=4, group=32, split_sums="atomic"), CPU),
         "split_sums=fused leaves": (_cfg(bits=4, group=32, compile="default", split_sums="fused"), CPU),
         "pdl must be true or false": (_cfg(bits=4, group=32, pdl="yes"), CPU),
+        "lm_head_bits must be one of": (_cfg(bits=4, group=32, lm_head_bits=2), CPU),
+        "lm_head_bits < 16 quantizes the LM head of a quantized model": (_cfg(lm_head_bits=8), CPU),
         "pdl launches the compiled step's kernels": (_cfg(bits=4, group=32, pdl=True), CPU),
         "config lacks batch": ({k: v for k, v in _cfg().items() if k != "batch"}, CPU),
         "compute capability": (_cfg(), DeviceInfo(kind="cuda", name="T4", compute_capability=(7, 5))),
@@ -353,6 +355,14 @@ def test_work_exports_and_registry() -> None:
     assert "partials" not in compiled and w.export_config(config)["split_sums"] == "kernel"
     fused = {**config, "compile": "default", "quant_kernel": "packed", "split_sums": "fused"}
     assert "autotune_tiles(model, m=4, partials=True)" in w.export_python(fused)
+    assert w.work({**config, "lm_head_bits": 8})[1] < moved  # the head's bytes: int8 and scales, not bf16
+    head = w.export_python({**fused, "lm_head_bits": 8})
+    compile(head, "<export>", "exec")
+    assert "model = quantize_head(model, bits=8, group_size=32)" in head
+    assert "quantize_head" not in w.export_python(fused)
+    assert "model = pack_linears(model)" in head and "pack_linears" not in w.export_python(config)
+    assert w.export_config(fused)["lm_head_bits"] == 16
+    assert w.export_config({**fused, "lm_head_bits": 4})["lm_head_bits"] == 4
     pdl = w.export_python({**fused, "pdl": True})
     compile(pdl, "<export>", "exec")
     assert "autotune_tiles(model, m=4, partials=True, pdl=True)" in pdl and w.export_config(fused)["pdl"] is False
@@ -421,6 +431,10 @@ def test_quantized_weights_and_fp8_cache_trade_accuracy(workload: DecodeStep) ->
         assert result.status == TrialStatus.OK, (name, result.error)
     m = {name: r.metrics for name, r in results.items()}
     assert m["int8"]["top1_agreement"] >= 0.95 and 0 < m["int8"]["max_logit_error"] < 0.05
+    head = workload.run(_cfg(bits=8, group=32, lm_head_bits=8), CPU, TrialContext())
+    assert head.status == TrialStatus.OK, head.error
+    assert head.metrics["top1_agreement"] >= 0.95 and head.metrics["max_logit_error"] < 0.1
+    assert head.metrics["max_logit_error"] != m["int8"]["max_logit_error"]  # the head's own rounding shows
     assert m["int4"]["top1_agreement"] >= 0.5  # reported; lower than int8 on this model
     assert m["int4"]["mean_logit_error"] > 3 * m["int8"]["mean_logit_error"]
     assert m["int4"]["peak_mem_gb"] < m["int8"]["peak_mem_gb"] < results["math"].metrics["peak_mem_gb"]
