@@ -32,8 +32,10 @@ import triton.language as tl
 
 #: e4m3's largest finite value: an fp8 cache stores ``clamp(x / scale, -448, 448)``.
 FP8_MAX = 448.0
-#: Cache rows a program reads per step (one row a warp lane group; 32 rows of 128 bf16 = 8 KiB a tensor).
+#: Cache rows a program reads per step by default (32 rows of 128 bf16 = 8 KiB a tensor); the operator's
+#: ``block_n`` (16, 32, 64 or 128) sets it.
 BLOCK_N = 32
+BLOCK_NS = (16, 32, 64, 128)
 #: Programs per SM the split aims for.
 PROGRAMS_PER_SM = 2
 #: The running max's start: finite, so a chunk with no valid position gives alpha = 1 and p = 0, never NaN.
@@ -162,9 +164,9 @@ def check_operands(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def _launch(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
-            v_scale: torch.Tensor, index: torch.Tensor, num_warps: int) -> torch.Tensor:  # fmt: skip
+            v_scale: torch.Tensor, index: torch.Tensor, block_n: int, num_warps: int) -> torch.Tensor:  # fmt: skip
     batch, heads, max_len, d = k_cache.shape
-    splits, chunk = split_plan(batch * heads, max_len, _sm_count(qkv.device))
+    splits, chunk = split_plan(batch * heads, max_len, _sm_count(qkv.device), block_n)
     out = torch.empty((batch, 1, heads, d), device=qkv.device, dtype=qkv.dtype)
     part_acc = torch.empty((batch * heads * splits, d), device=qkv.device, dtype=torch.float32)
     part_ml = torch.empty((batch * heads * splits, 2), device=qkv.device, dtype=torch.float32)
@@ -172,7 +174,7 @@ def _launch(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_s
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634  # log2(e)
     _decode_split_kernel[(batch * heads, splits)](
         qkv, k_cache, v_cache, k_scale, v_scale, index, out, part_acc, part_ml, heads, max_len, chunk, qk_scale,
-        D=d, BLOCK_N=BLOCK_N, SPLITS=splits, FP8=fp8, num_warps=num_warps,
+        D=d, BLOCK_N=block_n, SPLITS=splits, FP8=fp8, num_warps=num_warps,
     )  # fmt: skip
     if splits > 1:
         _decode_combine_kernel[(batch * heads,)](out, part_acc, part_ml, D=d, SPLITS=splits,
@@ -182,36 +184,40 @@ def _launch(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_s
 
 @torch.library.custom_op("tuner::decode_attention", mutates_args=("k_cache", "v_cache"))
 def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
-                     v_scale: torch.Tensor, index: torch.Tensor, heads: int,
+                     v_scale: torch.Tensor, index: torch.Tensor, heads: int, block_n: int = BLOCK_N,
                      num_warps: int = 4) -> torch.Tensor:  # fmt: skip
     """One decode step's attention for every sequence and head: stores the step's key and value (from ``qkv``,
     the ``[B, 1, 3 * H * D]`` projection) at position ``index`` (a 1-element int64 device tensor) of ``k_cache``
     and ``v_cache`` (``[B, H, max_len, D]``; fp8 ones hold ``x / scale`` with the 0-dim fp32 ``k_scale`` /
     ``v_scale``) and returns softmax(q K^T / sqrt(D)) V over positions ``0..index`` as ``[B, 1, H, D]`` in qkv's
-    dtype."""
+    dtype. ``block_n``: cache rows a program reads per step (one of :data:`BLOCK_NS`); ``num_warps`` 1-8."""
     reason = check_operands(qkv, k_cache, v_cache, heads)
+    if block_n not in BLOCK_NS:
+        reason = f"block_n must be one of {BLOCK_NS}, got {block_n!r}"
+    if num_warps not in (1, 2, 4, 8):
+        reason = f"num_warps must be 1, 2, 4 or 8, got {num_warps!r}"
     if reason:
         raise ValueError(reason)
-    return _launch(qkv, k_cache, v_cache, k_scale, v_scale, index, num_warps)
+    return _launch(qkv, k_cache, v_cache, k_scale, v_scale, index, block_n, num_warps)
 
 
 @decode_attention.register_fake
 def _decode_attention_shape(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
-                            v_scale: torch.Tensor, index: torch.Tensor, heads: int,
+                            v_scale: torch.Tensor, index: torch.Tensor, heads: int, block_n: int = BLOCK_N,
                             num_warps: int = 4) -> torch.Tensor:  # fmt: skip
     batch, _, _, d = k_cache.shape
     return qkv.new_empty((batch, 1, heads, d))
 
 
 def compile_for_target(batch: int, heads: int, max_len: int, head_dim: int, *, cache_dtype: torch.dtype,
-                       dtype: torch.dtype = torch.bfloat16, sms: int = 132, num_warps: int = 4,
-                       capability: int = 90) -> list:  # fmt: skip
+                       dtype: torch.dtype = torch.bfloat16, sms: int = 132, block_n: int = BLOCK_N,
+                       num_warps: int = 4, capability: int = 90) -> list:  # fmt: skip
     """``triton.compile`` of the kernels :func:`decode_attention` launches for these shapes (the split kernel, and
     the combine when there is more than one split) for ``GPUTarget("cuda", capability, 32)``, no GPU needed."""
     from kernels.attention import compile_jit_for_target, mock_tensor_class
 
     MockTensor = mock_tensor_class()
-    splits, chunk = split_plan(batch * heads, max_len, sms)
+    splits, chunk = split_plan(batch * heads, max_len, sms, block_n)
     qkv = MockTensor(dtype, [batch, 1, 3 * heads * head_dim])
     caches = [MockTensor(cache_dtype, [batch, heads, max_len, head_dim]) for _ in range(2)]
     scales = [MockTensor(torch.float32, []) for _ in range(2)]
@@ -220,7 +226,7 @@ def compile_for_target(batch: int, heads: int, max_len: int, head_dim: int, *, c
     part_ml = MockTensor(torch.float32, [batch * heads * splits, 2])
     index = MockTensor(torch.int64, [1])
     args = (qkv, *caches, *scales, index, out, part_acc, part_ml, heads, max_len, chunk, 0.18)
-    meta = {"D": head_dim, "BLOCK_N": BLOCK_N, "SPLITS": splits, "FP8": cache_dtype == torch.float8_e4m3fn,
+    meta = {"D": head_dim, "BLOCK_N": block_n, "SPLITS": splits, "FP8": cache_dtype == torch.float8_e4m3fn,
             "num_warps": num_warps}  # fmt: skip
     kernels = [compile_jit_for_target(_decode_split_kernel, args, meta, capability)]
     if splits > 1:
