@@ -7,7 +7,9 @@ as a prefill kernel with one query row in a 16-row tile: one program per (batch,
 
 - **Split over the cache**: program (b*h, s) attends positions ``[s * CHUNK, (s + 1) * CHUNK)`` up to ``pos``,
   ``BLOCK_N`` rows at a time (scores as a row-wise dot product on the CUDA cores: one query row leaves a tensor
-  core nothing to do), and stores its partial (base-2 running max, sum, unnormalized output). ``SPLITS`` is
+  core nothing to do), each row slot with a running max, sum and output of its own, so a step reduces nothing
+  across warps; the slots are combined once at the end into the program's partial (base-2 max, sum, unnormalized
+  output). ``SPLITS`` is
   chosen so that about two programs per SM run; positions past ``pos`` are never read (SDPA reads the whole
   cache and masks it).
 - **Combine**: a second kernel, one program per (batch, head), rescales the partials to their common max and
@@ -96,29 +98,34 @@ def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART
     if (lo <= pos) & (pos < lo + CHUNK):  # this chunk holds pos: the step's key and value go in here
         tl.store(K_CACHE + cache + pos * D + offs_d, k_stored)
         tl.store(V_CACHE + cache + pos * D + offs_d, v_stored)
-    m_i = tl.full((), START_MAX, tl.float32)
-    l_i = tl.full((), 0.0, tl.float32)
-    acc = tl.zeros((D,), tl.float32)
+    # Each of the BLOCK_N row slots runs its own online softmax over the positions it sees (start + slot), so a
+    # step has no reduction across rows (across warps: shared memory and a barrier); they are combined once, below.
+    m_r = tl.full((BLOCK_N,), START_MAX, tl.float32)
+    l_r = tl.zeros((BLOCK_N,), tl.float32)
+    acc_r = tl.zeros((BLOCK_N, D), tl.float32)
     for start in range(lo, hi, BLOCK_N):
         rows = start + tl.arange(0, BLOCK_N)
         valid = rows < hi
         fresh = (rows == pos)[:, None]  # the row stored above, taken from registers (the store may not be seen)
         offs = cache + rows[:, None] * D + offs_d[None, :]
         k = tl.load(K_CACHE + offs, mask=valid[:, None], other=0.0).to(tl.float32)
-        if FP8:
-            k = k * k_scale
-        k = tl.where(fresh, k_new[None, :], k)
-        s = tl.where(valid, tl.sum(k * q[None, :], 1), float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 0))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new)
         v = tl.load(V_CACHE + offs, mask=valid[:, None], other=0.0).to(tl.float32)
         if FP8:
+            k = k * k_scale
             v = v * v_scale
+        k = tl.where(fresh, k_new[None, :], k)
         v = tl.where(fresh, v_new[None, :], v)
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        m_i = m_new
+        s = tl.where(valid, tl.sum(k * q[None, :], 1), float("-inf"))
+        m_new = tl.maximum(m_r, s)
+        alpha = tl.exp2(m_r - m_new)
+        p = tl.exp2(s - m_new)
+        acc_r = acc_r * alpha[:, None] + p[:, None] * v
+        l_r = l_r * alpha + p
+        m_r = m_new
+    m_i = tl.max(m_r, 0)
+    weight = tl.exp2(m_r - m_i)
+    l_i = tl.sum(l_r * weight, 0)
+    acc = tl.sum(acc_r * weight[:, None], 0)
     if SPLITS == 1:  # the only split: normalize and store ``out[b, 0, h, :]``
         tl.store(OUT + bh * D + offs_d, (acc / l_i).to(OUT.dtype.element_ty))
     else:
