@@ -115,7 +115,7 @@ def packed_quant_kernel(
     BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, FAST_DECODE: tl.constexpr,
     STAGES: tl.constexpr, TMA: tl.constexpr, SWAP: tl.constexpr, STREAM: tl.constexpr, COMPILED: tl.constexpr,
-    PARTIALS: tl.constexpr = False, PDL: tl.constexpr = False,
+    PARTIALS: tl.constexpr = False, PDL: tl.constexpr = False, ACT: tl.constexpr = 0,
 ):  # fmt: skip
     """One (BLOCK_M, BLOCK_N) tile of Y over one K split, or, ``STREAM``, an equal share of every tile's spans
     (layout and paths: the module docstring). ``PDL``: launched as a programmatic dependent of the kernel before
@@ -164,7 +164,7 @@ def packed_quant_kernel(
                 # the programs whose shares hold one of the tile's steps: those of its first and last step, between
                 parts = ((tile + 1) * n_spans - 1) // share - (tile * n_spans) // share + 1
                 _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, parts, stride_ym,
-                            stride_yn, USE_DOT, SWAP, COMPILED)  # fmt: skip
+                            stride_yn, USE_DOT, SWAP, COMPILED, ACT=ACT)  # fmt: skip
                 acc = tl.zeros_like(acc)
     else:
         tile = tl.program_id(0)
@@ -197,7 +197,7 @@ def packed_quant_kernel(
                 w_ptrs += 16 * stride_wr
             x_ptrs += SPAN * stride_xk
         _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, SPLIT_K, stride_ym, stride_yn,
-                    USE_DOT, SWAP, COMPILED, PARTIALS, tl.program_id(1))  # fmt: skip
+                    USE_DOT, SWAP, COMPILED, PARTIALS, tl.program_id(1), ACT)  # fmt: skip
 
 
 # --------------------------------------------------------------------------- launch
@@ -259,7 +259,7 @@ def scratch(device: torch.device, elements: int, tiles: int) -> tuple[torch.Tens
 
 def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, UNROLL: int, num_warps: int,
           num_stages: int, PREFETCH: int, FAST_DECODE: int, MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0,
-          STREAM: int = 0, PARTIALS: int = 0, PDL: int = 0) -> dict[str, Any]:  # fmt: skip
+          STREAM: int = 0, PARTIALS: int = 0, PDL: int = 0, ACT: int = 0) -> dict[str, Any]:  # fmt: skip
     """Constexprs and launch options; FAST_DECODE (inline PTX) only for int4 and only when compiling;
     ``MAXNREG`` > 0 caps the registers per thread (more programs per SM keep more loads in flight);
     ``TMA`` loads the words through a tensor descriptor (``PREFETCH`` then has nothing to do: off), ``TMA=2``
@@ -268,7 +268,12 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
     ``STREAM`` (programs per SM) gives each program an equal share of all tiles' spans (``SPLIT_K`` must be 1);
     ``PARTIALS`` stores each split's fp32 partial tile instead of summing them (not with ``STREAM``);
     ``PDL`` launches the kernel as a programmatic dependent launch (Hopper: its launch overlaps the end of the
-    kernel before it; compiled kernels only)."""
+    kernel before it; compiled kernels only); ``ACT`` 1 stores GELU (tanh approximation) of Y (not with
+    ``PARTIALS``, whose sum is the caller's)."""
+    if ACT not in (0, 1):
+        raise ValueError(f"ACT (the epilogue's activation) must be 0 (none) or 1 (GELU, tanh), got {ACT!r}")
+    if ACT and PARTIALS:
+        raise ValueError("ACT applies to Y: PARTIALS leaves the sum, and so the activation, to the caller")
     if PARTIALS and STREAM:
         raise ValueError(
             "PARTIALS stores one partial per K split: STREAM, whose programs share tiles unevenly, has none"
@@ -299,6 +304,7 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
         "TMA": int(TMA),
         "STREAM": bool(STREAM),
         "PARTIALS": bool(PARTIALS),
+        "ACT": int(ACT),
         "COMPILED": not interpreter_active(),
         "SWAP": int(SWAP) if BLOCK_M > 1 else 0,
         "FAST_DECODE": decode,
@@ -332,6 +338,7 @@ def packed_matmul(
     STREAM: int = 0,
     PARTIALS: int = 0,
     PDL: int = 0,
+    ACT: int = 0,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``Y = X @ dequant(weights)`` with one tile config, one kernel launch; returns Y (``out`` if given).
@@ -348,6 +355,7 @@ def packed_matmul(
     ``STREAM``: ``STREAM`` programs per multiprocessor, each taking an equal share of all tiles' K spans in one
     pipelined loop (``SPLIT_K`` 1; a tile shared between programs is summed in the kernel as split-K is).
     ``PDL``: a programmatic dependent launch (the launch overlaps the previous kernel's end; Hopper, compiled).
+    ``ACT``: 1 stores GELU(Y) (tanh approximation), the activation applied to the fp32 sum in the epilogue.
     """
     if x.dtype not in ACT_DTYPES.values():
         raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
@@ -369,7 +377,7 @@ def packed_matmul(
     elif tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
         raise ValueError(f"out must be contiguous {shape} {dtype}, got {tuple(out.shape)} {out.dtype}")
     meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL)  # fmt: skip
+                 MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL, ACT)  # fmt: skip
     sms = _multiprocessors(x.device) if STREAM else 1
     grid = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K, STREAM, sms, k // span(bits))
     tiles = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0]  # one arrival counter per tile
@@ -472,6 +480,7 @@ def compile_only(
     STREAM: int = 0,
     PARTIALS: int = 0,
     PDL: int = 0,
+    ACT: int = 0,
     scale_dtype: torch.dtype | None = None,
 ) -> Any | None:
     """Compile the kernel :func:`packed_matmul` launches for contiguous operands on this GPU, without launching.
@@ -483,7 +492,7 @@ def compile_only(
     if TMA:
         check_tma(n, BLOCK_N)
     meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL)  # fmt: skip
+                 MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL, ACT)  # fmt: skip
     args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, scale_dtype, TMA, STREAM,
                         PARTIALS)  # fmt: skip
     warmup = getattr(packed_quant_kernel, "warmup", None)
@@ -499,7 +508,7 @@ def compile_only(
 def compile_for_target(
     m: int, n: int, k: int, *, precision: str, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int,
     num_warps: int, num_stages: int = 2, UNROLL: int = 1, PREFETCH: int = 1, FAST_DECODE: int = 2,
-    MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0, STREAM: int = 0, PARTIALS: int = 0, PDL: int = 0,
+    MAXNREG: int = 0, TMA: int = 0, SWAP: int = 0, STREAM: int = 0, PARTIALS: int = 0, PDL: int = 0, ACT: int = 0,
     capability: int = 90,
 ) -> Any:  # fmt: skip
     """``triton.compile`` for ``GPUTarget("cuda", capability, 32)`` with no GPU (ahead-of-time checks on a CPU)."""
@@ -510,7 +519,7 @@ def compile_for_target(
         check_tma(n, BLOCK_N)
     args = _mock_launch(m, n, k, precision, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, None, TMA, STREAM, PARTIALS)
     meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL)  # fmt: skip
+                 MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL, ACT)  # fmt: skip
     return compile_jit_for_target(packed_quant_kernel, args, meta, capability)
 
 

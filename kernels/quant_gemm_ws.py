@@ -309,17 +309,28 @@ if gluon is not None:
         return w_buf, s_buf
 
     @gluon.jit
+    def _activate(y, ACT: gl.constexpr):
+        """The epilogue's activation of an fp32 tile: ``ACT`` 0 none, 1 GELU's tanh approximation, written
+        ``y * sigmoid(2u)``, ``u = sqrt(2 / pi) * (y + 0.044715 y^3)`` (as the packed kernel's
+        :func:`kernels.quant_packed_steps._activate`)."""
+        if ACT == 1:
+            u = 0.7978845608028654 * (y + 0.044715 * y * y * y)
+            y = y / (1.0 + gl.exp2(gl.minimum(-2.8853900817779268 * u, 126.0)))  # 2 * log2(e) * u, finite
+        return y
+
+    @gluon.jit
     def _finish(acc, tile, parts, spans, m0, n0, M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DIAG: gl.constexpr):  # fmt: skip
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, DIAG: gl.constexpr, ACT: gl.constexpr = 0):  # fmt: skip
         """Store a tile's sum over ``parts`` of its spans: straight to Y when it is all of them, else added to
-        the workspace, and the program that brings the tile's count to ``spans`` writes Y and re-zeroes."""
+        the workspace, and the program that brings the tile's count to ``spans`` writes Y and re-zeroes; Y goes
+        through ``ACT`` (:func:`_activate`)."""
         layout: gl.constexpr = acc.type.layout
         offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
         offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, layout))
         mask = (gl.expand_dims(offs_n, 1) < N) & (gl.expand_dims(offs_m, 0) < M)
         y_ptrs = y_ptr + gl.expand_dims(offs_m, 0) * stride_ym + gl.expand_dims(offs_n, 1) * stride_yn
         if parts == spans:
-            gl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+            gl.store(y_ptrs, _activate(acc, ACT).to(y_ptr.dtype.element_ty), mask=mask)
         else:
             ws_ptrs = ws_ptr + gl.expand_dims(offs_m, 0) * N + gl.expand_dims(offs_n, 1)
             gl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
@@ -329,7 +340,7 @@ if gluon is not None:
             arrived = gl.atomic_add(cnt_ptr + tile, parts, sem="acq_rel")
             if arrived + parts == spans:
                 total = gl.load(ws_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-                gl.store(y_ptrs, total.to(y_ptr.dtype.element_ty), mask=mask)
+                gl.store(y_ptrs, _activate(total, ACT).to(y_ptr.dtype.element_ty), mask=mask)
                 # Zeros made from the sums read: each goes out from the thread that read its element.
                 gl.store(ws_ptrs, gl.where(mask, 0.0, total), mask=mask, cache_modifier=".cg")
                 gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed")
@@ -391,7 +402,7 @@ if gluon is not None:
     def _consumer(y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, ready, empty, M, N, K, stride_ym, stride_yn,
                   BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPAN: gl.constexpr, PACK: gl.constexpr,
                   BITS: gl.constexpr, NUM_STAGES: gl.constexpr, SCALE_ACC: gl.constexpr, SWIZZLE: gl.constexpr,
-                  SLICE_WAIT: gl.constexpr, DIAG: gl.constexpr):  # fmt: skip
+                  SLICE_WAIT: gl.constexpr, DIAG: gl.constexpr, ACT: gl.constexpr):  # fmt: skip
         """One warpgroup: decode each step's span slice by slice into wgmma's register operand."""
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                              instr_shape=[16, BLOCK_M, 16])  # fmt: skip
@@ -413,7 +424,8 @@ if gluon is not None:
                 if (s == spans - 1) | (step == end - 1):  # the tile's part ends here
                     tile = step // spans
                     _finish(acc, tile, s - first + 1, spans, (tile % m_tiles) * BLOCK_M, (tile // m_tiles) * BLOCK_N,
-                            M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn, BLOCK_M, BLOCK_N, DIAG)  # fmt: skip
+                            M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn, BLOCK_M, BLOCK_N, DIAG,
+                            ACT)  # fmt: skip
                     acc = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, acc_layout)
                     first = 0
 
@@ -434,7 +446,7 @@ if gluon is not None:
     @gluon.jit
     def _consumer_unswapped(y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, b_smem, ready, empty, M, N, K, stride_ym,
                             stride_yn, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPAN: gl.constexpr,
-                            NUM_STAGES: gl.constexpr, SWIZZLE: gl.constexpr):  # fmt: skip
+                            NUM_STAGES: gl.constexpr, SWIZZLE: gl.constexpr, ACT: gl.constexpr):  # fmt: skip
         """``UNSWAPPED`` (int4, 64-row tiles): each span's weights decoded into shared memory as two (64, BLOCK_N)
         B operands, beside X's two (64, 64) boxes as A, so one wgmma of K = 64 covers all BLOCK_N columns of 64 rows
         (the swapped tile's wgmmas are 64 weight columns by BLOCK_M rows). Pipelined by halves: half h + 1 decodes
@@ -473,7 +485,7 @@ if gluon is not None:
                 tile = step // spans
                 _finish(gl.permute(acc, (1, 0)), tile, s - first + 1, spans, (tile % m_tiles) * BLOCK_M,
                         (tile // m_tiles) * BLOCK_N, M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn, BLOCK_M,
-                        BLOCK_N, 0)  # fmt: skip
+                        BLOCK_N, 0, ACT)  # fmt: skip
                 acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, acc_layout)
                 first = 0
 
@@ -483,7 +495,7 @@ if gluon is not None:
                         NUM_STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, SCALE_ACC: gl.constexpr,
                         SWIZZLE: gl.constexpr, SLICE_WAIT: gl.constexpr, STAGGER: gl.constexpr,
                         UNSWAPPED: gl.constexpr, WIDE_X: gl.constexpr, PDL: gl.constexpr, B_LAYOUT: gl.constexpr,
-                        DIAG: gl.constexpr):  # fmt: skip
+                        ACT: gl.constexpr, DIAG: gl.constexpr):  # fmt: skip
         """A persistent program: one loader warp and one consumer warpgroup over an equal run of steps."""
         PACK: gl.constexpr = 32 // BITS
         SPAN: gl.constexpr = 16 * PACK
@@ -503,7 +515,8 @@ if gluon is not None:
             gl.warp_specialize(
                 [
                     (_consumer_unswapped, (y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, b_smem, ready, empty, M, N,
-                                           K, stride_ym, stride_yn, BLOCK_M, BLOCK_N, SPAN, NUM_STAGES, SWIZZLE)),
+                                           K, stride_ym, stride_yn, BLOCK_M, BLOCK_N, SPAN, NUM_STAGES, SWIZZLE,
+                                           ACT)),
                     (_loader, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M,
                                BLOCK_N, SPAN, X_BOXES, GROUP_SIZE, NUM_STAGES, STAGGER, PDL)),
                 ],
@@ -515,7 +528,7 @@ if gluon is not None:
                 [
                     (_consumer, (y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, ready, empty, M, N, K, stride_ym,
                                  stride_yn, BLOCK_M, BLOCK_N, SPAN, PACK, BITS, NUM_STAGES, SCALE_ACC, SWIZZLE,
-                                 SLICE_WAIT, DIAG)),
+                                 SLICE_WAIT, DIAG, ACT)),
                     (_loader, (x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M,
                                BLOCK_N, SPAN, X_BOXES, GROUP_SIZE, NUM_STAGES, STAGGER, PDL)),
                 ],

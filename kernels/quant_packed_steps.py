@@ -69,8 +69,19 @@ def _slice_product(q, x_ptrs, part, acc, s_ptrs, stride_sg, k0, dtype: tl.conste
 
 
 @triton.jit
-def _reduce_split(acc, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, parts, COMPILED: tl.constexpr):
-    """Add this part's partial tile; the last of the tile's ``parts`` to arrive writes Y and re-zeroes."""
+def _activate(y, ACT: tl.constexpr):
+    """The epilogue's activation of an fp32 tile: ``ACT`` 0 none, 1 GELU's tanh approximation (GPT-2's, as
+    ``F.gelu(approximate="tanh")``), written ``y * sigmoid(2u)`` with ``u = sqrt(2 / pi) * (y + 0.044715 y^3)``."""
+    if ACT == 1:
+        u = 0.7978845608028654 * (y + 0.044715 * y * y * y)
+        y = y / (1.0 + tl.exp2(tl.minimum(-2.8853900817779268 * u, 126.0)))  # 2 * log2(e) * u, finite
+    return y
+
+
+@triton.jit
+def _reduce_split(acc, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, parts, COMPILED: tl.constexpr, ACT: tl.constexpr = 0):
+    """Add this part's partial tile; the last of the tile's ``parts`` to arrive writes Y (through ``ACT``) and
+    re-zeroes."""
     tl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
     # Every thread's partial is issued before the arrival is counted. Compiled, the CTA barrier is written as PTX:
     # the pipeliner leaves a loop that holds tl.debug_barrier unpipelined, and STREAM's loop holds this reduction.
@@ -84,7 +95,7 @@ def _reduce_split(acc, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, parts, COMPILED: tl
     arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
     if arrived == parts - 1:
         total = tl.load(ws_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-        tl.store(y_ptrs, total.to(y_ptrs.dtype.element_ty), mask=mask)
+        tl.store(y_ptrs, _activate(total, ACT).to(y_ptrs.dtype.element_ty), mask=mask)
         # The zeros are made from the sums read, so each goes out from the thread that read its element (or
         # through a layout conversion, which has a barrier) after the read. Plain zeros may take the partials'
         # layout, other threads, and clear an element before its reader has read it: Y then held zeros in part of
@@ -161,9 +172,10 @@ def _tile_offsets(tile, M, N, k0, x_ptr, s_ptr, stride_xm, stride_xk, stride_sn,
 @triton.jit
 def _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, parts, stride_ym, stride_yn,
                 USE_DOT: tl.constexpr, SWAP: tl.constexpr, COMPILED: tl.constexpr, PARTIALS: tl.constexpr = False,
-                part=0):  # fmt: skip
+                part=0, ACT: tl.constexpr = 0):  # fmt: skip
     """Write the tile's accumulator to Y (``parts == 1``) or add it as one of ``parts`` partial sums; with
-    ``PARTIALS`` store it as partial ``part`` of the (parts, M, N) fp32 partials at ``ws_ptr`` instead."""
+    ``PARTIALS`` store it as partial ``part`` of the (parts, M, N) fp32 partials at ``ws_ptr`` instead. ``ACT``:
+    Y goes through :func:`_activate` (never the partials)."""
     if USE_DOT:
         out = acc
         rows = offs_m
@@ -181,6 +193,6 @@ def _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, 
     if PARTIALS:
         tl.store(ws_ptrs + part * M * N, out, mask=mask)
     elif parts == 1:
-        tl.store(y_ptrs, out.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptrs, _activate(out, ACT).to(y_ptr.dtype.element_ty), mask=mask)
     else:
-        _reduce_split(out, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, parts, COMPILED)
+        _reduce_split(out, y_ptrs, ws_ptrs, cnt_ptr, tile, mask, parts, COMPILED, ACT)

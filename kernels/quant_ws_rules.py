@@ -12,10 +12,11 @@ SMEM_BYTES = 227 * 1024
 #: The knobs of :func:`ws_quant_matmul` and their defaults.
 KNOBS: dict[str, int] = {"BLOCK_N": 128, "BLOCK_M": 16, "NUM_STAGES": 4, "PROGRAMS_PER_SM": 2, "LOADER_REGS": 40,
                          "SCALE_ACC": 0, "SWIZZLE": 0, "SLICE_WAIT": 0, "STAGGER": 0, "UNSWAPPED": 0,
-                         "WIDE_X": 0, "PDL": 0, "DIAG": 0}  # fmt: skip
+                         "WIDE_X": 0, "PDL": 0, "ACT": 0, "DIAG": 0}  # fmt: skip
 #: ``DIAG`` (benchmarks only; the product is wrong unless 0): 1, the consumer only waits for each stage and
 #: releases it, so the kernel times the loader's stream of words alone; 2, a split tile's parts are added to the
-#: workspace and nothing more (no arrival count, no last program's sum: the cost of that protocol).
+#: workspace and nothing more (no arrival count, no last program's sum: the cost of that protocol). ``ACT`` 1: Y is
+#: stored as GELU (tanh approximation) of the product, applied to the fp32 sum in the epilogue.
 
 
 def loader_regs(programs_per_sm: int) -> int:
@@ -40,7 +41,7 @@ def shared_memory_bytes(bits: int, BLOCK_M: int, BLOCK_N: int, NUM_STAGES: int, 
 
 def check_config(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, NUM_STAGES: int,
                  PROGRAMS_PER_SM: int, LOADER_REGS: int, SCALE_ACC: int = 0, SWIZZLE: int = 0, SLICE_WAIT: int = 0,
-                 STAGGER: int = 0, UNSWAPPED: int = 0, WIDE_X: int = 0, PDL: int = 0,
+                 STAGGER: int = 0, UNSWAPPED: int = 0, WIDE_X: int = 0, PDL: int = 0, ACT: int = 0,
                  DIAG: int = 0) -> str | None:  # fmt: skip
     """Why the kernel cannot run this product and config (None when it can), naming the field."""
     if bits not in (4, 8):
@@ -75,6 +76,8 @@ def check_config(m: int, n: int, k: int, bits: int, group_size: int, BLOCK_M: in
         return f"PDL must be 0 or 1, got {PDL}"
     if PDL and STAGGER:
         return "PDL copies the ring's first lap of words before X, STAGGER the first stage alone first: pick one"
+    if ACT not in (0, 1):
+        return f"ACT (the epilogue's activation) must be 0 (none) or 1 (GELU, tanh), got {ACT}"
     if DIAG not in (0, 1, 2):
         return f"DIAG must be 0, 1 or 2, got {DIAG}"
     if n % 8:

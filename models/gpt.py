@@ -301,14 +301,19 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """``d_model -> d_ff -> d_model`` with GELU (tanh approximation) in between."""
+    """``d_model -> d_ff -> d_model`` with GELU (tanh approximation) in between. ``fuse_gelu`` (set on a decoder
+    whose ``fc`` is a packed :class:`models.quant_linear.QuantLinear`): the GELU is applied in that product's
+    epilogue instead of by a kernel of its own."""
 
     def __init__(self, cfg: GPTConfig, linear: Callable[[int, int, bool], nn.Module]) -> None:
         super().__init__()
         self.fc = linear(cfg.d_model, cfg.ff, False)
         self.proj = linear(cfg.ff, cfg.d_model, False)
+        self.fuse_gelu = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fuse_gelu:
+            return self.proj(self.fc(x, activation="gelu_tanh"))
         return self.proj(F.gelu(self.fc(x), approximate="tanh"))
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.quant_tiles import (
@@ -235,13 +236,21 @@ class QuantLinear(nn.Module):
             self._tiles[key] = tile
         return tile
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+        """``x @ dequant(W) + bias``; ``activation`` ``"gelu_tanh"``: GELU (tanh approximation) of that, applied in
+        the packed kernel's epilogue (its ``ACT``) where the product runs there without a bias or ``PARTIALS``,
+        else by ``F.gelu`` after it."""
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected {self.in_features} input features, got {x.shape[-1]}")
+        if activation not in (None, "gelu_tanh"):
+            raise ValueError(f"activation must be None or 'gelu_tanh', got {activation!r}")
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        fused = False
         if self._kernel_wanted(x2) and self.kernel == "packed":
             tile = self._tile(x2.shape[0], x2.device)
+            if activation and self.bias is None and not tile.get("PARTIALS"):
+                tile, fused = {**tile, "ACT": 1}, True
             args = (
                 x2,
                 self.qweight,
@@ -270,6 +279,8 @@ class QuantLinear(nn.Module):
             y = (x2.to(torch.float32) @ self.dequantized_weight()).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
+        if activation and not fused:
+            y = F.gelu(y, approximate="tanh")
         return y.reshape(*lead, self.out_features)
 
     def extra_repr(self) -> str:

@@ -140,7 +140,7 @@ def packed_product(
         return ws_quant_matmul(x, weights, out=out, **{k: v for k, v in tile.items() if k != "WS"})
     if tile.get("WS"):  # the Gluon kernel takes scales in x's dtype only: the packed kernel's default tile
         m, n, k = x.shape[0], weights.qweight.shape[1], x.shape[1]
-        tile = packed_tile(m, n, k, weights.bits)
+        tile = {**packed_tile(m, n, k, weights.bits), **({"ACT": tile["ACT"]} if "ACT" in tile else {})}
     from kernels.quant_gemm_packed import packed_matmul
 
     return packed_matmul(x, weights, out=out, **tile)

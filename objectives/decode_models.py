@@ -65,18 +65,34 @@ class DecodeModels:
         quantizer: str | None = "rtn",
         quant_kernel: str = "tiled",
         lm_head_bits: int = 16,
+        fuse_gelu: bool = False,
     ) -> tuple[Any, int]:
         """The model of a config and its parameter bytes: the base, or a quantized copy sharing its other tensors
         (with ``quant_kernel="packed"``, the quantized layers' words laid out for the packed kernel; with
         ``lm_head_bits`` 8 or 4 the tied LM head a quantized copy of the embedding, round-to-nearest, the config's
-        group size)."""
+        group size; with ``fuse_gelu`` the MLPs' GELU in their ``fc`` products' epilogue: a copy of the variant
+        without it, every tensor shared)."""
+        import copy
+
         from models.quant_linear import pack_linears, parameter_bytes, quantize_decoder, quantize_head
 
         base = self.base(attention, torch_device)
         if bits == 16:
             return base, parameter_bytes(base)
-        key = (torch_device, attention, bits, group, int8_first_blocks, quantizer, quant_kernel, lm_head_bits)
+        args = (attention, bits, group, torch_device, int8_first_blocks, quantizer, quant_kernel, lm_head_bits)
+        key = (torch_device, attention, bits, group, int8_first_blocks, quantizer, quant_kernel, lm_head_bits,
+               fuse_gelu)  # fmt: skip
         entry = self.variants.get(key)
+        if entry is None and fuse_gelu:
+            plain, size = self.variant(*args)
+            memo: dict[int, Any] = {id(t): t for t in [*plain.parameters(), *plain.buffers()]}
+            model = copy.deepcopy(plain, memo)
+            for block in model.blocks:
+                block.mlp.fuse_gelu = True
+            entry = (model, size)
+            self.variants[key] = entry
+            while len(self.variants) > MAX_VARIANTS:
+                self.variants.popitem(last=False)
         if entry is None:
             if quantizer == "gptq":
                 model = gptq_model(base, self.cfg, self.seed, self.train_steps, bits, int(group), int8_first_blocks)

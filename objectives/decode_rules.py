@@ -64,6 +64,12 @@ def lm_head_bits(config: dict[str, Any]) -> int:
     return int(config.get("lm_head_bits") or 16)
 
 
+def fuse_gelu(config: dict[str, Any]) -> bool:
+    """The config's ``fuse_gelu`` (optional: false when absent): the MLP's GELU applied in the epilogue of its
+    ``fc`` product (packed kernel), not by a kernel of its own."""
+    return bool(config.get("fuse_gelu"))
+
+
 def quantizer(config: dict[str, Any]) -> str | None:
     """The config's ``quantizer`` (optional: ``rtn`` when absent); None for bf16 weights."""
     if int(config["weight_bits"]) == 16:
@@ -121,6 +127,13 @@ def static_violation(
         return f"lm_head_bits must be one of {WEIGHT_BITS}, got {head!r}"
     if head is not None and head != 16 and bits == 16:
         return "lm_head_bits < 16 quantizes the LM head of a quantized model: it needs weight_bits < 16"
+    if head is not None and head != 16 and quant_kernel(config) == "packed" and cfg.d_model % (16 * 32 // head):
+        return (f"lm_head_bits={head} with quant_kernel=packed needs d_model={cfg.d_model} to be a multiple of "
+                f"{16 * 32 // head} (the int{head} span: the head's K is d_model)")  # fmt: skip
+    if config.get("fuse_gelu") is not None and not isinstance(config["fuse_gelu"], bool):
+        return f"fuse_gelu must be true or false, got {config['fuse_gelu']!r}"
+    if fuse_gelu(config) and quant_kernel(config) != "packed":
+        return "fuse_gelu applies the MLP's GELU in the packed kernel's epilogue: it needs quant_kernel=packed"
     if config["kv_dtype"] not in KV_DTYPES:
         return f"kv_dtype must be one of {KV_DTYPES}, got {config['kv_dtype']!r}"
     attention = config["attention"]

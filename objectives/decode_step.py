@@ -7,7 +7,9 @@ with int4, ``int8_first_blocks`` keeps the first 0 / 1 / 2 blocks in int8, optio
 ``quantizer``: ``rtn`` rounds each weight to nearest with a clipped per-group scale, ``gptq``
 runs :mod:`models.gptq` on synthetic calibration tokens, optional, ``rtn`` when absent; ``lm_head_bits``: the
 tied LM head as it is (16) or a round-to-nearest int8 / int4 copy of the embedding with the config's group size,
-the step's largest product at 1B (32000 x 2048), optional, 16 when absent),
+the step's largest product at 1B (32000 x 2048), optional, 16 when absent; ``fuse_gelu``, packed only: the MLP's
+GELU in the epilogue of its first product instead of a kernel of its own, optional, false when absent, outside the
+default space until measured),
 ``kv_dtype`` (``bf16`` or ``fp8_e4m3`` with one scale per layer and tensor, calibrated by the
 prefill), ``attention`` (``sdpa``, ``math`` or ``flash_decode``), ``cuda_graphs`` (replay one captured decode
 step instead of launching its kernels one by one; GPU only) and ``compile`` (``off`` or
@@ -518,6 +520,7 @@ class DecodeStep(MeasuredWorkload):
             quantizer,
             quant_kernel,
             rules.lm_head_bits(config),
+            rules.fuse_gelu(config),
             rules.split_sums(config),
             rules.pdl(config),
             config["kv_dtype"],
@@ -533,7 +536,7 @@ class DecodeStep(MeasuredWorkload):
         ref = self.models.reference(batch, torch_device)
         model, model_bytes = self.models.variant(
             config["attention"], bits, group, torch_device, keep, quantizer, quant_kernel or "tiled",
-            rules.lm_head_bits(config),
+            rules.lm_head_bits(config), rules.fuse_gelu(config),
         )
         if bits != 16 and device.is_gpu:
             from models.quant_linear import autotune_tiles
@@ -578,6 +581,7 @@ class DecodeStep(MeasuredWorkload):
             "quantizer": rules.quantizer(config),
             "quant_kernel": rules.quant_kernel(config),
             "lm_head_bits": rules.lm_head_bits(config),
+            "fuse_gelu": rules.fuse_gelu(config),
             "kv_cache_dtype": f"torch.{KV_TORCH_DTYPES[config['kv_dtype']]}",
             "attention": config["attention"],
             "cuda_graphs": bool(config["cuda_graphs"]),

@@ -118,6 +118,33 @@ def _compiled_capturing(module: torch.nn.Module) -> tuple[Any, list[Any]]:
 
 
 @pytest.mark.timeout(240)
+def test_gelu_in_the_packed_epilogue_matches_gelu_after_the_product(interpreter: None) -> None:
+    """``activation="gelu_tanh"``: the packed kernel (the interpreter here) applies GELU in its epilogue, eagerly
+    and through the opaque operator under torch.compile, as ``F.gelu`` after the fallback's product does; the
+    fallback and the tiled kernel apply it after; the MLP's ``fuse_gelu`` takes that path with the same result."""
+    from models.gpt import MLP, PRESETS
+
+    packed, x, expected = _packed_layer(256, 64, seed=5)
+    want = torch.nn.functional.gelu(expected, approximate="tanh")
+    eager = packed(x, activation="gelu_tanh").float()
+    compiled, _ = _compiled_capturing(packed)
+    assert float((eager - want).abs().max() / want.abs().max()) < 3e-3
+    torch.testing.assert_close(compiled(x, activation="gelu_tanh").float(), eager)
+    fallback = QuantLinear.from_linear(torch.nn.Linear(256, 64, bias=False), 4, 128, use_kernel=False)
+    plain = torch.nn.functional.gelu(fallback(x.bfloat16()), approximate="tanh")
+    torch.testing.assert_close(fallback(x.bfloat16(), activation="gelu_tanh"), plain)
+    with pytest.raises(ValueError, match="activation must be"):
+        packed(x, activation="relu")
+    cfg = PRESETS["tiny"]
+    mlp = MLP(cfg, lambda i, o, bias: QuantLinear.from_linear(torch.nn.Linear(i, o, bias=bias), 8, 32,
+                                                             use_kernel=False))  # fmt: skip
+    h = torch.randn(2, 3, cfg.d_model)
+    unfused = mlp(h)
+    mlp.fuse_gelu = True
+    torch.testing.assert_close(mlp(h), unfused)
+
+
+@pytest.mark.timeout(240)
 def test_packed_layer_runs_as_one_opaque_operator_under_torch_compile(interpreter: None) -> None:
     """The packed kernel is reached through ``tuner::packed_linear`` (the interpreter here): eager and compiled
     (fullgraph, so the operator is not traced into) give the fallback's values."""
@@ -302,6 +329,11 @@ def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.Mon
         "pdl must be true or false": (_cfg(bits=4, group=32, pdl="yes"), CPU),
         "lm_head_bits must be one of": (_cfg(bits=4, group=32, lm_head_bits=2), CPU),
         "lm_head_bits < 16 quantizes the LM head of a quantized model": (_cfg(lm_head_bits=8), CPU),
+        "fuse_gelu must be true or false": (_cfg(bits=4, group=32, fuse_gelu=1), CPU),
+        "lm_head_bits=4 with quant_kernel=packed needs d_model=64": (
+            _cfg(bits=8, group=32, quant_kernel="packed", lm_head_bits=4), CPU),
+        "fuse_gelu applies the MLP's GELU in the packed kernel's epilogue": (_cfg(bits=4, group=32, fuse_gelu=True),
+                                                                             CPU),
         "pdl launches the compiled step's kernels": (_cfg(bits=4, group=32, pdl=True), CPU),
         "config lacks batch": ({k: v for k, v in _cfg().items() if k != "batch"}, CPU),
         "compute capability": (_cfg(), DeviceInfo(kind="cuda", name="T4", compute_capability=(7, 5))),
@@ -315,6 +347,12 @@ def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.Mon
     wide = DecodeStep(**{**ARGS, "model": model})  # packed int4 needs rows of whole 128-wide spans
     pdl = _cfg(bits=4, group=128, compile="default", quant_kernel="packed", pdl=True)
     assert wide.static_check(pdl, CPU) is None and wide.static_check(pdl, H200) is None
+    gelu = _cfg(bits=4, group=128, quant_kernel="packed", fuse_gelu=True)
+    assert wide.static_check(gelu, CPU) is None
+    runs = [wide.run(config, CPU, TrialContext()) for config in (gelu, {**gelu, "fuse_gelu": False})]
+    assert all(r.status == TrialStatus.OK for r in runs), [r.error for r in runs]
+    # on the CPU the layers take the fallback, which applies the GELU after the product: the same logits
+    assert runs[0].metrics["max_logit_error"] == runs[1].metrics["max_logit_error"]
     a100 = DeviceInfo(kind="cuda", name="A100", compute_capability=(8, 0))
     assert "pdl (programmatic dependent launch) needs compute capability >= 9.0" in (wide.static_check(pdl, a100) or "")
 
@@ -361,7 +399,10 @@ def test_work_exports_and_registry() -> None:
     assert "model = quantize_head(model, bits=8, group_size=32)" in head
     assert "quantize_head" not in w.export_python(fused)
     assert "model = pack_linears(model)" in head and "pack_linears" not in w.export_python(config)
-    assert w.export_config(fused)["lm_head_bits"] == 16
+    assert w.export_config(fused)["lm_head_bits"] == 16 and w.export_config(fused)["fuse_gelu"] is False
+    gelu = w.export_python({**fused, "fuse_gelu": True})
+    compile(gelu, "<export>", "exec")
+    assert "    block.mlp.fuse_gelu = True" in gelu and "fuse_gelu" not in w.export_python(fused)
     assert w.export_config({**fused, "lm_head_bits": 4})["lm_head_bits"] == 4
     pdl = w.export_python({**fused, "pdl": True})
     compile(pdl, "<export>", "exec")

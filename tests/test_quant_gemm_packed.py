@@ -244,6 +244,33 @@ def test_partials_sum_to_the_product(interpreter: None, bits: int, case: tuple[i
         packed_matmul(x, weights, **{**tile, "SPLIT_K": 1}, STREAM=2, PARTIALS=1)
 
 
+#: (M, BLOCK_M, BLOCK_N, SPLIT_K, STREAM, SWAP): the activation where Y is stored straight (one split), by the last
+#: of a tile's splits, and by the last program of a streamed share; GEMV and tensor-core paths, swapped.
+ACT_CASES = [(1, 1, 32, 1, 0, 0), (3, 1, 16, 4, 0, 0), (17, 16, 32, 2, 0, 2), (5, 16, 16, 1, 2, 0)]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("case", ACT_CASES, ids=[f"m{c[0]}-bm{c[1]}-sk{c[3]}-st{c[4]}-sw{c[5]}" for c in ACT_CASES])
+def test_epilogue_activation_stores_gelu_of_the_sum(interpreter: None, case: tuple[int, ...]) -> None:
+    """``ACT=1``: Y is GELU (tanh approximation) of the product, applied once to the fp32 sum in every store path
+    (one split, the last of a tile's splits, a streamed share's last program), against ``F.gelu`` of the fp32
+    product; refused with ``PARTIALS``, whose sum is the caller's."""
+    m, block_m, block_n, split_k, stream, swap = case
+    weights, x, reference = _operands(m, 512, 40, 4, 128, seed=m + split_k + stream)
+    tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SPLIT_K": split_k, "num_warps": 4, "PREFETCH": 0,
+            "SWAP": swap, "STREAM": stream}  # fmt: skip
+    y = packed_matmul(x, weights, **tile, ACT=1)
+    want = torch.nn.functional.gelu(reference, approximate="tanh")
+    assert _relative_error(y, want) < 2e-3
+    assert _relative_error(y, reference) > 1e-2  # the activation did apply
+    workspace, counters = scratch(x.device, 1, 1)
+    assert not workspace.any() and not counters.any()
+    with pytest.raises(ValueError, match="PARTIALS leaves the sum"):
+        packed_matmul(x, weights, **{**tile, "STREAM": 0, "SPLIT_K": 2}, PARTIALS=1, ACT=1)
+    with pytest.raises(ValueError, match="ACT"):
+        packed_matmul(x, weights, **tile, ACT=2)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     "case", [(1, 32, 1, 128), (2, 16, 4, 256), (1, 32, 2, 64)], ids=["sk1-g128", "sk4-g256", "g64-fallback"]

@@ -90,6 +90,38 @@ def test_kernel_compiles_for_sm90_with_register_operands_and_tma(aot_child: Any)
         assert result["maxnreg"] == [str(min(256, 65536 // (256 * programs) // 8 * 8))], result
 
 
+_ACT_SCRIPT = """
+import json, sys
+from kernels import quant_gemm_ws
+if not quant_gemm_ws.available():
+    print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
+    sys.exit(0)
+for job in json.loads(sys.argv[1]):
+    kernel = compile_or_skip(lambda: quant_gemm_ws.compile_for_target(*job["shape"], bits=4, **job["knobs"]))
+    ptx = kernel.asm["ptx"]
+    print(json.dumps({**job, "shared": kernel.metadata.shared, "ex2": ptx.count("ex2.approx"),
+                      "wgmma": ptx.count("wgmma.mma_async")}), flush=True)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_gelu_epilogue_adds_exponentials_to_the_stores_only(aot_child: Any) -> None:
+    """``ACT=1`` (sm_90 PTX, no GPU): the GELU goes into the epilogue's two stores (a whole tile, and the last
+    program's sum of a split tile), as exponentials the kernel had none of, with the same wgmmas and shared memory:
+    swapped, wide and ``UNSWAPPED`` tiles; out-of-range values are refused naming the field."""
+    from kernels.quant_gemm_ws import check_config
+
+    loops = ({}, {"BLOCK_M": 8, "BLOCK_N": 256, "SLICE_WAIT": 1}, {"WIDE_X": 1, "PDL": 1},
+             {"BLOCK_M": 64, "BLOCK_N": 128, "UNSWAPPED": 1, "NUM_STAGES": 3, "PROGRAMS_PER_SM": 1})  # fmt: skip
+    jobs = [{"shape": [16, 8192, 2048], "knobs": {**knobs, "ACT": act}} for knobs in loops for act in (0, 1)]
+    lines = aot_child(_ACT_SCRIPT, json.dumps(jobs), timeout=290)
+    assert len(lines) == len(jobs), lines
+    for plain, gelu in zip(lines[::2], lines[1::2], strict=True):
+        assert plain["ex2"] == 0 and gelu["ex2"] > 0, (plain, gelu)
+        assert gelu["wgmma"] == plain["wgmma"] and gelu["shared"] == plain["shared"], (plain, gelu)
+    assert "ACT" in (check_config(16, 8192, 2048, 4, 128, 16, 128, 4, 2, 40, ACT=2) or "")
+
+
 @pytest.mark.timeout(300)
 def test_pdl_copies_the_words_before_waiting_for_the_kernel_before(aot_child: Any) -> None:
     """``PDL``: the kernel is compiled for a programmatic dependent launch; its loader copies the ring's first lap
@@ -233,6 +265,27 @@ def test_gpu_product_matches_fp32_for_ragged_shapes(bits: int, precision: str) -
         torch.cuda.synchronize()
         error = ((out.float() - reference).abs().max() / reference.abs().max()).item()
         assert error < (1e-2 if precision == "bf16" else 3e-3), ((m, n, k), sms, knobs, error)
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+def test_gpu_gelu_epilogue_matches_gelu_of_the_fp32_product() -> None:
+    """``ACT=1``: Y is GELU (tanh approximation) of the product in every store path (whole tiles, split tiles'
+    last program, ``UNSWAPPED``), against ``F.gelu`` of the fp32 product."""
+    import torch
+
+    from kernels.quant_gemm_ws import ws_quant_matmul
+
+    for (m, n, k), sms, knobs in (((1, 8192, 2048), None, {}), ((8, 4104, 2048), None, {"BLOCK_M": 8, "BLOCK_N": 256}),
+                                  ((33, 512, 8192), 3, {"BLOCK_M": 32}),
+                                  ((64, 2048, 2048), None, {"BLOCK_M": 64, "BLOCK_N": 128, "NUM_STAGES": 3,
+                                                            "UNSWAPPED": 1})):  # fmt: skip
+        x, packed, reference = _product(m, n, k, 4, torch.bfloat16, seed=m + n)
+        want = torch.nn.functional.gelu(reference, approximate="tanh")
+        out = ws_quant_matmul(x, packed, num_sms=sms, ACT=1, **knobs)
+        error = ((out.float() - want).abs().max() / want.abs().max()).item()
+        assert error < 1e-2, ((m, n, k), knobs, error)
 
 
 @pytest.mark.gpu
