@@ -9,7 +9,9 @@ each of the 18 layers, each layer with its own cache (so the caches do not sit i
   (an fp8 cache dequantized to bf16 first) and SDPA with the boolean mask over all 576 positions, as
   ``CausalSelfAttention.decode`` runs it with ``attention: sdpa``;
 - ``flash_decode_{block_n}x{num_warps}``: :func:`kernels.decode_attention.decode_attention` (the write fused;
-  positions past ``pos`` not read) at each of :data:`KERNEL_CONFIGS`; the fastest is the one compared.
+  positions past ``pos`` not read) at each of :data:`KERNEL_CONFIGS`, and the default one as programmatic
+  dependent launches (``_pdl``: each layer's split kernel reads its first cache rows while the layer before ends);
+  the fastest is the one compared.
 
 Each is captured in a CUDA graph of the 18 layers, timed by :func:`tuner.measure.time_fn`, the two interleaved
 over ``--rounds`` rounds; reported per layer with the bytes each path must read (positions ``0..pos`` of k and v)
@@ -65,15 +67,16 @@ def _paths(batch: int, cache_dtype: Any) -> dict[str, Any]:
             k_all, v_all = cache.read(layer, torch.bfloat16)
             F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
 
-    def flash(block_n: int, num_warps: int) -> Any:
+    def flash(block_n: int, num_warps: int, pdl: bool = False) -> Any:
         def run() -> None:
             for layer in range(LAYERS):
                 decode_attention(qkv[layer], cache.k[layer], cache.v[layer], cache.k_scale[layer],
-                                 cache.v_scale[layer], index, HEADS, block_n, num_warps)  # fmt: skip
+                                 cache.v_scale[layer], index, HEADS, block_n, num_warps, pdl)  # fmt: skip
 
         return run
 
-    return {"sdpa": sdpa, **{f"flash_decode_{bn}x{w}": flash(bn, w) for bn, w in KERNEL_CONFIGS}}
+    kernels = {f"flash_decode_{bn}x{w}": flash(bn, w) for bn, w in KERNEL_CONFIGS}
+    return {"sdpa": sdpa, **kernels, "flash_decode_32x4_pdl": flash(32, 4, pdl=True)}
 
 
 def measure(batches: list[int], dtypes: list[str], rounds: int) -> dict[str, Any]:

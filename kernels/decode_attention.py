@@ -31,6 +31,9 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from tuner.workload import interpreter_active
 
 #: e4m3's largest finite value: an fp8 cache stores ``clamp(x / scale, -448, 448)``.
 FP8_MAX = 448.0
@@ -67,20 +70,32 @@ def split_plan(batch_heads: int, max_len: int, sms: int, block_n: int = BLOCK_N)
 @triton.jit
 def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART_ACC, PART_ML, H, MAX_LEN, CHUNK,
                          qk_scale, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                         FP8: tl.constexpr):  # fmt: skip
+                         FP8: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
     """Program (b * H + h, s): positions ``[s * CHUNK, min((s + 1) * CHUNK, pos + 1))`` of head h's cache;
-    ``QKV`` is the qkv projection ``[B, 1, 3 * H * D]`` (q, then k, then v, each head's D contiguous)."""
+    ``QKV`` is the qkv projection ``[B, 1, 3 * H * D]`` (q, then k, then v, each head's D contiguous).
+
+    ``PDL`` (a programmatic dependent of the kernel before, the qkv projection): the chunk's first ``BLOCK_N``
+    cache rows are read before waiting for that kernel, since no kernel of this step writes them (the row at
+    ``pos``, the only one this step writes, is taken from registers), and the kernel after may launch at once."""
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // H
     h = bh % H
-    pos = tl.load(POS)
     offs_d = tl.arange(0, D)
+    cache = bh.to(tl.int64) * MAX_LEN * D
+    lo = split * CHUNK
+    if PDL:
+        gdc_launch_dependents()
+        first = lo + tl.arange(0, BLOCK_N)
+        first_offs = cache + first[:, None] * D + offs_d[None, :]
+        k_first = tl.load(K_CACHE + first_offs, mask=(first < MAX_LEN)[:, None], other=0.0)
+        v_first = tl.load(V_CACHE + first_offs, mask=(first < MAX_LEN)[:, None], other=0.0)
+        gdc_wait()
+    pos = tl.load(POS)
     row = QKV + b * 3 * H * D + h * D
     q = tl.load(row + offs_d).to(tl.float32) * qk_scale  # base-2 scores: sm_scale * log2(e) folded into q
     k_new = tl.load(row + H * D + offs_d).to(tl.float32)
     v_new = tl.load(row + 2 * H * D + offs_d).to(tl.float32)
-    cache = bh.to(tl.int64) * MAX_LEN * D
     if FP8:
         k_scale = tl.load(K_SCALE)
         v_scale = tl.load(V_SCALE)
@@ -93,7 +108,6 @@ def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART
         v_stored = v_new.to(V_CACHE.dtype.element_ty)
         k_new = k_stored.to(tl.float32)
         v_new = v_stored.to(tl.float32)
-    lo = split * CHUNK
     hi = tl.minimum(lo + CHUNK, pos + 1)
     if (lo <= pos) & (pos < lo + CHUNK):  # this chunk holds pos: the step's key and value go in here
         tl.store(K_CACHE + cache + pos * D + offs_d, k_stored)
@@ -108,8 +122,12 @@ def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART
         valid = rows < hi
         fresh = (rows == pos)[:, None]  # the row stored above, taken from registers (the store may not be seen)
         offs = cache + rows[:, None] * D + offs_d[None, :]
-        k = tl.load(K_CACHE + offs, mask=valid[:, None], other=0.0).to(tl.float32)
-        v = tl.load(V_CACHE + offs, mask=valid[:, None], other=0.0).to(tl.float32)
+        if PDL and start == lo:  # read before the wait
+            k = k_first.to(tl.float32)
+            v = v_first.to(tl.float32)
+        else:
+            k = tl.load(K_CACHE + offs, mask=valid[:, None], other=0.0).to(tl.float32)
+            v = tl.load(V_CACHE + offs, mask=valid[:, None], other=0.0).to(tl.float32)
         if FP8:
             k = k * k_scale
             v = v * v_scale
@@ -136,9 +154,14 @@ def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART
 
 
 @triton.jit
-def _decode_combine_kernel(OUT, PART_ACC, PART_ML, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+def _decode_combine_kernel(OUT, PART_ACC, PART_ML, D: tl.constexpr, SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+                           PDL: tl.constexpr = False):  # fmt: skip
     """Program b * H + h: the splits' partials rescaled to their common max, summed and normalized (splits past
-    ``pos`` hold max START_MAX and sum 0, so they weigh nothing). ``BLOCK_S``: SPLITS to a power of two."""
+    ``pos`` hold max START_MAX and sum 0, so they weigh nothing). ``BLOCK_S``: SPLITS to a power of two.
+    ``PDL``: launched as soon as the split kernel lets it, it waits for the partials."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     bh = tl.program_id(0)
     split = tl.arange(0, BLOCK_S)
     used = split < SPLITS
@@ -171,7 +194,8 @@ def check_operands(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def _launch(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
-            v_scale: torch.Tensor, index: torch.Tensor, block_n: int, num_warps: int) -> torch.Tensor:  # fmt: skip
+            v_scale: torch.Tensor, index: torch.Tensor, block_n: int, num_warps: int,
+            pdl: bool) -> torch.Tensor:  # fmt: skip
     batch, heads, max_len, d = k_cache.shape
     splits, chunk = split_plan(batch * heads, max_len, _sm_count(qkv.device), block_n)
     out = torch.empty((batch, 1, heads, d), device=qkv.device, dtype=qkv.dtype)
@@ -179,25 +203,29 @@ def _launch(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_s
     part_ml = torch.empty((batch * heads * splits, 2), device=qkv.device, dtype=torch.float32)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634  # log2(e)
+    launch = {"PDL": True, "launch_pdl": True} if pdl and not interpreter_active() else {}
     _decode_split_kernel[(batch * heads, splits)](
         qkv, k_cache, v_cache, k_scale, v_scale, index, out, part_acc, part_ml, heads, max_len, chunk, qk_scale,
-        D=d, BLOCK_N=block_n, SPLITS=splits, FP8=fp8, num_warps=num_warps,
+        D=d, BLOCK_N=block_n, SPLITS=splits, FP8=fp8, num_warps=num_warps, **launch,
     )  # fmt: skip
     if splits > 1:
         _decode_combine_kernel[(batch * heads,)](out, part_acc, part_ml, D=d, SPLITS=splits,
-                                                 BLOCK_S=triton.next_power_of_2(splits), num_warps=num_warps)
+                                                 BLOCK_S=triton.next_power_of_2(splits), num_warps=num_warps,
+                                                 **launch)  # fmt: skip
     return out
 
 
 @torch.library.custom_op("tuner::decode_attention", mutates_args=("k_cache", "v_cache"))
 def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
                      v_scale: torch.Tensor, index: torch.Tensor, heads: int, block_n: int = BLOCK_N,
-                     num_warps: int = 4) -> torch.Tensor:  # fmt: skip
+                     num_warps: int = 4, pdl: bool = False) -> torch.Tensor:  # fmt: skip
     """One decode step's attention for every sequence and head: stores the step's key and value (from ``qkv``,
     the ``[B, 1, 3 * H * D]`` projection) at position ``index`` (a 1-element int64 device tensor) of ``k_cache``
     and ``v_cache`` (``[B, H, max_len, D]``; fp8 ones hold ``x / scale`` with the 0-dim fp32 ``k_scale`` /
     ``v_scale``) and returns softmax(q K^T / sqrt(D)) V over positions ``0..index`` as ``[B, 1, H, D]`` in qkv's
-    dtype. ``block_n``: cache rows a program reads per step (one of :data:`BLOCK_NS`); ``num_warps`` 1-8."""
+    dtype. ``block_n``: cache rows a program reads per step (one of :data:`BLOCK_NS`); ``num_warps`` 1-8;
+    ``pdl``: both kernels launched as programmatic dependents (Hopper), the split kernel reading its first cache
+    rows before it waits for the kernel before."""
     reason = check_operands(qkv, k_cache, v_cache, heads)
     if block_n not in BLOCK_NS:
         reason = f"block_n must be one of {BLOCK_NS}, got {block_n!r}"
@@ -205,20 +233,20 @@ def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         reason = f"num_warps must be 1, 2, 4 or 8, got {num_warps!r}"
     if reason:
         raise ValueError(reason)
-    return _launch(qkv, k_cache, v_cache, k_scale, v_scale, index, block_n, num_warps)
+    return _launch(qkv, k_cache, v_cache, k_scale, v_scale, index, block_n, num_warps, pdl)
 
 
 @decode_attention.register_fake
 def _decode_attention_shape(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
                             v_scale: torch.Tensor, index: torch.Tensor, heads: int, block_n: int = BLOCK_N,
-                            num_warps: int = 4) -> torch.Tensor:  # fmt: skip
+                            num_warps: int = 4, pdl: bool = False) -> torch.Tensor:  # fmt: skip
     batch, _, _, d = k_cache.shape
     return qkv.new_empty((batch, 1, heads, d))
 
 
 def compile_for_target(batch: int, heads: int, max_len: int, head_dim: int, *, cache_dtype: torch.dtype,
                        dtype: torch.dtype = torch.bfloat16, sms: int = 132, block_n: int = BLOCK_N,
-                       num_warps: int = 4, capability: int = 90) -> list:  # fmt: skip
+                       num_warps: int = 4, pdl: bool = False, capability: int = 90) -> list:  # fmt: skip
     """``triton.compile`` of the kernels :func:`decode_attention` launches for these shapes (the split kernel, and
     the combine when there is more than one split) for ``GPUTarget("cuda", capability, 32)``, no GPU needed."""
     from kernels.attention import compile_jit_for_target, mock_tensor_class
@@ -233,12 +261,14 @@ def compile_for_target(batch: int, heads: int, max_len: int, head_dim: int, *, c
     part_ml = MockTensor(torch.float32, [batch * heads * splits, 2])
     index = MockTensor(torch.int64, [1])
     args = (qkv, *caches, *scales, index, out, part_acc, part_ml, heads, max_len, chunk, 0.18)
+    launch = {"PDL": True, "launch_pdl": True} if pdl else {}
     meta = {"D": head_dim, "BLOCK_N": block_n, "SPLITS": splits, "FP8": cache_dtype == torch.float8_e4m3fn,
-            "num_warps": num_warps}  # fmt: skip
+            "num_warps": num_warps, **launch}  # fmt: skip
     kernels = [compile_jit_for_target(_decode_split_kernel, args, meta, capability)]
     if splits > 1:
         kernels.append(compile_jit_for_target(
             _decode_combine_kernel, (out, part_acc, part_ml),
-            {"D": head_dim, "SPLITS": splits, "BLOCK_S": triton.next_power_of_2(splits), "num_warps": num_warps},
+            {"D": head_dim, "SPLITS": splits, "BLOCK_S": triton.next_power_of_2(splits), "num_warps": num_warps,
+             **launch},
             capability))  # fmt: skip
     return kernels

@@ -235,6 +235,8 @@ class CausalSelfAttention(nn.Module):
         self.n_heads, self.head_dim, self.attention = cfg.n_heads, cfg.head_dim, attention
         self.qkv = linear(cfg.d_model, 3 * cfg.d_model, False)
         self.proj = linear(cfg.d_model, cfg.d_model, False)
+        # flash_decode: the decode kernels launched as programmatic dependents (Hopper; set on a decoder's copy)
+        self.decode_pdl = False
 
     def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         batch, seq, _ = x.shape
@@ -292,7 +294,7 @@ class CausalSelfAttention(nn.Module):
 
             qkv = self.qkv(x)
             y = decode_attention(qkv.contiguous(), cache.k[layer], cache.v[layer], cache.k_scale[layer],
-                                 cache.v_scale[layer], index, self.n_heads)  # fmt: skip
+                                 cache.v_scale[layer], index, self.n_heads, pdl=self.decode_pdl)  # fmt: skip
             return self.proj(y.view(x.shape[0], 1, -1))
         q, k, v = self._split(x)
         cache.write_at(layer, k, v, index)

@@ -51,8 +51,13 @@ def decoder_source(e: dict[str, Any]) -> str:
         ]
     if e.get("quant_kernel") == "packed":  # the quantized layers' words laid out for the packed kernel
         lines += ["from models.quant_linear import pack_linears", "", "model = pack_linears(model)"]
+    flags = []
     if e.get("fuse_gelu"):  # the MLP's GELU in the epilogue of its first product
-        lines += ["for block in model.blocks:", "    block.mlp.fuse_gelu = True"]
+        flags.append("    block.mlp.fuse_gelu = True")
+    if e.get("pdl") and e["attention"] == "flash_decode":  # the decode attention kernels as dependent launches
+        flags.append("    block.attn.decode_pdl = True")
+    if flags:
+        lines += ["for block in model.blocks:", *flags]
     if e["weight_bits"] != 16:
         # split_sums=fused: split-K tiles may leave their partial products to the next operation (torch.compile sums
         # them there)

@@ -66,29 +66,32 @@ class DecodeModels:
         quant_kernel: str = "tiled",
         lm_head_bits: int = 16,
         fuse_gelu: bool = False,
+        attention_pdl: bool = False,
     ) -> tuple[Any, int]:
         """The model of a config and its parameter bytes: the base, or a quantized copy sharing its other tensors
         (with ``quant_kernel="packed"``, the quantized layers' words laid out for the packed kernel; with
         ``lm_head_bits`` 8 or 4 the tied LM head a quantized copy of the embedding, round-to-nearest, the config's
-        group size; with ``fuse_gelu`` the MLPs' GELU in their ``fc`` products' epilogue: a copy of the variant
-        without it, every tensor shared)."""
+        group size; with ``fuse_gelu`` the MLPs' GELU in their ``fc`` products' epilogue; with ``attention_pdl``
+        the ``flash_decode`` kernels launched as programmatic dependents: those two as a copy of the variant
+        without them, every tensor shared)."""
         import copy
 
         from models.quant_linear import pack_linears, parameter_bytes, quantize_decoder, quantize_head
 
         base = self.base(attention, torch_device)
-        if bits == 16:
+        if bits == 16 and not attention_pdl:
             return base, parameter_bytes(base)
         args = (attention, bits, group, torch_device, int8_first_blocks, quantizer, quant_kernel, lm_head_bits)
         key = (torch_device, attention, bits, group, int8_first_blocks, quantizer, quant_kernel, lm_head_bits,
-               fuse_gelu)  # fmt: skip
+               fuse_gelu, attention_pdl)  # fmt: skip
         entry = self.variants.get(key)
-        if entry is None and fuse_gelu:
+        if entry is None and (fuse_gelu or attention_pdl):
             plain, size = self.variant(*args)
             memo: dict[int, Any] = {id(t): t for t in [*plain.parameters(), *plain.buffers()]}
             model = copy.deepcopy(plain, memo)
             for block in model.blocks:
-                block.mlp.fuse_gelu = True
+                block.mlp.fuse_gelu = fuse_gelu
+                block.attn.decode_pdl = attention_pdl
             entry = (model, size)
             self.variants[key] = entry
             while len(self.variants) > MAX_VARIANTS:

@@ -18,8 +18,8 @@ cache writes into fewer kernels; captured in the same CUDA graph; optional, ``of
 with the packed kernel, ``split_sums`` (``kernel``: split-K tiles sum their parts in the kernel; ``fused``: the tiles
 may leave their fp32 partial products to the next operation, which Inductor sums them in; optional, ``kernel``
 when absent) and ``pdl`` (Hopper: the step's kernels launched as programmatic dependents of the ones before them,
-Inductor's through its PDL code and the warp-specialized tiles copying their first words before they wait;
-optional, false when absent).
+Inductor's through its PDL code, the warp-specialized tiles copying their first words before they wait, and with
+``flash_decode`` its kernels reading their first cache rows before they wait; optional, false when absent).
 
 Why ``compile``: a 1B-parameter step at batch 1 launches ~300 kernels (bf16) or ~440 (int4, whose
 Linears are Triton kernels with their own set-up), and on an H200 it takes 1.39 ms where its 2 GB of
@@ -537,6 +537,7 @@ class DecodeStep(MeasuredWorkload):
         model, model_bytes = self.models.variant(
             config["attention"], bits, group, torch_device, keep, quantizer, quant_kernel or "tiled",
             rules.lm_head_bits(config), rules.fuse_gelu(config),
+            rules.pdl(config) and config["attention"] == "flash_decode",
         )
         if bits != 16 and device.is_gpu:
             from models.quant_linear import autotune_tiles

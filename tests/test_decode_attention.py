@@ -140,12 +140,17 @@ _AOT_SCRIPT = """
 import json, sys
 import torch
 from kernels.decode_attention import compile_for_target, split_plan
-for batch, dtype in json.loads(sys.argv[1]):
-    kernels = compile_or_skip(lambda: compile_for_target(batch, 16, 576, 128, cache_dtype=getattr(torch, dtype)))
+for batch, dtype, pdl in json.loads(sys.argv[1]):
+    kernels = compile_or_skip(lambda: compile_for_target(batch, 16, 576, 128, cache_dtype=getattr(torch, dtype),
+                                                         pdl=pdl))
     ptx = kernels[0].asm["ptx"]
-    print(json.dumps({"batch": batch, "dtype": dtype, "kernels": len(kernels),
+    wait = ptx.find("griddepcontrol.wait")
+    print(json.dumps({"batch": batch, "dtype": dtype, "pdl": pdl, "kernels": len(kernels),
                       "splits": split_plan(batch * 16, 576, 132),
                       "wide_loads": ptx.count("ld.global.v4"), "fp8_cvt": ptx.count("cvt.rn.satfinite.e4m3x2"),
+                      "loads_before_wait": ptx.count("ld.global", 0, wait) if wait >= 0 else None,
+                      "launch_dependents": ["griddepcontrol.launch_dependents" in k.asm["ptx"] for k in kernels],
+                      "launch_pdl": [bool(getattr(k.metadata, "launch_pdl", False)) for k in kernels],
                       "shared": [k.metadata.shared for k in kernels]}), flush=True)
 """
 
@@ -154,13 +159,20 @@ for batch, dtype in json.loads(sys.argv[1]):
 def test_kernels_compile_for_sm90_with_vector_loads(aot_child: Any) -> None:
     """sm_90 compiles at the 1B model's decode shapes (16 heads of 128, a 576-position cache): a combine kernel
     only where the cache is split (batches 1 and 8, not 64), 16-byte loads of the cache rows, and for an fp8 cache
-    the step's k and v converted to e4m3 in the kernel."""
-    jobs = [[1, "bfloat16"], [8, "bfloat16"], [64, "bfloat16"], [1, "float8_e4m3fn"], [64, "float8_e4m3fn"]]
+    the step's k and v converted to e4m3 in the kernel. With ``pdl`` both kernels are programmatic dependents that
+    let the next kernel launch, and the split kernel reads its first block of cache rows (16-byte loads of K and V)
+    before waiting for the kernel before; without it neither kernel waits."""
+    jobs = [[1, "bfloat16", False], [8, "bfloat16", False], [64, "bfloat16", False], [1, "float8_e4m3fn", False],
+            [64, "float8_e4m3fn", False], [1, "bfloat16", True], [64, "float8_e4m3fn", True]]  # fmt: skip
     lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
-    assert [line["kernels"] for line in lines] == [2, 2, 1, 2, 1], lines
+    assert [line["kernels"] for line in lines] == [2, 2, 1, 2, 1, 2, 1], lines
     for line in lines:
         assert line["wide_loads"] > 0, line
         assert (line["fp8_cvt"] > 0) == (line["dtype"] == "float8_e4m3fn"), line
+        if line["pdl"]:
+            assert line["loads_before_wait"] >= 2 and all(line["launch_dependents"]) and all(line["launch_pdl"]), line
+        else:
+            assert line["loads_before_wait"] is None and not any(line["launch_pdl"]), line
 
 
 @pytest.mark.gpu

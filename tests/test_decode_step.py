@@ -403,6 +403,10 @@ def test_work_exports_and_registry() -> None:
     gelu = w.export_python({**fused, "fuse_gelu": True})
     compile(gelu, "<export>", "exec")
     assert "    block.mlp.fuse_gelu = True" in gelu and "fuse_gelu" not in w.export_python(fused)
+    flash_pdl = w.export_python({**fused, "pdl": True, "attention": "flash_decode"})
+    compile(flash_pdl, "<export>", "exec")
+    assert "    block.attn.decode_pdl = True" in flash_pdl
+    assert "decode_pdl" not in w.export_python({**fused, "pdl": True})
     assert w.export_config({**fused, "lm_head_bits": 4})["lm_head_bits"] == 4
     pdl = w.export_python({**fused, "pdl": True})
     compile(pdl, "<export>", "exec")
@@ -419,6 +423,23 @@ def test_work_exports_and_registry() -> None:
 def workload() -> DecodeStep:
     """One workload for the CPU runs: models and references are cached across tests, as in a worker."""
     return DecodeStep(**ARGS)
+
+
+def test_flagged_variants_are_copies_sharing_every_tensor(workload: DecodeStep) -> None:
+    """``fuse_gelu`` and the decode attention's PDL are set on a copy of the variant (bf16 too), never on the
+    model other configs share; the copy holds the same tensors, not copies of them."""
+    models = workload.models
+    base = models.base("flash_decode", "cpu")
+    flagged, _ = models.variant("flash_decode", 16, None, "cpu", attention_pdl=True)
+    assert flagged is not base and all(block.attn.decode_pdl for block in flagged.blocks)
+    assert not any(block.attn.decode_pdl for block in base.blocks)
+    assert models.variant("flash_decode", 16, None, "cpu")[0] is base
+    plain, _ = models.variant("flash_decode", 8, 32, "cpu")
+    fused, _ = models.variant("flash_decode", 8, 32, "cpu", fuse_gelu=True)
+    assert all(block.mlp.fuse_gelu for block in fused.blocks) and not any(b.mlp.fuse_gelu for b in plain.blocks)
+    for a, b in ((flagged, base), (fused, plain)):
+        pointers = [t.data_ptr() for t in [*a.parameters(), *a.buffers()]]
+        assert pointers == [t.data_ptr() for t in [*b.parameters(), *b.buffers()]]
 
 
 def test_reference_decode_matches_the_full_forward_pass(workload: DecodeStep) -> None:
