@@ -113,6 +113,45 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "-m pytest -m gpu -q -p no:cacheprovider --timeout 120 tests/test_gpu.py tests/test_measure.py "
         "tests/test_attention_kernel.py tests/test_quant_gemm.py tests/test_norm_kernels.py".split(),
     ),
+    # Work prepared without a GPU, each first through its GPU tests (killed at their limit: a kernel that hangs
+    # costs one step), then measured. Run them with --only, in this order.
+    (
+        "gpu-tests-quant-ws",
+        60,
+        "bench/gpu_tests.py --timeout 300 --out {out}.json --what warp-specialized-int4-WIDE_X-PDL-UNSWAPPED-ACT "
+        "tests/test_quant_gemm_ws.py tests/test_quant_gemm.py::test_seeds_run_on_gpu_at_the_benchmark_shape".split(),
+    ),
+    (
+        "gpu-tests-attention-new",
+        60,
+        "bench/gpu_tests.py --timeout 300 --out {out}.json --what attention-HALF_DIAG-EXP_POLY "
+        "tests/test_attention_ws.py::test_gpu_half_diagonal_matches_fp32_attention "
+        "tests/test_attention_ws.py::test_gpu_polynomial_exponentials_match_fp32_attention".split(),
+    ),
+    (
+        "gpu-tests-decode-attention",
+        60,
+        "bench/gpu_tests.py --timeout 240 --out {out}.json --what decode-attention-kernel "
+        "tests/test_decode_attention.py tests/test_gpt_model.py".split(),
+    ),
+    ("decode-attention", 60, "bench/decode_attention.py --out {out}.json".split()),
+    ("int4-pdl", 90, "bench/int4_pdl.py --rows 8 64 --out {out}.json".split()),
+    (
+        "attention-half-diag",
+        90,
+        "bench/attention_ws.py half_diag --seq 1024 2048 4096 --head-dims 64 --out {out}.json".split(),
+    ),
+    (
+        "attention-exp-poly",
+        90,
+        "bench/attention_ws.py exp_poly --seq 1024 2048 --head-dims 64 --out {out}.json".split(),
+    ),
+    (
+        "int4-decode-prepared",
+        300,
+        "bench/int4_decode.py --batches 1 8 --seeds 0 --gen-tokens 64 --names bf16_compiled bf16_compiled_flash_pdl "
+        "int4_packed_compiled_gptq int4_packed_compiled_gptq_all --out {out}.json".split(),
+    ),
 ]
 
 

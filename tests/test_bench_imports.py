@@ -43,3 +43,22 @@ def test_bench_script_imports_exist(script: Path) -> None:
 def test_the_check_sees_nested_imports() -> None:
     imports = _project_imports(ROOT / "bench" / "attention_study.py")
     assert ("kernels.gemm", "max_rel_error") in {(m, n) for _, m, n in imports}
+
+
+def test_suite_steps_name_scripts_tests_and_candidates_that_exist() -> None:
+    """``bench/run_suite.py``: every step's script and test file exists, every ``file::test`` id names a test
+    function of that file, and ``int4_decode.py --names`` lists candidates the script defines: a typo would
+    otherwise cost a step of a GPU session."""
+    from bench.int4_decode import CANDIDATES
+    from bench.run_suite import STEPS
+
+    for name, _, command in STEPS:
+        for part in command:
+            path, _, test = part.partition("::")
+            if path.startswith(("bench/", "tests/")):
+                assert (ROOT / path).exists(), (name, part)
+            if test:
+                assert f"def {test}(" in (ROOT / path).read_text(), (name, part)
+        if "bench/int4_decode.py" in command and "--names" in command:
+            names = command[command.index("--names") + 1 : command.index("--out")]
+            assert names and set(names) <= set(CANDIDATES), (name, names)
