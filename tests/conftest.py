@@ -152,7 +152,8 @@ def interpreter() -> None:
 
 
 #: Put before every ``aot_child`` script: ``compile_or_skip(compile)`` returns ``compile()``'s kernel, or, when
-#: this Triton cannot compile ahead of time (its internals, no ptxas), prints ``{"skip": reason}`` and ends the child.
+#: this Triton cannot compile ahead of time (its internals, no ptxas), prints ``{"skip": reason}`` and ends the child;
+#: ``sass_or_skip(kernel)`` returns the kernel's SASS (Triton's ``nvdisasm``), or skips where Triton ships none.
 AOT_PRELUDE = """
 import json as _json, sys as _sys
 def compile_or_skip(compile):
@@ -164,6 +165,16 @@ def compile_or_skip(compile):
         reason = f"no ptxas to run: {exc}"
     print(_json.dumps({"skip": reason}), flush=True)
     _sys.exit(0)
+def sass_or_skip(kernel):
+    import os, subprocess, tempfile, triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    if not os.path.exists(tool):
+        print(_json.dumps({"skip": "this Triton ships no nvdisasm"}), flush=True)
+        _sys.exit(0)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        return subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
 """
 
 

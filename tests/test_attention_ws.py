@@ -332,22 +332,14 @@ def test_polynomial_exponential_ptx_matches_exp2_and_keeps_masked_scores_tiny() 
 
 
 _EXP_SCRIPT = """
-import json, os, re, subprocess, sys, tempfile
-import triton
+import json, re, sys
 from kernels import attention_ws
 if not attention_ws.available():
     print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
     sys.exit(0)
-tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-if not os.path.exists(tool):
-    print(json.dumps({"skip": "this Triton ships no nvdisasm"}))
-    sys.exit(0)
 for job in json.loads(sys.argv[1]):
     kernel = compile_or_skip(lambda: attention_ws.compile_for_target(*job["shape"], precision="bf16", **job["config"]))
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    sass = sass_or_skip(kernel)
     ptx = kernel.asm["ptx"]
     print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
                       "ex2_ptx": ptx.count("ex2.approx.ftz.f32"), "poly_ptx": ptx.count("fma.rn.ftz.f32 p, f,"),

@@ -140,22 +140,14 @@ def test_pdl_copies_the_words_before_waiting_for_the_kernel_before(aot_child: An
 
 
 _SASS_SCRIPT = """
-import json, os, re, subprocess, sys, tempfile
-import triton
+import json, re, sys
 from kernels import quant_gemm_ws
 if not quant_gemm_ws.available():
     print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
     sys.exit(0)
-tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
-if not os.path.exists(tool):
-    print(json.dumps({"skip": "this Triton ships no nvdisasm"}))
-    sys.exit(0)
 for knobs in json.loads(sys.argv[1]):
     kernel = compile_or_skip(lambda: quant_gemm_ws.compile_for_target(1, 14336, 4096, bits=4, **knobs))
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kernel.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+    sass = sass_or_skip(kernel)
     mma = [m.start() for m in re.finditer(r"HGMMA\\.", sass)]
     print(json.dumps({"knobs": knobs, "hgmma": len(mma),
                       "stores_between_halves": sass.count("STS", mma[3], mma[4]) if len(mma) == 8 else None,
