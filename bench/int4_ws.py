@@ -8,7 +8,9 @@ compiled ahead in a process pool, checked against the fp32 product (max error ov
 L2). The fastest is then re-measured interleaved with bf16 ``torch.matmul`` and with the packed kernel's winner
 of ``--prior`` (a results file of ``bench/int4_roofline.py``), ``--rounds`` times, medians. The targets are
 those of ``bench/int4_roofline.py``, taken by the faster of our two kernels (``packed`` in ``interleaved_us``
-is that one; ``winner`` names it).
+is that one; ``winner`` names it). ``--pdl`` also times the Gluon winner as programmatic dependent launches
+(``ws_pdl``: in the graph each product's first words stream while the product before ends, as in a decode step
+whose kernels all take part); reported beside the targets, not in them.
 
     PYTHONPATH=. python bench/int4_ws.py --out bench/results/int4-roofline-ws-h200.json
 """
@@ -115,7 +117,8 @@ def prior_winners(path: str) -> dict[tuple[int, int, int, int], dict[str, int]]:
     return {(e["bits"], e["n"], e["k"], e["m"]): e["best_packed"]["config"] for e in entries if e.get("best_packed")}
 
 
-def measure(bench: Bench, m: int, failed: dict[str, str], prior: dict[str, int] | None, rounds: int) -> dict:
+def measure(bench: Bench, m: int, failed: dict[str, str], prior: dict[str, int] | None, rounds: int,
+            pdl: bool = False) -> dict:  # fmt: skip
     from kernels.quant_gemm_ws import ws_quant_matmul
 
     x = bench.x(m)
@@ -139,6 +142,8 @@ def measure(bench: Bench, m: int, failed: dict[str, str], prior: dict[str, int] 
     fns = {"bf16_matmul": bench.dense_fn(x)}
     if ok:
         fns["ws"] = ws_fn(bench, x, ok[0]["config"])
+        if pdl:  # the same config as programmatic dependent launches: each product's words stream under the last's end
+            fns["ws_pdl"] = ws_fn(bench, x, {**ok[0]["config"], "PDL": 1})
     if prior:
         fns["packed_prior"] = bench.packed_fn(x, prior)
     final = interleaved_us(fns, rounds)
@@ -158,6 +163,8 @@ def main() -> None:
     parser.add_argument("--bits", default="4,8", help="int4 at --ms, int8 at M = 1")
     parser.add_argument("--prior", default=PRIOR)
     parser.add_argument("--quick", action="store_true", help="one shape (smoke run)")
+    parser.add_argument("--pdl", action="store_true",
+                        help="also time each winner as programmatic dependent launches (ws_pdl; not in the targets)")
     args = parser.parse_args()
     import torch
 
@@ -176,7 +183,7 @@ def main() -> None:
         for n, k in shapes:
             bench = Bench(n, k, bits)
             for m in ms if bits == 4 else [1]:
-                got = measure(bench, m, failed, prior.get((bits, n, k, m)), args.rounds)
+                got = measure(bench, m, failed, prior.get((bits, n, k, m)), args.rounds, args.pdl)
                 final, best = got["final"], got["ok"][0] if got["ok"] else None
                 ours = final.get("packed")
                 entries.append({
@@ -185,6 +192,7 @@ def main() -> None:
                     "prior_packed_config": prior.get((bits, n, k, m)),
                     "speedup_vs_bf16": final["bf16_matmul"] / ours if ours else None,
                     "ws_speedup_vs_bf16": final["bf16_matmul"] / final["ws"] if "ws" in final else None,
+                    "ws_pdl_speedup_vs_bf16": final["bf16_matmul"] / final["ws_pdl"] if "ws_pdl" in final else None,
                     "bandwidth_fraction": bench.weight_bytes / (ours * 1e-6) / (bandwidth * 1e9) if ours else None,
                     "top": got["ok"][:8], "not_ok": [r for r in got["rows"] if r["status"] != "ok"][:12],
                     "best_unswapped": next((r for r in got["ok"] if r["config"].get("UNSWAPPED")), None),
