@@ -95,8 +95,11 @@ def kernels_per_step(workload: Any, config: dict[str, Any], batch: int) -> dict[
         rules.quantizer(config),
         kernel,
         rules.lm_head_bits(config),
+        rules.fuse_gelu(config),
+        rules.pdl(config) and config["attention"] == "flash_decode",
     )
-    kv = model.init_cache(batch, workload.max_len, torch.bfloat16, "cuda")
+    kv_dtype = torch.float8_e4m3fn if config["kv_dtype"] == "fp8_e4m3" else torch.bfloat16
+    kv = model.init_cache(batch, workload.max_len, kv_dtype, "cuda")
     prompt = torch.randint(0, workload.cfg.vocab_size, (batch, 16), device="cuda")
     pos = torch.full((), 16, dtype=torch.long, device="cuda")
     token = torch.zeros((batch, 1), dtype=torch.long, device="cuda")
@@ -133,10 +136,11 @@ def measure_batch(batch: int, args: argparse.Namespace, seed: int, names: list[s
         ok = [r["metrics"] for r in rows if r["metrics"].get("tokens_per_s")]
         out["median_tokens_per_s"][name] = median([m["tokens_per_s"] for m in ok]) if ok else None
         out["top1"][name] = median([m.get("top1_agreement", float("nan")) for m in ok]) if ok else None
-    if seed == args.seeds[0] and batch == args.batches[0]:
-        out["kernels_per_step"] = {
-            name: kernels_per_step(workload, CANDIDATES[name], batch) for name in ("bf16", "int4_packed")
-        } | {"int4_tiled": kernels_per_step(workload, {**CANDIDATES["int4_packed"], "quant_kernel": "tiled"}, batch)}
+    if seed == args.seeds[0] and batch == args.batches[0]:  # eager steps (bench/decode_profile.py counts graphs)
+        counted = dict.fromkeys(("bf16", "int4_packed", *names))
+        out["kernels_per_step"] = {name: kernels_per_step(workload, CANDIDATES[name], batch) for name in counted} | {
+            "int4_tiled": kernels_per_step(workload, {**CANDIDATES["int4_packed"], "quant_kernel": "tiled"}, batch)
+        }
     return out
 
 
