@@ -147,6 +147,12 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/attention_ws.py exp_poly --seq 1024 2048 --head-dims 64 --out {out}.json".split(),
     ),
     (
+        "decode-profile-prepared",
+        150,
+        "bench/decode_profile.py --batches 1 --names bf16_compiled bf16_compiled_flash_pdl int4_packed_compiled_gptq "
+        "int4_packed_compiled_gptq_all --out {out}.json".split(),
+    ),
+    (
         "int4-ws-pdl",
         240,
         "bench/int4_ws.py --ms 1,64 --bits 4 --pdl --prior bench/results/int4-roofline-xtma-h200.json "

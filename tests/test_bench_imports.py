@@ -59,6 +59,8 @@ def test_suite_steps_name_scripts_tests_and_candidates_that_exist() -> None:
                 assert (ROOT / path).exists(), (name, part)
             if test:
                 assert f"def {test}(" in (ROOT / path).read_text(), (name, part)
-        if "bench/int4_decode.py" in command and "--names" in command:
+        if any(script in command for script in ("bench/int4_decode.py", "bench/decode_profile.py")) and (
+            "--names" in command
+        ):
             names = command[command.index("--names") + 1 : command.index("--out")]
             assert names and set(names) <= set(CANDIDATES), (name, names)
