@@ -6,12 +6,11 @@ as a prefill kernel with one query row in a 16-row tile: one program per (batch,
 (``bench/results/int4-roofline-decode-profile-h200.json``). Here:
 
 - **Split over the cache**: program (b*h, s) attends positions ``[s * CHUNK, (s + 1) * CHUNK)`` up to ``pos``,
-  ``BLOCK_N`` rows at a time (scores as a row-wise dot product on the CUDA cores: one query row leaves a tensor
-  core nothing to do), each row slot with a running max, sum and output of its own, so a step reduces nothing
-  across warps; the slots are combined once at the end into the program's partial (base-2 max, sum, unnormalized
-  output). ``SPLITS`` is
-  chosen so that about two programs per SM run; positions past ``pos`` are never read (SDPA reads the whole
-  cache and masks it).
+  ``BLOCK_N`` rows at a time, the next block's rows read while one computes (scores as a row-wise dot product on
+  the CUDA cores: one query row leaves a tensor core nothing to do), each row slot with a running max, sum and
+  output of its own, so a step reduces nothing across warps; the slots are combined once at the end into the
+  program's partial (base-2 max, sum, unnormalized output). ``SPLITS`` is chosen so that about two programs per
+  SM run; positions past ``pos`` are never read (SDPA reads the whole cache and masks it).
 - **Combine**: a second kernel, one program per (batch, head), rescales the partials to their common max and
   normalizes. With one split (large batches) the first kernel normalizes and stores the output itself.
 - **The cache write, fused**: the program whose chunk holds ``pos`` stores the step's new key and value there
@@ -84,14 +83,16 @@ def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART
     offs_d = tl.arange(0, D)
     cache = bh.to(tl.int64) * MAX_LEN * D
     lo = split * CHUNK
+    first = lo + tl.arange(0, BLOCK_N)
+    offs = cache + first[:, None] * D + offs_d[None, :]
+    k_ptrs = K_CACHE + offs  # advanced a block at a time: no per-step address arithmetic
+    v_ptrs = V_CACHE + offs
     if PDL:
         gdc_launch_dependents()
-        first = lo + tl.arange(0, BLOCK_N)
-        first_offs = cache + first[:, None] * D + offs_d[None, :]
-        k_first = tl.load(K_CACHE + first_offs, mask=(first < MAX_LEN)[:, None], other=0.0)
-        v_first = tl.load(V_CACHE + first_offs, mask=(first < MAX_LEN)[:, None], other=0.0)
+        k_next = tl.load(k_ptrs, mask=(first < MAX_LEN)[:, None], other=0.0)
+        v_next = tl.load(v_ptrs, mask=(first < MAX_LEN)[:, None], other=0.0)
         gdc_wait()
-    pos = tl.load(POS)
+    pos = tl.load(POS).to(tl.int32)  # int32 row arithmetic (max_len < 2^31)
     row = QKV + b * 3 * H * D + h * D
     q = tl.load(row + offs_d).to(tl.float32) * qk_scale  # base-2 scores: sm_scale * log2(e) folded into q
     k_new = tl.load(row + H * D + offs_d).to(tl.float32)
@@ -108,8 +109,15 @@ def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART
         v_stored = v_new.to(V_CACHE.dtype.element_ty)
         k_new = k_stored.to(tl.float32)
         v_new = v_stored.to(tl.float32)
-    hi = tl.minimum(lo + CHUNK, pos + 1)
-    if (lo <= pos) & (pos < lo + CHUNK):  # this chunk holds pos: the step's key and value go in here
+    # The cache's rows before pos; the row at pos is this step's k and v, taken from registers after the loop by
+    # the program whose chunk holds it (which also stores them there): no other program reads that row.
+    hi = tl.minimum(lo + CHUNK, pos)
+    owns = (lo <= pos) & (pos < lo + CHUNK)
+    q_raw = q * k_scale if FP8 else q  # an fp8 cache's raw values: K's scale folded into q, V's applied at the end
+    if not PDL:
+        k_next = tl.load(k_ptrs, mask=(first < hi)[:, None], other=0.0)
+        v_next = tl.load(v_ptrs, mask=(first < hi)[:, None], other=0.0)
+    if owns:  # this chunk holds pos: the step's key and value go in here
         tl.store(K_CACHE + cache + pos * D + offs_d, k_stored)
         tl.store(V_CACHE + cache + pos * D + offs_d, v_stored)
     # Each of the BLOCK_N row slots runs its own online softmax over the positions it sees (start + slot), so a
@@ -120,20 +128,15 @@ def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART
     for start in range(lo, hi, BLOCK_N):
         rows = start + tl.arange(0, BLOCK_N)
         valid = rows < hi
-        fresh = (rows == pos)[:, None]  # the row stored above, taken from registers (the store may not be seen)
-        offs = cache + rows[:, None] * D + offs_d[None, :]
-        if PDL and start == lo:  # read before the wait
-            k = k_first.to(tl.float32)
-            v = v_first.to(tl.float32)
-        else:
-            k = tl.load(K_CACHE + offs, mask=valid[:, None], other=0.0).to(tl.float32)
-            v = tl.load(V_CACHE + offs, mask=valid[:, None], other=0.0).to(tl.float32)
-        if FP8:
-            k = k * k_scale
-            v = v * v_scale
-        k = tl.where(fresh, k_new[None, :], k)
-        v = tl.where(fresh, v_new[None, :], v)
-        s = tl.where(valid, tl.sum(k * q[None, :], 1), float("-inf"))
+        k = k_next.to(tl.float32)
+        v = v_next.to(tl.float32)
+        # the next block's rows, read while this one computes (none past hi: masked, no traffic)
+        k_ptrs += BLOCK_N * D
+        v_ptrs += BLOCK_N * D
+        ahead = (rows + BLOCK_N < hi)[:, None]
+        k_next = tl.load(k_ptrs, mask=ahead, other=0.0)
+        v_next = tl.load(v_ptrs, mask=ahead, other=0.0)
+        s = tl.where(valid, tl.sum(k * q_raw[None, :], 1), float("-inf"))
         m_new = tl.maximum(m_r, s)
         alpha = tl.exp2(m_r - m_new)
         p = tl.exp2(s - m_new)
@@ -144,6 +147,16 @@ def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART
     weight = tl.exp2(m_r - m_i)
     l_i = tl.sum(l_r * weight, 0)
     acc = tl.sum(acc_r * weight[:, None], 0)
+    if FP8:
+        acc = acc * v_scale
+    if owns:  # the step's own key and value, one more position
+        s_new = tl.sum(k_new * q, 0)
+        m_new = tl.maximum(m_i, s_new)
+        alpha = tl.exp2(m_i - m_new)
+        p_new = tl.exp2(s_new - m_new)
+        acc = acc * alpha + p_new * v_new
+        l_i = l_i * alpha + p_new
+        m_i = m_new
     if SPLITS == 1:  # the only split: normalize and store ``out[b, 0, h, :]``
         tl.store(OUT + bh * D + offs_d, (acc / l_i).to(OUT.dtype.element_ty))
     else:
