@@ -546,6 +546,12 @@ def test_compiled_decode_matches_eager_and_is_one_graph(workload: DecodeStep) ->
     for metric in ("top1_agreement", "max_logit_error", "mean_logit_error"):
         assert compiled.metrics[metric] == pytest.approx(eager.metrics[metric], abs=0.02), metric
     assert compiled.metrics["peak_mem_gb"] == eager.metrics["peak_mem_gb"]
+    # the decode attention kernel (an operator that writes the cache) compiles into the same single graph
+    counters.clear()
+    flash = workload.run(_cfg(bits=8, group=32, compile="default", attention="flash_decode"), CPU, TrialContext())
+    assert flash.status == TrialStatus.OK, flash.error
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert flash.metrics["max_logit_error"] == pytest.approx(eager.metrics["max_logit_error"], abs=0.02)
 
 
 def test_pdl_compiles_the_step_with_inductors_programmatic_dependent_launch() -> None:
