@@ -46,6 +46,7 @@ import torch
 import triton
 
 from kernels.quant_layout import SLICE, PackedWeights, pack_factor, span
+from kernels.quant_packed_steps import _activate  # the epilogue's GELU, shared with the packed kernel
 from kernels.quant_ws_ptx import (  # the decode's inline PTX, one constant per slot pair and type
     _BYTES_BF16_0,
     _BYTES_BF16_1,
@@ -307,16 +308,6 @@ if gluon is not None:
             )
         s_buf = _as_plain(s_smem.index(stage), s_smem.dtype, [BLOCK_N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         return w_buf, s_buf
-
-    @gluon.jit
-    def _activate(y, ACT: gl.constexpr):
-        """The epilogue's activation of an fp32 tile: ``ACT`` 0 none, 1 GELU's tanh approximation, written
-        ``y * sigmoid(2u)``, ``u = sqrt(2 / pi) * (y + 0.044715 y^3)`` (as the packed kernel's
-        :func:`kernels.quant_packed_steps._activate`)."""
-        if ACT == 1:
-            u = 0.7978845608028654 * (y + 0.044715 * y * y * y)
-            y = y / (1.0 + gl.exp2(gl.minimum(-2.8853900817779268 * u, 126.0)))  # 2 * log2(e) * u, finite
-        return y
 
     @gluon.jit
     def _finish(acc, tile, parts, spans, m0, n0, M, N, y_ptr, ws_ptr, cnt_ptr, stride_ym, stride_yn,

@@ -70,8 +70,9 @@ def _slice_product(q, x_ptrs, part, acc, s_ptrs, stride_sg, k0, dtype: tl.conste
 
 @triton.jit
 def _activate(y, ACT: tl.constexpr):
-    """The epilogue's activation of an fp32 tile: ``ACT`` 0 none, 1 GELU's tanh approximation (GPT-2's, as
-    ``F.gelu(approximate="tanh")``), written ``y * sigmoid(2u)`` with ``u = sqrt(2 / pi) * (y + 0.044715 y^3)``."""
+    """The epilogue's activation of an fp32 tile, this kernel's and the Gluon kernel's (:mod:`kernels.quant_gemm_ws`):
+    ``ACT`` 0 none, 1 GELU's tanh approximation (GPT-2's, as ``F.gelu(approximate="tanh")``), written
+    ``y * sigmoid(2u)`` with ``u = sqrt(2 / pi) * (y + 0.044715 y^3)``."""
     if ACT == 1:
         u = 0.7978845608028654 * (y + 0.044715 * y * y * y)
         y = y / (1.0 + tl.exp2(tl.minimum(-2.8853900817779268 * u, 126.0)))  # 2 * log2(e) * u, finite
