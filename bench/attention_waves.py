@@ -42,7 +42,7 @@ def main() -> None:
     ns = parser.parse_args()
     import torch
 
-    from kernels.attention_ws import work_items
+    from kernels.attention_ws_rules import work_items
 
     configs = winners()
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -153,7 +153,7 @@ def check_in_parallel(configs: list[dict[str, Any]], workers: int = 8) -> list[d
 
 def _unusable(head_dim: int, config: dict[str, Any]) -> str | None:
     """Why the kernel cannot run ``config`` at this head dim (None when it can)."""
-    from kernels.attention_ws import check_config
+    from kernels.attention_ws_rules import check_config
 
     return check_config(
         head_dim,

@@ -12,6 +12,8 @@ from typing import Any
 
 import triton
 
+from kernels.attention_ws_rules import EXP_PACK, EXP_POLY_CHOICES  # noqa: F401  (re-exported)
+
 try:  # Gluon (Triton >= 3.6); the functions are defined only where it exists
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -33,8 +35,6 @@ EXP2_POLY_COEFFS = (0.99992807, 0.69326099, 0.24261114, 0.05517167)
 #: The fewest scores ``EXP_POLY`` lets the exponential unit take: x < this is raised to it (2^-125, still a normal
 #: fp32, so that adding the integer part to the exponent field cannot wrap; masked scores land here, not at 0).
 EXP2_POLY_FLOOR = -125.0
-#: The scores of one inline-assembly call: ``EXP_POLY`` of every ``EXP_PACK`` go to the polynomial.
-EXP_PACK = 8
 
 
 def _f32_hex(value: float) -> str:
@@ -76,7 +76,6 @@ def exp2_asm(poly: int) -> str:
     return " ".join([*lines, "}"])
 
 
-EXP_POLY_CHOICES = tuple(range(EXP_PACK // 2 + 1))  # up to half the scores on the polynomial
 _EXP2_ASM_1 = triton.language.constexpr(exp2_asm(1))
 _EXP2_ASM_2 = triton.language.constexpr(exp2_asm(2))
 _EXP2_ASM_3 = triton.language.constexpr(exp2_asm(3))

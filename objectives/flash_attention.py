@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernels.attention_ws_rules import KNOBS, knob_conflict
 from tuner.kernel_workload import Checked, KernelWorkload
 from tuner.workload import DeviceInfo, MetricSpec, comment_text, interpreter_active, is_pow2, missing_params
 
@@ -72,11 +73,6 @@ TMA_SHARED_OVERHEAD_BYTES = 1024
 #: kernel spilled 150-3200 bytes on sm_90 (seq_len 1000, tiles within the register budget),
 #: with BLOCK_N <= 128 at most 324.
 MAX_BLOCK_N_WITH_KEY_TAIL = 128
-
-
-def _unmet(config: dict[str, Any], needs: dict[str, bool]) -> list[str]:
-    """The flags of ``needs`` that ``config`` does not set as needed (absent counts as false), as ``NAME=value``."""
-    return [f"{k}={str(config.get(k, False)).lower()}" for k, v in needs.items() if config.get(k, False) != v]
 
 
 def _next_pow2(value: int) -> int:
@@ -276,34 +272,16 @@ class FlashAttention(KernelWorkload):
         for knob in ("OVERLAP", "PERSISTENT", "PINGPONG", "ONE_LOOP", "CHAIN", "RELEASE_K", "HALF_DIAG"):
             if not isinstance(config.get(knob, False), bool):
                 return f"{knob} must be true or false, got {config.get(knob)!r}"
-        if config.get("PINGPONG", False) and not config.get("OVERLAP", False):
-            return "PINGPONG orders the OVERLAP loop's wgmmas between the consumers: it needs OVERLAP=true"
-        if config.get("CHAIN", False):
-            wrong = _unmet(config, {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "PINGPONG": False})
-            if wrong:
-                return (
-                    "CHAIN runs a persistent program's tiles as one OVERLAP loop of ONE_LOOP tiles: it needs "
-                    f"PERSISTENT, OVERLAP and ONE_LOOP true and PINGPONG false, got {', '.join(wrong)}"
-                )
-        if config.get("HALF_DIAG", False):
-            wrong = _unmet(config, {"OVERLAP": True, "PINGPONG": False, "CHAIN": False})
-            if config.get("CONSUMERS", 2) != 2 or int(config["BLOCK_N"]) != 128:
-                wrong.append(f"CONSUMERS={config.get('CONSUMERS', 2)}, BLOCK_N={config['BLOCK_N']}")
-            if wrong:
-                return (
-                    "HALF_DIAG gives the first consumer of a 128-row tile the first half of the 128-key diagonal "
-                    "block: it needs OVERLAP true, PINGPONG and CHAIN false, CONSUMERS 2 and BLOCK_N 128, got "
-                    + ", ".join(wrong)
-                )
         epilogue = config.get("EPILOGUE", 0)
         if epilogue not in (0, 1, 2) or isinstance(epilogue, bool):
             return f"EPILOGUE (how a consumer stores its output tile) must be 0, 1 or 2, got {epilogue!r}"
-        exp_poly = config.get("EXP_POLY", 0)
-        if exp_poly not in range(5) or isinstance(exp_poly, bool):
-            return f"EXP_POLY (how many of every 8 exponentials a polynomial takes) must be 0 to 4, got {exp_poly!r}"
         consumers = config.get("CONSUMERS", 2)
         if consumers not in (2, 3) or isinstance(consumers, bool):
             return f"CONSUMERS (consumer warpgroups of 64 query rows) must be 2 or 3, got {consumers!r}"
+        knobs = {name: config[name] for name in KNOBS if name in config}
+        conflict = knob_conflict({**knobs, "BLOCK_N": int(tile["BLOCK_N"])})
+        if conflict:
+            return conflict
         if tile["BLOCK_M"] != 128 or tile["num_warps"] != 4:
             return (
                 "gluon_ws takes BLOCK_M=128 (its query rows are 64 per consumer: CONSUMERS sets them) and "
@@ -314,7 +292,8 @@ class FlashAttention(KernelWorkload):
         capability = tuple(device.compute_capability or (0, 0))
         if capability[0] != 9:
             return f"gluon_ws needs compute capability 9.x (wgmma), {device.name} has {capability[0]}.{capability[1]}"
-        from kernels.attention_ws import available, check_config
+        from kernels.attention_ws import available
+        from kernels.attention_ws_rules import check_config
 
         if not available():
             return "gluon_ws needs Triton's Gluon (triton.experimental.gluon, Triton >= 3.6)"

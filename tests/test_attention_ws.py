@@ -137,7 +137,7 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
     """Causal and full, D 64 and 128, with and without the overlap, one program per tile and persistent: wgmma
     and TMA in the PTX, the loader's 24-register budget carved out, shared memory within the static check's
     estimate."""
-    from kernels.attention_ws import check_config, consumer_regs_limit
+    from kernels.attention_ws_rules import check_config, consumer_regs_limit
 
     variants = ((128, True, True, False, 2, False), (128, False, False, True, 2, False),
                 (64, True, False, True, 2, True), (64, False, True, False, 2, False), (128, True, True, True, 2, True),
@@ -452,7 +452,7 @@ def test_vector_epilogue_stores_16_byte_rows_within_the_checked_shared_memory(ao
     layout's 4-byte pieces), with and without the persistent grid, chained tiles and three consumers; their shared
     memory within :func:`check_config`'s bounds (2 well under 1's), which refuse the stage count they no longer
     fit."""
-    from kernels.attention_ws import EPILOGUE_SHUFFLE_SCRATCH, check_config
+    from kernels.attention_ws_rules import EPILOGUE_SHUFFLE_SCRATCH, check_config
 
     jobs = []
     for d, consumers, extra in ((128, 2, {}), (128, 2, {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}),
@@ -587,7 +587,8 @@ def test_gpu_gluon_attention_trial_and_log_sum_exp(shape: tuple[int, int, int, i
 @pytest.mark.timeout(60)
 def test_three_consumers_are_checked_before_compiling() -> None:
     """Three consumer warpgroups leave 160 registers a thread: D = 64 only, and the budget is bounded."""
-    from kernels.attention_ws import _check, check_config, consumer_regs_limit
+    from kernels.attention_ws import _check
+    from kernels.attention_ws_rules import check_config, consumer_regs_limit
 
     assert (consumer_regs_limit(2), consumer_regs_limit(3)) == (240, 160)
     assert check_config(64, 128, 3, "bf16", 3) is None
@@ -598,10 +599,37 @@ def test_three_consumers_are_checked_before_compiling() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_the_kernel_and_the_workload_refuse_a_knob_combination_with_the_same_reason(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """One rule book (``kernels.attention_ws_rules``): the workload's static check and the kernel's launch check
+    give the same reason for knobs that cannot go together, and the rules import without torch."""
+    import subprocess
+    import sys
+
+    from kernels.attention import PRECISIONS
+    from kernels.attention_ws import _check
+    from kernels.attention_ws_rules import PRECISIONS as RULE_PRECISIONS
+    from objectives.flash_attention import FlashAttention
+
+    assert RULE_PRECISIONS == PRECISIONS
+    code = "import sys, kernels.attention_ws_rules; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    workload = FlashAttention(batch=2, heads=16, seq_len=4096, head_dim=128, causal=True)
+    for knobs in ({"OVERLAP": False, "PINGPONG": True}, {"PERSISTENT": True, "ONE_LOOP": False, "CHAIN": True},
+                  {"HALF_DIAG": True, "PINGPONG": True}, {"HALF_DIAG": True, "BLOCK_N": 64}, {"EXP_POLY": 7}):
+        config = {**_config(stages=2, block_n=knobs.get("BLOCK_N", 128)), **knobs}
+        with pytest.raises(ValueError) as refused:
+            _check(128, "bf16", {"NUM_BUFFERS": 2, "OVERLAP": True, **knobs})
+        assert workload.static_check(config, H200) == str(refused.value), knobs
+
+
+@pytest.mark.timeout(60)
 def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memory() -> None:
     """One consumer warpgroup a program (64 query rows) with two programs an SM: 128 registers a thread at launch,
     232 for the consumer; a K/V ring that fits twice in the SM's 228 KiB; no ping-pong (no one to hand over to)."""
-    from kernels.attention_ws import _check, _grid, _maxnreg, check_config, consumer_regs_limit
+    from kernels.attention_ws import _check, _grid
+    from kernels.attention_ws_rules import _maxnreg, check_config, consumer_regs_limit
 
     assert (_maxnreg(1, 2), consumer_regs_limit(1, 2), consumer_regs_limit(1)) == (128, 232, 256)
     assert check_config(128, 64, 2, "bf16", 1, 2) is None  # 82 KB a program
@@ -642,7 +670,8 @@ def test_persistent_grid_counts_its_work_items_once() -> None:
     """The persistent grid and the wave benchmark count work items with one function: 128-row tiles (two
     consumers) or 192-row ones (three), causal items pairing two tiles; the grid is capped at the SMs."""
     from bench.attention_waves import winners
-    from kernels.attention_ws import _grid, work_items
+    from kernels.attention_ws import _grid
+    from kernels.attention_ws_rules import work_items
 
     assert work_items(256, 1024, 2, causal=True) == 1024 and work_items(256, 1024, 2, causal=False) == 2048
     assert work_items(1, 1000, 3, causal=False) == 6 and work_items(1, 1000, 3, causal=True) == 3
