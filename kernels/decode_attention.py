@@ -206,6 +206,11 @@ def check_operands(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return None
 
 
+def _pdl_options(pdl: bool) -> dict[str, bool]:
+    """Both kernels' ``PDL`` constexpr and Triton's ``launch_pdl`` option: launched as programmatic dependents."""
+    return {"PDL": True, "launch_pdl": True} if pdl else {}
+
+
 def _launch(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
             v_scale: torch.Tensor, index: torch.Tensor, block_n: int, num_warps: int,
             pdl: bool) -> torch.Tensor:  # fmt: skip
@@ -216,7 +221,7 @@ def _launch(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_s
     part_ml = torch.empty((batch * heads * splits, 2), device=qkv.device, dtype=torch.float32)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     qk_scale = 1.0 / math.sqrt(d) * 1.4426950408889634  # log2(e)
-    launch = {"PDL": True, "launch_pdl": True} if pdl and not interpreter_active() else {}
+    launch = _pdl_options(pdl and not interpreter_active())  # the interpreter has no programmatic launches
     _decode_split_kernel[(batch * heads, splits)](
         qkv, k_cache, v_cache, k_scale, v_scale, index, out, part_acc, part_ml, heads, max_len, chunk, qk_scale,
         D=d, BLOCK_N=block_n, SPLITS=splits, FP8=fp8, num_warps=num_warps, **launch,
@@ -274,7 +279,7 @@ def compile_for_target(batch: int, heads: int, max_len: int, head_dim: int, *, c
     part_ml = MockTensor(torch.float32, [batch * heads * splits, 2])
     index = MockTensor(torch.int64, [1])
     args = (qkv, *caches, *scales, index, out, part_acc, part_ml, heads, max_len, chunk, 0.18)
-    launch = {"PDL": True, "launch_pdl": True} if pdl else {}
+    launch = _pdl_options(pdl)
     meta = {"D": head_dim, "BLOCK_N": block_n, "SPLITS": splits, "FP8": cache_dtype == torch.float8_e4m3fn,
             "num_warps": num_warps, **launch}  # fmt: skip
     kernels = [compile_jit_for_target(_decode_split_kernel, args, meta, capability)]
