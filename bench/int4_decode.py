@@ -138,10 +138,18 @@ def measure_batch(batch: int, args: argparse.Namespace, seed: int, names: list[s
         out["top1"][name] = median([m.get("top1_agreement", float("nan")) for m in ok]) if ok else None
     if seed == args.seeds[0] and batch == args.batches[0]:  # eager steps (bench/decode_profile.py counts graphs)
         counted = dict.fromkeys(("bf16", "int4_packed", *names))
-        out["kernels_per_step"] = {name: kernels_per_step(workload, CANDIDATES[name], batch) for name in counted} | {
-            "int4_tiled": kernels_per_step(workload, {**CANDIDATES["int4_packed"], "quant_kernel": "tiled"}, batch)
-        }
+        configs = {name: CANDIDATES[name] for name in counted}
+        configs["int4_tiled"] = {**CANDIDATES["int4_packed"], "quant_kernel": "tiled"}
+        out["kernels_per_step"] = {name: _counted(workload, config, batch) for name, config in configs.items()}
     return out
+
+
+def _counted(workload: Any, config: dict[str, Any], batch: int) -> dict[str, Any]:
+    """:func:`kernels_per_step`, or the error that stopped it (the timings already measured are kept)."""
+    try:
+        return kernels_per_step(workload, config, batch)
+    except Exception as exc:  # a count that fails must not lose the batch's timings
+        return {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
 def targets_of(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
