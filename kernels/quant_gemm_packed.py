@@ -237,18 +237,26 @@ def _multiprocessors(device: torch.device) -> int:
 
 
 _scratch: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+#: Scratch pairs a larger product replaced: kept for the life of the process, never freed, because a CUDA graph
+#: captured before the growth still reads and re-zeroes them at its replays (freed, their memory would go to other
+#: tensors, which the graph's atomics would then corrupt: on an H200 a decode step captured at batch 1 before a
+#: larger LM head grew the scratch returned all-NaN logits at its next replay).
+_retired: list[tuple[torch.Tensor, torch.Tensor]] = []
 
 
 def scratch(device: torch.device, elements: int, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The zeroed fp32 workspace and int32 arrival counters of split-K, one pair per device, grown on demand.
 
     Every launch leaves them zeroed, so they are allocated (and zeroed) only when a larger product comes;
-    call it once before capturing a CUDA graph so that the capture allocates nothing. Split-K products
+    call it once before capturing a CUDA graph so that the capture allocates nothing. A pair that a larger
+    product replaces stays allocated (:data:`_retired`): graphs captured with it keep using it. Split-K products
     running on two streams at the same time would share them: keep such products on one stream.
     """
     key = (device.type, device.index)
     ws, cnt = _scratch.get(key, (None, None))
     if ws is None or ws.numel() < elements or cnt.numel() < tiles:
+        if ws is not None:
+            _retired.append((ws, cnt))
         size = max(elements, ws.numel() if ws is not None else 0)
         count = max(tiles, cnt.numel() if cnt is not None else 0)
         ws = torch.zeros(size, device=device, dtype=torch.float32)

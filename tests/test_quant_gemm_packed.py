@@ -563,3 +563,27 @@ def test_sm90_ptx_fences_x_for_the_wgmma_and_rezeroes_after_the_reads(aot_child:
         if row["config"]["SPLIT_K"] > 1 or row["config"].get("STREAM"):
             assert row["same_threads"] or row["barrier_between"], row
     assert rows[3]["groups"] > 0 and not rows[3]["same_threads"]  # a tile whose zeros do change threads
+
+
+def test_scratch_that_a_larger_product_replaces_stays_allocated_for_the_graphs_captured_with_it() -> None:
+    """A CUDA graph keeps the addresses of the split-K workspace and counters it was captured with. When a larger
+    product grows the scratch, the old pair must stay allocated (and zeroed): freed, its memory would go to other
+    tensors that the old graph's atomics then overwrite (on an H200: all-NaN logits at the old graph's replay)."""
+    import gc
+    import weakref
+
+    import torch
+
+    from kernels import quant_gemm_packed as packed
+
+    device = torch.device("cpu")
+    held, _ = packed._scratch.get((device.type, device.index), (torch.empty(0), None))
+    ws, cnt = packed.scratch(device, held.numel() + 64, 8)
+    old_ws, old_cnt = weakref.ref(ws), weakref.ref(cnt)
+    assert packed.scratch(device, 16, 4)[0] is ws  # a smaller product takes the same pair
+    grown, grown_cnt = packed.scratch(device, ws.numel() + 64, cnt.numel() + 8)
+    assert grown.numel() >= ws.numel() + 64 and grown_cnt.numel() >= cnt.numel() + 8
+    del ws, cnt
+    gc.collect()
+    assert old_ws() is not None and old_cnt() is not None, "the replaced scratch was freed"
+    assert not old_ws().any() and not old_cnt().any()
