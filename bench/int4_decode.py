@@ -66,6 +66,23 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         "lm_head_bits": 8, "fuse_gelu": True, "pdl": True,
     },
     "bf16_compiled_flash_pdl": {**BF16, "compile": "default", "attention": "flash_decode", "pdl": True},
+    # batch 64, where `all` ran 0.94x bf16: which of its parts cost there (the int8 head at 64 rows, the split-K
+    # sums left in the kernel), and both steps with an fp8 cache, which flash_decode reads at half the bytes
+    "int4_packed_compiled_gptq_all_head16": {
+        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode",
+        "lm_head_bits": 16, "fuse_gelu": True, "pdl": True,
+    },
+    "int4_packed_compiled_gptq_all_fused": {
+        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode",
+        "lm_head_bits": 8, "fuse_gelu": True, "pdl": True, "split_sums": "fused",
+    },
+    "int4_packed_compiled_gptq_all_fp8kv": {
+        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode",
+        "lm_head_bits": 8, "fuse_gelu": True, "pdl": True, "kv_dtype": "fp8_e4m3",
+    },
+    "bf16_compiled_flash_pdl_fp8kv": {
+        **BF16, "compile": "default", "attention": "flash_decode", "pdl": True, "kv_dtype": "fp8_e4m3",
+    },
     "bf16_compiled_flash_fp8kv": {**BF16, "compile": "default", "attention": "flash_decode", "kv_dtype": "fp8_e4m3"},
     "int4_packed_compiled_gptq_flash_fp8kv": {
         **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode",

@@ -135,6 +135,13 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "tests/test_decode_attention.py tests/test_gpt_model.py".split(),
     ),
     ("decode-attention", 60, "bench/decode_attention.py --out {out}.json".split()),
+    (
+        "decode-b64-parts",
+        300,
+        "bench/int4_decode.py --batches 64 --seeds 0 --rounds 2 --gen-tokens 64 --names bf16_compiled_flash_pdl "
+        "bf16_compiled_flash_pdl_fp8kv int4_packed_compiled_gptq_all int4_packed_compiled_gptq_all_head16 "
+        "int4_packed_compiled_gptq_all_fused int4_packed_compiled_gptq_all_fp8kv --out {out}.json".split(),
+    ),
     ("int4-pdl", 90, "bench/int4_pdl.py --rows 8 64 --out {out}.json".split()),
     (
         "attention-half-diag",
