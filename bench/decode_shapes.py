@@ -25,6 +25,8 @@ import time
 from typing import Any
 
 SHAPES = {"qkv": (6144, 2048), "attn_out": (2048, 2048), "mlp_up": (8192, 2048), "mlp_down": (2048, 8192)}
+#: ``--shapes lm_head``: the tied LM head (vocabulary x d_model), quantized with ``lm_head_bits`` 8 or 4.
+EXTRA_SHAPES = {"lm_head": (32000, 2048)}
 GROUP = 128
 
 
@@ -63,8 +65,8 @@ def bf16_ms(m: int, n: int, k: int) -> float:
     return timing.median_ms / copies
 
 
-def floor_ms(n: int, k: int) -> tuple[float, dict[str, Any]]:
-    """The fastest flat read of the int4 words of an (N, K) weight (K / 8 rows of N words), rotating copies."""
+def floor_ms(n: int, k: int, bits: int = 4) -> tuple[float, dict[str, Any]]:
+    """The fastest flat read of the words of an (N, K) weight (K * bits / 32 rows of N words), rotating copies."""
     import torch
 
     from bench.stream_floor import candidates, reader
@@ -73,7 +75,7 @@ def floor_ms(n: int, k: int) -> tuple[float, dict[str, Any]]:
     from tuner.measure import time_fn
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = k // 8
+    rows = k * bits // 32
     copies = max(1, min(64, ROTATE_BYTES // (rows * n * 4)))
     words = [torch.randint(-(2**31), 2**31 - 1, (rows, n), dtype=torch.int32, device="cuda") for _ in range(copies)]
     best: tuple[float, dict[str, Any]] = (float("inf"), {})
@@ -99,7 +101,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="*", default=[1, 64])
-    parser.add_argument("--shapes", nargs="*", default=list(SHAPES))
+    parser.add_argument("--shapes", nargs="*", default=list(SHAPES), choices=[*SHAPES, *EXTRA_SHAPES])
+    parser.add_argument("--bits", type=int, default=4, choices=[4, 8], help="weight bits (the int4_* fields hold them)")
     parser.add_argument("--top", type=int, default=6)
     parser.add_argument("--partials", action="store_true", help="also the PARTIALS tiles")
     parser.add_argument("--extra-gemv", action="store_true", help="also EXTRA_GEMV at M = 1")
@@ -108,21 +111,23 @@ def main() -> None:
     args = parser.parse_args()
     started = time.time()
     rows_out = []
-    floors = {name: floor_ms(*SHAPES[name]) for name in args.shapes}
+    shapes = {**SHAPES, **EXTRA_SHAPES}
+    bits = args.bits
+    floors = {name: floor_ms(*shapes[name], bits) for name in args.shapes}
     for m in args.rows:
         for name in args.shapes:
-            n, k = SHAPES[name]
-            tiles = packed_candidates(m, n, k, 4) + ws_candidates(m, n, k, 4, GROUP)
-            tiles += partial_candidates(m, n, k, 4) if args.partials else []
-            tiles += ws_candidates(m, n, k, 4, GROUP, pdl=True) if args.pdl else []
+            n, k = shapes[name]
+            tiles = packed_candidates(m, n, k, bits) + ws_candidates(m, n, k, bits, GROUP)
+            tiles += partial_candidates(m, n, k, bits) if args.partials else []
+            tiles += ws_candidates(m, n, k, bits, GROUP, pdl=True) if args.pdl else []
             tiles += EXTRA_GEMV if args.extra_gemv and m == 1 else []
-            timed = sorted(time_packed_tiles(m, n, k, 4, GROUP, torch.bfloat16, torch.device("cuda"), tiles),
+            timed = sorted(time_packed_tiles(m, n, k, bits, GROUP, torch.bfloat16, torch.device("cuda"), tiles),
                            key=lambda pair: pair[1])  # fmt: skip
             summed = min((p for p in timed if not p[0].get("PARTIALS")), key=lambda pair: pair[1], default=None)
             base = bf16_ms(m, n, k)
-            words_bytes = k // 8 * n * 4 + k // GROUP * n * 2
+            words_bytes = k * bits // 32 * n * 4 + k // GROUP * n * 2
             row = {
-                "m": m, "shape": name, "n": n, "k": k, "bf16_us": base * 1e3,
+                "m": m, "shape": name, "n": n, "k": k, "bits": bits, "bf16_us": base * 1e3,
                 "int4_read_floor_us": floors[name][0] * 1e3, "floor_config": floors[name][1],
                 "int4_best_us": timed[0][1] * 1e3 if timed else None,
                 "int4_best_summed_us": summed[1] * 1e3 if summed else None,

@@ -142,6 +142,11 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bf16_compiled_flash_pdl_fp8kv int4_packed_compiled_gptq_all int4_packed_compiled_gptq_all_head16 "
         "int4_packed_compiled_gptq_all_fused int4_packed_compiled_gptq_all_fp8kv --out {out}.json".split(),
     ),
+    (
+        "decode-head-shapes",
+        120,
+        "bench/decode_shapes.py --rows 1 8 64 --shapes lm_head --bits 8 --out {out}.json".split(),
+    ),
     ("int4-pdl", 90, "bench/int4_pdl.py --rows 8 64 --out {out}.json".split()),
     (
         "attention-half-diag",
