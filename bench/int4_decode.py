@@ -24,6 +24,11 @@ from bench.common import median, verdict, write_result
 
 BF16 = {"weight_bits": 16, "kv_dtype": "bf16", "attention": "sdpa", "cuda_graphs": True}
 INT4 = {**BF16, "weight_bits": 4, "group_size": 128, "int8_first_blocks": 1, "quantizer": "rtn"}
+#: Everything prepared for the step at once: the decode attention kernel, the int8 head, the fused GELU, PDL.
+ALL = {
+    **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode",
+    "lm_head_bits": 8, "fuse_gelu": True, "pdl": True,
+}  # fmt: skip
 CANDIDATES: dict[str, dict[str, Any]] = {
     "bf16": {**BF16, "compile": "off"},
     "bf16_compiled": {**BF16, "compile": "default"},
@@ -60,26 +65,13 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "int4_packed_compiled_gptq_gelu": {
         **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "fuse_gelu": True
     },
-    # everything prepared for the step at once: the decode attention kernel, the int8 head, the fused GELU, PDL
-    "int4_packed_compiled_gptq_all": {
-        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode",
-        "lm_head_bits": 8, "fuse_gelu": True, "pdl": True,
-    },
+    "int4_packed_compiled_gptq_all": ALL,
     "bf16_compiled_flash_pdl": {**BF16, "compile": "default", "attention": "flash_decode", "pdl": True},
     # batch 64, where `all` ran 0.94x bf16: which of its parts cost there (the int8 head at 64 rows, the split-K
     # sums left in the kernel), and both steps with an fp8 cache, which flash_decode reads at half the bytes
-    "int4_packed_compiled_gptq_all_head16": {
-        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode",
-        "lm_head_bits": 16, "fuse_gelu": True, "pdl": True,
-    },
-    "int4_packed_compiled_gptq_all_fused": {
-        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode",
-        "lm_head_bits": 8, "fuse_gelu": True, "pdl": True, "split_sums": "fused",
-    },
-    "int4_packed_compiled_gptq_all_fp8kv": {
-        **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "attention": "flash_decode",
-        "lm_head_bits": 8, "fuse_gelu": True, "pdl": True, "kv_dtype": "fp8_e4m3",
-    },
+    "int4_packed_compiled_gptq_all_head16": {**ALL, "lm_head_bits": 16},
+    "int4_packed_compiled_gptq_all_fused": {**ALL, "split_sums": "fused"},
+    "int4_packed_compiled_gptq_all_fp8kv": {**ALL, "kv_dtype": "fp8_e4m3"},
     "bf16_compiled_flash_pdl_fp8kv": {
         **BF16, "compile": "default", "attention": "flash_decode", "pdl": True, "kv_dtype": "fp8_e4m3",
     },

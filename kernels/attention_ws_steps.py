@@ -12,7 +12,7 @@ from typing import Any
 
 import triton
 
-from kernels.attention_ws_rules import EXP_PACK, EXP_POLY_CHOICES  # noqa: F401  (re-exported)
+from kernels.attention_ws_rules import EXP_PACK
 
 try:  # Gluon (Triton >= 3.6); the functions are defined only where it exists
     from triton.experimental import gluon

@@ -315,7 +315,8 @@ def test_polynomial_exponential_ptx_matches_exp2_and_keeps_masked_scores_tiny() 
     the polynomial takes the last ``poly`` of every 8 values, the exponential unit the rest."""
     import numpy as np
 
-    from kernels.attention_ws_steps import EXP_POLY_CHOICES, exp2_asm
+    from kernels.attention_ws_rules import EXP_POLY_CHOICES
+    from kernels.attention_ws_steps import exp2_asm
 
     x = np.concatenate([np.linspace(-125.0, 0.0, 200_000), -np.arange(126.0), -np.arange(125.0) - 0.5,
                         np.array([-1e-7, -0.25, -0.75])]).astype(np.float32)  # fmt: skip
