@@ -10,7 +10,9 @@ and row count, in CUDA graphs over weight copies rotating through 256 MB (as the
   :func:`~models.quant_tiles.ws_candidates`), and with ``--partials`` the split-K tiles whose partial products are
   left to the next operation (:func:`~models.quant_tiles.partial_candidates`, the kernel alone), and with
   ``--pdl`` the warp-specialized tiles also as programmatic dependents (``PDL: 1``: timed back to back, each
-  copying its first words while the one before ends), best first;
+  copying its first words while the one before ends), and with ``--wide`` also their ``WIDE_X`` and
+  ``UNSWAPPED`` tiles (32-64 rows), best first; a tile whose product is wrong is left out
+  (:func:`~models.quant_tiles.right_tiles`);
 - the read floor of the int4 words (:mod:`bench.stream_floor`'s flat reader, the fastest of its configs).
 
     PYTHONPATH=. python bench/decode_shapes.py --rows 1 64 --partials \
@@ -107,6 +109,7 @@ def main() -> None:
     parser.add_argument("--partials", action="store_true", help="also the PARTIALS tiles")
     parser.add_argument("--extra-gemv", action="store_true", help="also EXTRA_GEMV at M = 1")
     parser.add_argument("--pdl", action="store_true", help="also the warp-specialized tiles with PDL")
+    parser.add_argument("--wide", action="store_true", help="also the WIDE_X and UNSWAPPED warp-specialized tiles")
     parser.add_argument("--out")
     args = parser.parse_args()
     started = time.time()
@@ -117,7 +120,7 @@ def main() -> None:
     for m in args.rows:
         for name in args.shapes:
             n, k = shapes[name]
-            tiles = packed_candidates(m, n, k, bits) + ws_candidates(m, n, k, bits, GROUP)
+            tiles = packed_candidates(m, n, k, bits) + ws_candidates(m, n, k, bits, GROUP, wide=args.wide)
             tiles += partial_candidates(m, n, k, bits) if args.partials else []
             tiles += ws_candidates(m, n, k, bits, GROUP, pdl=True) if args.pdl else []
             tiles += EXTRA_GEMV if args.extra_gemv and m == 1 else []
@@ -132,7 +135,7 @@ def main() -> None:
                 "int4_best_us": timed[0][1] * 1e3 if timed else None,
                 "int4_best_summed_us": summed[1] * 1e3 if summed else None,
                 "int4_best_tb_s": words_bytes / timed[0][1] / 1e9 if timed else None,
-                "candidates": len(timed),
+                "offered": len(tiles), "candidates": len(timed),
                 "top": [{"tile": t, "us": ms * 1e3} for t, ms in timed[: args.top]],
             }  # fmt: skip
             rows_out.append(row)

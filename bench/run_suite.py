@@ -121,6 +121,8 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/gpu_tests.py --timeout 300 --out {out}.json --what warp-specialized-int4-WIDE_X-PDL-UNSWAPPED-ACT "
         "tests/test_quant_gemm_ws.py tests/test_quant_gemm.py::test_seeds_run_on_gpu_at_the_benchmark_shape".split(),
     ),
+    # after gpu-tests-quant-ws: the 1B products at 64 rows with the WIDE_X and UNSWAPPED tiles offered too
+    ("decode-shapes-wide", 150, "bench/decode_shapes.py --rows 64 --wide --out {out}.json".split()),
     (
         "gpu-tests-attention-new",
         60,

@@ -146,13 +146,18 @@ def packed_product(
     return packed_matmul(x, weights, out=out, **tile)
 
 
-def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int, pdl: bool = False) -> list[dict[str, int]]:
+def ws_candidates(
+    m: int, n: int, k: int, bits: int, group_size: int, pdl: bool = False, wide: bool = False
+) -> list[dict[str, int]]:
     """Tiles of the warp-specialized Gluon kernel for (M, K) x (K, N) (``WS: 1``), where this Triton has it and
     the product fits its rules (N a multiple of 8, groups of whole spans, shared memory). Each waits for its
     wgmmas a slice pair at a time and, for int4, reads swizzled words (the fastest at every shape measured on an
     H200); rings of 2-3 stages up to 16 rows (deeper ones measured slower there), 3-4 above; none whose
-    accumulators spill (:func:`kernels.quant_ws_rules.accumulators_spill`). ``pdl``: each launched as a
-    programmatic dependent of the kernel before it (``PDL: 1``)."""
+    accumulators spill (:func:`kernels.quant_ws_rules.accumulators_spill`). ``wide`` (not yet measured on a GPU,
+    so not the decode tuner's default): from 32 rows also with X in 64-column boxes (``WIDE_X``), and at 64 rows of
+    int4 the ``UNSWAPPED`` tiles, which read X once per 128-256 columns (at 64 rows X's re-reads by every
+    64-column slab are four times the int4 words' bytes). ``pdl``: each launched as a programmatic dependent of
+    the kernel before it (``PDL: 1``)."""
     from kernels import quant_gemm_ws
     from kernels.quant_ws_rules import accumulators_spill, loader_regs
 
@@ -160,16 +165,24 @@ def ws_candidates(m: int, n: int, k: int, bits: int, group_size: int, pdl: bool 
         return []
     block_m = next((b for b in quant_gemm_ws.BLOCK_MS if m <= b), quant_gemm_ws.BLOCK_MS[-1])
     depths = (2, 3) if block_m <= 16 else (3, 4)
+    extra = {"PDL": 1} if pdl else {}
     tiles = []
-    for bn, stages, programs, scale_acc in itertools.product((128, 256), depths, (1, 2, 3), (0, 1)):
+    for bn, stages, programs, scale_acc, wide_x in itertools.product(
+        (128, 256), depths, (1, 2, 3), (0, 1), (0, 1) if wide and block_m >= 32 else (0,)
+    ):
         if accumulators_spill(block_m, bn, programs, scale_acc):
             continue
         tile = {"BLOCK_N": bn, "BLOCK_M": block_m, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
                 "LOADER_REGS": loader_regs(programs), "SCALE_ACC": scale_acc,
-                "SWIZZLE": int(bits == 4), "SLICE_WAIT": 1, **({"PDL": 1} if pdl else {})}  # fmt: skip
-        if quant_gemm_ws.check_config(m, n, k, bits, group_size, **tile) is None:
-            tiles.append({"WS": 1, **tile})
-    return tiles
+                "SWIZZLE": int(bits == 4), "SLICE_WAIT": 1, **({"WIDE_X": 1} if wide_x else {}), **extra}  # fmt: skip
+        tiles.append(tile)
+    if wide and block_m == 64 and bits == 4:  # X as wgmma's A operand: read once a tile, not once a 64-column slab
+        tiles += [
+            {"BLOCK_N": bn, "BLOCK_M": 64, "NUM_STAGES": stages, "PROGRAMS_PER_SM": programs,
+             "LOADER_REGS": loader_regs(programs), "SWIZZLE": 1, "UNSWAPPED": 1, **extra}
+            for bn, stages, programs in itertools.product((128, 256), (2, 3), (1, 2))
+        ]  # fmt: skip
+    return [{"WS": 1, **t} for t in tiles if quant_gemm_ws.check_config(m, n, k, bits, group_size, **t) is None]
 
 
 #: Weight bytes the timed products rotate over, so that the weights come from HBM as in a decode step
@@ -366,9 +379,10 @@ def time_packed_tiles(
     device: torch.device,
     candidates: list[dict[str, int]],
 ) -> list[tuple[dict[str, int], float]]:
-    """``(tile, ms per product)`` for every candidate that compiles here (``WS: 1`` tiles on the Gluon kernel), as
-    :func:`tune_tile` measures: compiled ahead on a thread pool, timed in a CUDA graph over copies of random
-    weights rotating through :data:`ROTATE_BYTES` (each product streams its weights from HBM)."""
+    """``(tile, ms per product)`` for every candidate that compiles here (``WS: 1`` tiles on the Gluon kernel) and
+    computes the right product (:func:`right_tiles`), as :func:`tune_tile` measures: compiled ahead on a thread
+    pool, timed in a CUDA graph over copies of random weights rotating through :data:`ROTATE_BYTES` (each product
+    streams its weights from HBM)."""
     from kernels import quant_gemm_ws
     from kernels.quant_gemm_packed import PackedWeights, compile_only, pack_factor
     from tuner.fingerprint import device_info
@@ -400,7 +414,7 @@ def time_packed_tiles(
     out = torch.empty((m, n), device=device, dtype=dtype)
     info = device_info()
     timed = []
-    for tile in tiles:
+    for tile in right_tiles(x, weights[0], tiles):
 
         def products(tile: dict[str, int] = tile) -> None:
             for w in weights:  # PARTIALS tiles: the kernel alone (its sum goes into the next operation)
@@ -409,6 +423,36 @@ def time_packed_tiles(
         products()  # split-K scratch allocated before the graph capture
         timed.append((tile, _ms_per_product(products, copies, info)))
     return timed
+
+
+#: Largest error of a candidate's product over the largest value of the fp32 reference (bf16 output rounds
+#: to 2^-8 relative; a wrong kernel is off by the values themselves).
+MAX_RELATIVE_ERROR = 2e-2
+
+
+def right_tiles(
+    x: torch.Tensor,
+    weights: Any,
+    tiles: list[dict[str, int]],
+    product: Callable[..., torch.Tensor] | None = None,
+) -> list[dict[str, int]]:
+    """The ``tiles`` whose product of ``x`` and the packed ``weights`` matches the fp32 reference here (largest
+    error within :data:`MAX_RELATIVE_ERROR` of the largest value), in order: a tile that computes a wrong product
+    on this GPU (a kernel variant new to it, a compiler's miscompile) is never timed, so it never wins a tuning.
+    ``product`` is :func:`packed_product` (its partial products summed)."""
+    product = product or packed_product
+    reference = x.float() @ weights.dequantize()
+    scale = reference.abs().max().clamp_min(1e-30)
+    right = []
+    for tile in tiles:
+        try:
+            got = product(x, weights, tile, sum_partials=True)
+        except Exception:  # a launch this GPU refuses: not a candidate either
+            continue
+        error = float(((got.float() - reference).abs().max() / scale).nan_to_num(float("inf")))
+        if error <= MAX_RELATIVE_ERROR:
+            right.append(tile)
+    return right
 
 
 def _device_smem_bytes(device: torch.device) -> int:

@@ -587,3 +587,29 @@ def test_scratch_that_a_larger_product_replaces_stays_allocated_for_the_graphs_c
     gc.collect()
     assert old_ws() is not None and old_cnt() is not None, "the replaced scratch was freed"
     assert not old_ws().any() and not old_cnt().any()
+
+
+@pytest.mark.timeout(120)
+def test_the_tile_tuner_never_times_a_tile_whose_product_is_wrong(interpreter: None) -> None:
+    """:func:`models.quant_tiles.right_tiles` keeps the kernel's real tiles (a GEMV tile and a split-K tile summed in
+    the kernel, run here) and drops a tile whose product comes back wrong in one column, one that comes back NaN,
+    and one whose launch raises: the tuner measures only tiles that compute the product."""
+    from models.quant_tiles import packed_product, right_tiles
+
+    weights, x, _ = _operands(1, 256, 48, 4, 128, seed=11)
+    gemv = {"BLOCK_M": 1, "BLOCK_N": 16, "SPLIT_K": 1, "num_warps": 4, "PREFETCH": 0}
+    split = {"BLOCK_M": 1, "BLOCK_N": 32, "SPLIT_K": 2, "num_warps": 4, "PREFETCH": 0}
+    wrong, nan, raises = ({**gemv, "case": case} for case in (1, 2, 3))
+
+    def product(x: torch.Tensor, weights: PackedWeights, tile: dict[str, int], **kw: Any) -> torch.Tensor:
+        case = tile.get("case", 0)
+        if case == 3:
+            raise RuntimeError("launch refused")
+        y = packed_product(x, weights, {k: v for k, v in tile.items() if k != "case"}, **kw).clone()
+        if case == 1:
+            y[:, 5] = -y[:, 5]
+        if case == 2:
+            y[0, 0] = float("nan")
+        return y
+
+    assert right_tiles(x, weights, [gemv, wrong, split, nan, raises], product) == [gemv, split]

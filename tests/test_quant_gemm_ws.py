@@ -367,6 +367,18 @@ def test_ws_tiles_offered_to_the_packed_layers_tuner_only_where_they_run(monkeyp
     assert all(t["PROGRAMS_PER_SM"] == 1 and not t["SCALE_ACC"] for t in wide if t["BLOCK_N"] == 256)
     plain, pdl = ws_candidates(8, 4096, 4096, 4, 128), ws_candidates(8, 4096, 4096, 4, 128, pdl=True)
     assert pdl == [{**tile, "PDL": 1} for tile in plain]  # the same tiles, launched as programmatic dependents
+    # ``wide``: X in 64-column boxes from 32 rows and the UNSWAPPED tiles at 64 rows of int4, within the rules;
+    # not offered by default (not yet measured on a GPU)
+    default = [t for m in (32, 64) for t in ws_candidates(m, 2048, 8192, 4, 128)]
+    assert default and not any(t.get("WIDE_X") or t.get("UNSWAPPED") for t in default)
+    for m, bits in ((32, 4), (64, 4), (64, 8)):
+        offered = ws_candidates(m, 2048, 8192, bits, 128, wide=True)
+        assert any(t.get("WIDE_X") for t in offered), (m, bits)
+        assert any(t.get("UNSWAPPED") for t in offered) == (m == 64 and bits == 4), (m, bits)
+        for tile in offered:
+            knobs = {name: value for name, value in tile.items() if name != "WS"}
+            assert quant_gemm_ws.check_config(m, 2048, 8192, bits, 128, **knobs) is None
+    assert not any(t.get("WIDE_X") or t.get("UNSWAPPED") for t in ws_candidates(16, 2048, 8192, 4, 128, wide=True))
 
 
 def test_sweep_offers_wide_x_unswapped_and_wide_swapped_tiles_that_pass_the_rules() -> None:
