@@ -121,7 +121,7 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/gpu_tests.py --timeout 300 --out {out}.json --what warp-specialized-int4-WIDE_X-PDL-UNSWAPPED-ACT "
         "tests/test_quant_gemm_ws.py tests/test_quant_gemm.py::test_seeds_run_on_gpu_at_the_benchmark_shape".split(),
     ),
-    # after gpu-tests-quant-ws: the 1B products at 64 rows with the WIDE_X and UNSWAPPED tiles offered too
+    # the 1B products at 64 rows with the WIDE_X and UNSWAPPED tiles offered too (after their GPU tests: AFTER)
     ("decode-shapes-wide", 150, "bench/decode_shapes.py --rows 64 --wide --out {out}.json".split()),
     (
         "gpu-tests-attention-new",
@@ -181,18 +181,39 @@ STEPS: list[tuple[str, float, list[str]]] = [
 ]
 
 
+#: Steps that run kernel modes no GPU has run yet, and the GPU tests of those modes: the step runs only once its
+#: tests passed, in this run or (``--passed``) an earlier one, so that a mode that hangs or computes garbage does
+#: not cost the step's minutes as well.
+AFTER: dict[str, str] = {"decode-shapes-wide": "gpu-tests-quant-ws"}
+
+
+def blocked_by(name: str, passed: set[str]) -> str | None:
+    """Why step ``name`` must not run yet (its tests' step has not passed), or None."""
+    tests = AFTER.get(name)
+    if tests is None or tests in passed:
+        return None
+    return f"runs only after {tests} passed (in this run, or say so with --passed {tests})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=420)
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--only", nargs="*", help="run only these steps")
+    parser.add_argument("--passed", nargs="*", default=[], help="steps that passed in an earlier run (see AFTER)")
     args = parser.parse_args()
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + args.budget_s
     record = []
+    passed = set(args.passed)
     for name, needs_s, command in STEPS:
         if args.only and name not in args.only:
+            continue
+        reason = blocked_by(name, passed)
+        if reason:
+            record.append({"step": name, "status": "skipped", "reason": reason})
+            print(f"== {name}: skipped ({reason})", flush=True)
             continue
         left = deadline - time.monotonic()
         if left < needs_s:
@@ -217,6 +238,8 @@ def main() -> None:
         tail = text[-1500:]
         print(f"   {status} after {elapsed:.0f} s\n{tail}", flush=True)
         record.append({"step": name, "status": status, "seconds": round(elapsed, 1), "command": argv[1:]})
+        if status == "ok":
+            passed.add(name)
     (out_dir / "suite.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
