@@ -184,7 +184,7 @@ STEPS: list[tuple[str, float, list[str]]] = [
 #: Steps that run kernel modes no GPU has run yet, and the GPU tests of those modes: the step runs only once its
 #: tests passed, in this run or (``--passed``) an earlier one, so that a mode that hangs or computes garbage does
 #: not cost the step's minutes as well.
-AFTER: dict[str, str] = {"decode-shapes-wide": "gpu-tests-quant-ws"}
+AFTER: dict[str, str] = {"decode-shapes-wide": "gpu-tests-quant-ws", "int4-ws-pdl": "gpu-tests-quant-ws"}
 
 
 def blocked_by(name: str, passed: set[str]) -> str | None:
