@@ -161,11 +161,25 @@ def _counted(workload: Any, config: dict[str, Any], batch: int) -> dict[str, Any
         return {"error": f"{type(exc).__name__}: {exc}"[:500]}
 
 
+def ratio_range(entry: dict[str, Any], tuned: str, baseline: str) -> list[float] | None:
+    """The span of the ratio over the rounds: the int4 pick's slowest round over the bf16 config's fastest, and its
+    fastest over bf16's slowest (None without two measured rounds of each)."""
+    speeds = {
+        name: [r["metrics"]["tokens_per_s"] for r in entry["runs"].get(name, []) if r["metrics"].get("tokens_per_s")]
+        for name in (tuned, baseline)
+    }
+    if min(len(v) for v in speeds.values()) < 2:
+        return None
+    return [min(speeds[tuned]) / max(speeds[baseline]), max(speeds[tuned]) / min(speeds[baseline])]
+
+
 def targets_of(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One target a (batch, weights) entry: the fastest int4 config whose top-1 agreement is >= 0.95 against the
+    fastest bf16 config, medians over the rounds, with the ratio's span over the rounds (``ratio_range``)."""
     targets = []
     for e in entries:
         speeds, top1 = e["median_tokens_per_s"], e["top1"]
-        bf16 = max((v for k, v in speeds.items() if k.startswith("bf16") and v), default=None)
+        bf16, bf16_name = max(((v, k) for k, v in speeds.items() if k.startswith("bf16") and v), default=(None, None))
         int4 = [(v, k) for k, v in speeds.items() if k.startswith("int4") and v and (top1.get(k) or 0) >= 0.95]
         best = max(int4, default=(None, None))
         ratio = best[0] / bf16 if best[0] and bf16 else None
@@ -175,6 +189,8 @@ def targets_of(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       f"the best bf16 config, top-1 agreement >= 0.95 (int4 pick: {best[1]}, "
                       f"top-1 {top1.get(best[1]) if best[1] else None})",
             "tuned": best[0], "baseline": bf16, "ratio": ratio, "goal": goal, "verdict": verdict(ratio, goal),
+            "baseline_config": bf16_name,
+            "ratio_range": ratio_range(e, best[1], bf16_name) if best[1] and bf16_name else None,
         })  # fmt: skip
     return targets
 

@@ -64,3 +64,26 @@ def test_suite_steps_name_scripts_tests_and_candidates_that_exist() -> None:
         ):
             names = command[command.index("--names") + 1 : command.index("--out")]
             assert names and set(names) <= set(CANDIDATES), (name, names)
+
+
+def test_decode_targets_take_the_best_configs_and_give_the_ratio_span_over_rounds() -> None:
+    """``bench/int4_decode.py``'s targets: the fastest bf16 config against the fastest int4 config with top-1 >= 0.95
+    (a faster int4 config below it is passed over), medians, and the ratio's span over the rounds."""
+    from bench.int4_decode import targets_of
+
+    def runs(*speeds: float) -> list[dict]:
+        return [{"metrics": {"tokens_per_s": s}} for s in speeds]
+
+    entry = {
+        "batch": 8, "seed": 0,
+        "runs": {"bf16_a": runs(100.0, 110.0), "bf16_b": runs(90.0, 90.0), "int4_ok": runs(120.0, 130.0),
+                 "int4_fast": runs(200.0, 200.0)},
+        "median_tokens_per_s": {"bf16_a": 105.0, "bf16_b": 90.0, "int4_ok": 125.0, "int4_fast": 200.0},
+        "top1": {"bf16_a": 0.99, "bf16_b": 0.99, "int4_ok": 0.96, "int4_fast": 0.90},
+    }  # fmt: skip
+    (target,) = targets_of([entry])
+    assert target["baseline_config"] == "bf16_a" and "int4_ok" in target["target"]
+    assert target["ratio"] == pytest.approx(125.0 / 105.0) and target["goal"] == 1.25 and target["verdict"] == "missed"
+    assert target["ratio_range"] == pytest.approx([120.0 / 110.0, 130.0 / 100.0])
+    entry["runs"]["int4_ok"] = runs(125.0)  # one round: no span
+    assert targets_of([entry])[0]["ratio_range"] is None
