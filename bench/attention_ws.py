@@ -31,7 +31,7 @@ import math
 import time
 from typing import Any
 
-from bench.common import interleaved, median, tflops_measurer, verdict, write_result
+from bench.common import interleaved, median, ratio_span, tflops_measurer, verdict, write_result
 
 CONFIGS: list[dict[str, Any]] = [
     {"BLOCK_N": bn, "NUM_BUFFERS": nb, "OVERLAP": ov}
@@ -187,16 +187,20 @@ def _measurers(shape: dict[str, Any], configs: list[dict[str, Any]]) -> dict[str
     return measurers
 
 
-def _target(shape: dict[str, Any], medians: dict[str, float | None], tuned_name: str) -> dict[str, Any]:
-    """The target entry of one shape: the tuned config's median against the faster SDPA backend's."""
+def _target(shape: dict[str, Any], values: dict[str, list[float]], tuned_name: str) -> dict[str, Any]:
+    """The target entry of one shape: the tuned config's median against the faster SDPA backend's, from interleaved
+    rounds (``values``: TFLOP/s by name), with the per-round ratio's span (``ratio_range``)."""
     d, causal, s = shape["head_dim"], shape["causal"], shape["seq_len"]
+    medians = {name: median(v) for name, v in values.items()}
     lib = max((n for n in ("cudnn", "flash") if medians.get(n)), key=lambda n: medians[n])
     tuned, base = medians[tuned_name], medians[lib]
     ratio = tuned / base if tuned and base else None
     goal = 0.95 if d == 128 else 1.0
+    span = ratio_span(values[tuned_name], values[lib])
     return {"target": f"attention fwd bf16 S={s} D={d} {'causal' if causal else 'full'} vs SDPA {lib}",
             "tuned": round(tuned, 1), "baseline": round(base, 1), "ratio": None if ratio is None else round(ratio, 4),
-            "goal": goal, "verdict": verdict(ratio, goal)}  # fmt: skip
+            "goal": goal, "verdict": verdict(ratio, goal),
+            "ratio_range": [round(r, 4) for r in span] if span else None}  # fmt: skip
 
 
 def sweep(configs: list[dict[str, Any]], rounds: int, keep: int) -> dict[str, Any]:
@@ -221,7 +225,7 @@ def sweep(configs: list[dict[str, Any]], rounds: int, keep: int) -> dict[str, An
         values = interleaved(measurers, rounds)
         medians = {name: median(v) for name, v in values.items()}
         best_name = max((n for n in medians if n.startswith("ws")), key=lambda n: medians[n] or 0.0)
-        targets.append(_target(shape, medians, best_name))
+        targets.append(_target(shape, values, best_name))
         name, tuned, base, ratio = (targets[-1][k] for k in ("target", "tuned", "baseline", "ratio"))
         measured.append({"shape": shape, "config": picks[(d, causal)][int(best_name[2:])],
                          "medians": {n: round(m, 1) for n, m in medians.items() if m},
@@ -384,7 +388,7 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
         medians = {name: median(v) for name, v in values.items()}
         # the winner is the faster of the re-measured configs (the first round's pick, the contrast), by median
         best = max((n for n in medians if n.startswith("ws")), key=lambda n: medians[n] or 0.0)
-        result["targets"].append(_target(shape, medians, best))
+        result["targets"].append(_target(shape, values, best))
         name, tuned, base, ratio = (result["targets"][-1][k] for k in ("target", "tuned", "baseline", "ratio"))
         result["attention"].append({"shape": shape, "config": usable[int(best[2:])],
                                     "timed_configs": {n: usable[int(n[2:])] for n in timed if n.startswith("ws")},

@@ -20,7 +20,7 @@ import argparse
 import time
 from typing import Any
 
-from bench.common import median, verdict, write_result
+from bench.common import median, ratio_span, verdict, write_result
 
 BF16 = {"weight_bits": 16, "kv_dtype": "bf16", "attention": "sdpa", "cuda_graphs": True}
 INT4 = {**BF16, "weight_bits": 4, "group_size": 128, "int8_first_blocks": 1, "quantizer": "rtn"}
@@ -168,9 +168,7 @@ def ratio_range(entry: dict[str, Any], tuned: str, baseline: str) -> list[float]
         name: [r["metrics"]["tokens_per_s"] for r in entry["runs"].get(name, []) if r["metrics"].get("tokens_per_s")]
         for name in (tuned, baseline)
     }
-    if min(len(v) for v in speeds.values()) < 2:
-        return None
-    return [min(speeds[tuned]) / max(speeds[baseline]), max(speeds[tuned]) / min(speeds[baseline])]
+    return ratio_span(speeds[tuned], speeds[baseline], paired=False)
 
 
 def targets_of(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:

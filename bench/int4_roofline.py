@@ -29,7 +29,7 @@ import statistics
 import time
 from typing import Any
 
-from bench.common import median, verdict, write_result
+from bench.common import median, ratio_span, verdict, write_result
 
 #: (N, K): the Llama-style MLP up (4096 -> 14336) and down (14336 -> 4096) projections and a square one.
 SHAPES: list[tuple[int, int]] = [(14336, 4096), (4096, 14336), (8192, 8192)]
@@ -351,12 +351,18 @@ def read_floor(bench: Bench) -> dict[str, Any]:
             "failures": [r for r in rows if r["status"] != "ok"][:8]}  # fmt: skip
 
 
-def interleaved_us(fns: dict[str, tuple[Any, int]], rounds: int) -> dict[str, float]:
+def interleaved_samples_us(fns: dict[str, tuple[Any, int]], rounds: int) -> dict[str, list[float]]:
+    """Each product's time in us, ``rounds`` rounds interleaved (A B C A B C ...), every round's value by name."""
     values: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, (fn, calls) in fns.items():
             values[name].append(graph_time_us(fn, calls))
-    return {name: median(v) for name, v in values.items()}  # type: ignore[misc]
+    return values
+
+
+def medians_of(samples: dict[str, list[float]]) -> dict[str, float]:
+    """Each name's median."""
+    return {name: median(v) for name, v in samples.items()}  # type: ignore[misc]
 
 
 def main() -> None:
@@ -398,10 +404,12 @@ def main() -> None:
                     fns["packed"] = bench.packed_fn(x, best["config"])
                 if best_old:
                     fns["old"] = bench.old_fn(x, best_old["config"])
-                final = interleaved_us(fns, args.rounds)
+                samples = interleaved_samples_us(fns, args.rounds)
+                final = medians_of(samples)
                 entry = {
                     "bits": bits, "n": n, "k": k, "m": m, "weight_bytes": bench.weight_bytes,
-                    "interleaved_us": final, "best_packed": best, "best_old": best_old,
+                    "interleaved_us": final, "interleaved_samples_us": samples, "best_packed": best,
+                    "best_old": best_old,
                     "speedup_vs_bf16": final["bf16_matmul"] / final["packed"] if best else None,
                     "bandwidth_fraction": bench.weight_bytes / (final["packed"] * 1e-6) / (bandwidth * 1e9)
                     if best else None,
@@ -445,30 +453,40 @@ def make_targets(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by = {(e["bits"], e["n"], e["k"], e["m"]): e for e in entries}
     targets = []
 
-    def add(target: str, tuned: float | None, baseline: float | None, ratio: float | None, goal: float) -> None:
+    def add(target: str, tuned: float | None, baseline: float | None, ratio: float | None, goal: float,
+            span: list[float] | None = None) -> None:  # fmt: skip
         targets.append({"target": target, "tuned": tuned, "baseline": baseline, "ratio": ratio, "goal": goal,
-                        "verdict": verdict(ratio, goal)})  # fmt: skip
+                        "verdict": verdict(ratio, goal), "ratio_range": span})  # fmt: skip
+
+    def samples(e: dict[str, Any], name: str) -> list[float]:
+        return e.get("interleaved_samples_us", {}).get(name, [])
 
     for (bits, n, k, m), e in sorted(by.items()):
         us = e["interleaved_us"]
         shape = f"N={n} K={k}"
+        # speed-ups over bf16 per interleaved round (bf16's time over ours, each round's pair)
+        speedup_span = ratio_span(samples(e, "bf16_matmul"), samples(e, "packed"))
         if bits == 4 and m == 1:
+            fraction, packed = e["bandwidth_fraction"], us.get("packed")
+            times = samples(e, "packed")  # the fraction is inverse to the time: the same bytes and bandwidth
+            fraction_span = None if len(times) < 2 else [fraction * packed / max(times), fraction * packed / min(times)]
             add(f"int4 M=1 {shape}: weight+scale bytes at >= 60% of copy bandwidth (tuned us, fraction)",
-                us.get("packed"), None, e["bandwidth_fraction"], 0.60)  # fmt: skip
+                packed, None, fraction, 0.60, fraction_span)  # fmt: skip
             add(f"int4 M=1 {shape}: >= 3x bf16 torch.matmul (us)", us.get("packed"), us["bf16_matmul"],
-                e["speedup_vs_bf16"], 3.0)  # fmt: skip
+                e["speedup_vs_bf16"], 3.0, speedup_span)  # fmt: skip
         if bits == 4 and m == 16 and (4, n, k, 1) in by:
             one = by[(4, n, k, 1)]["interleaved_us"].get("packed")
             sixteen = us.get("packed")
             ratio = one / sixteen * 1.25 if one and sixteen else None  # >= 1 <=> M=16 time <= 1.25 x M=1 time
+            span = ratio_span(samples(by[(4, n, k, 1)], "packed"), samples(e, "packed"), paired=False)  # apart
             add(f"int4 M=16 {shape}: within 1.25x of the M=1 time (M=16 us vs M=1 us; ratio 1.25*t1/t16)",
-                sixteen, one, ratio, 1.0)  # fmt: skip
+                sixteen, one, ratio, 1.0, [1.25 * r for r in span] if span else None)  # fmt: skip
         if bits == 4 and m == 64:
             add(f"int4 M=64 {shape}: >= 1.3x bf16 torch.matmul (us)", us.get("packed"), us["bf16_matmul"],
-                e["speedup_vs_bf16"], 1.3)  # fmt: skip
+                e["speedup_vs_bf16"], 1.3, speedup_span)  # fmt: skip
         if bits == 8 and m == 1:
             add(f"int8 M=1 {shape}: >= 1.8x bf16 torch.matmul (us)", us.get("packed"), us["bf16_matmul"],
-                e["speedup_vs_bf16"], 1.8)  # fmt: skip
+                e["speedup_vs_bf16"], 1.8, speedup_span)  # fmt: skip
     return targets
 
 

@@ -26,7 +26,16 @@ import time
 from typing import Any
 
 from bench.common import write_result
-from bench.int4_roofline import GROUP, SHAPES, Bench, copy_bandwidth_gbs, graph_time_us, interleaved_us, make_targets
+from bench.int4_roofline import (
+    GROUP,
+    SHAPES,
+    Bench,
+    copy_bandwidth_gbs,
+    graph_time_us,
+    interleaved_samples_us,
+    make_targets,
+    medians_of,
+)
 from kernels.quant_ws_rules import loader_regs
 
 PRIOR = "bench/results/int4-roofline-xtma-h200.json"
@@ -146,12 +155,13 @@ def measure(bench: Bench, m: int, failed: dict[str, str], prior: dict[str, int] 
             fns["ws_pdl"] = ws_fn(bench, x, {**ok[0]["config"], "PDL": 1})
     if prior:
         fns["packed_prior"] = bench.packed_fn(x, prior)
-    final = interleaved_us(fns, rounds)
+    samples = interleaved_samples_us(fns, rounds)
+    final = medians_of(samples)
     ours = {name: final[name] for name in ("ws", "packed_prior") if name in final}
     winner = min(ours, key=ours.get) if ours else None
     if winner:
-        final["packed"] = final[winner]
-    return {"x": x, "rows": rows, "ok": ok, "final": final, "winner": winner}
+        final["packed"], samples["packed"] = final[winner], samples[winner]
+    return {"x": x, "rows": rows, "ok": ok, "final": final, "samples": samples, "winner": winner}
 
 
 def main() -> None:
@@ -188,7 +198,8 @@ def main() -> None:
                 ours = final.get("packed")
                 entries.append({
                     "bits": bits, "n": n, "k": k, "m": m, "weight_bytes": bench.weight_bytes,
-                    "interleaved_us": final, "winner": got["winner"], "best_ws": best,
+                    "interleaved_us": final, "interleaved_samples_us": got["samples"], "winner": got["winner"],
+                    "best_ws": best,
                     "prior_packed_config": prior.get((bits, n, k, m)),
                     "speedup_vs_bf16": final["bf16_matmul"] / ours if ours else None,
                     "ws_speedup_vs_bf16": final["bf16_matmul"] / final["ws"] if "ws" in final else None,

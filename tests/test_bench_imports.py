@@ -87,3 +87,47 @@ def test_decode_targets_take_the_best_configs_and_give_the_ratio_span_over_round
     assert target["ratio_range"] == pytest.approx([120.0 / 110.0, 130.0 / 100.0])
     entry["runs"]["int4_ok"] = runs(125.0)  # one round: no span
     assert targets_of([entry])[0]["ratio_range"] is None
+
+
+def test_ratio_span_pairs_interleaved_rounds_and_bounds_the_others() -> None:
+    from bench.common import ratio_span
+
+    assert ratio_span([10.0, 12.0, 11.0], [5.0, 6.0, 4.0]) == pytest.approx([2.0, 2.75])  # per-round pairs
+    assert ratio_span([10.0, 12.0], [5.0, 6.0], paired=False) == pytest.approx([10 / 6, 12 / 5])  # widest
+    assert ratio_span([10.0, float("nan"), 12.0], [5.0, 6.0, 4.0]) == pytest.approx([2.0, 3.0])  # NaN rounds out
+    assert ratio_span([10.0], [5.0]) is None and ratio_span([10.0, 11.0], []) is None
+
+
+def test_int4_gemm_targets_carry_the_span_of_each_ratio_over_the_rounds() -> None:
+    """``bench/int4_roofline.py``'s targets from interleaved samples: the speed-ups' spans pair each round's bf16
+    and int4 times, the bandwidth fraction's follows the int4 times, and M = 16 against M = 1 (measured apart) takes
+    the widest span; entries without samples (older files) give None."""
+    from bench.int4_roofline import make_targets, medians_of
+
+    def entry(bits: int, m: int, packed: list[float], bf16: list[float]) -> dict:
+        samples = {"packed": packed, "bf16_matmul": bf16}
+        us = medians_of(samples)
+        return {"bits": bits, "n": 4096, "k": 4096, "m": m, "interleaved_us": us, "interleaved_samples_us": samples,
+                "speedup_vs_bf16": us["bf16_matmul"] / us["packed"], "bandwidth_fraction": 0.8}  # fmt: skip
+
+    entries = [entry(4, 1, [10.0, 11.0, 12.0], [30.0, 30.0, 33.0]), entry(4, 16, [12.0, 12.5, 13.0], [31.0] * 3),
+               entry(4, 64, [20.0, 25.0, 22.0], [30.0, 30.0, 30.0]), entry(8, 1, [16.0, 17.0, 18.0], [30.0] * 3)]
+    targets = {t["target"].split(":")[0] + (" bw" if "bandwidth" in t["target"] else ""): t
+               for t in make_targets(entries)}  # fmt: skip
+    assert targets["int4 M=1 N=4096 K=4096 bw"]["ratio_range"] == pytest.approx([0.8 * 11 / 12, 0.8 * 11 / 10])
+    assert targets["int4 M=1 N=4096 K=4096"]["ratio_range"] == pytest.approx([30 / 11, 3.0])
+    assert targets["int4 M=16 N=4096 K=4096"]["ratio_range"] == pytest.approx([1.25 * 10 / 13, 1.25 * 12 / 12])
+    assert targets["int4 M=64 N=4096 K=4096"]["ratio_range"] == pytest.approx([1.2, 1.5])
+    assert targets["int8 M=1 N=4096 K=4096"]["ratio_range"] == pytest.approx([30 / 18, 30 / 16])
+    for e in entries:
+        del e["interleaved_samples_us"]
+    assert all(t["ratio_range"] is None for t in make_targets(entries))
+
+
+def test_attention_targets_carry_the_per_round_ratio_span_against_the_faster_backend() -> None:
+    from bench.attention_ws import _target
+
+    values = {"ws0": [400.0, 410.0, 390.0], "cudnn": [380.0, 400.0, 390.0], "flash": [300.0, 310.0, 305.0]}
+    target = _target({"head_dim": 64, "causal": True, "seq_len": 1024}, values, "ws0")
+    assert target["target"].endswith("vs SDPA cudnn") and target["ratio"] == pytest.approx(400 / 390, abs=1e-4)
+    assert target["ratio_range"] == pytest.approx([1.0, 400 / 380], abs=1e-4) and target["verdict"] == "met"
