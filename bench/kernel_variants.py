@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import interleaved, median, tflops_measurer, verdict, write_result
+from bench.common import interleaved, median, ratio_span, tflops_measurer, verdict, write_result
 from bench.gemm_targets import baseline_fn
 
 #: name -> (m, n, k): 8192^3 and two Llama-style projections with 8192 tokens (4096 -> 14336, 4096 -> 4096).
@@ -168,8 +168,13 @@ def _tuned(workload: Any, device: Any, config: dict[str, Any]) -> Any:
     return measure
 
 
-def _target_row(name: str, tuned: float | None, baseline: float | None, goal: float) -> dict[str, Any]:
+def _target_row(name: str, values: dict[str, list[float]], baseline_name: str | None, goal: float) -> dict[str, Any]:
+    """A target from interleaved rounds (``values``: TFLOP/s by name): ``tuned``'s median over ``baseline_name``'s,
+    with the per-round ratio's span (``ratio_range``)."""
+    tuned = median(values["tuned"])
+    baseline = median(values[baseline_name]) if baseline_name else None
     ratio = tuned / baseline if tuned and baseline else None
+    span = ratio_span(values["tuned"], values[baseline_name]) if baseline_name else None
     return {
         "target": name,
         "tuned": None if tuned is None else round(tuned, 1),
@@ -177,6 +182,7 @@ def _target_row(name: str, tuned: float | None, baseline: float | None, goal: fl
         "ratio": None if ratio is None else round(ratio, 4),
         "goal": goal,
         "verdict": verdict(ratio, goal),
+        "ratio_range": [round(r, 4) for r in span] if span else None,
     }
 
 
@@ -199,8 +205,7 @@ def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int
         twin = {**best, "STREAM_K": not best.get("STREAM_K", False)}
         measurers["stream_k_flipped"] = _tuned(workload, device, twin)
     values = interleaved(measurers, rounds)
-    row = _target_row(f"GEMM {precision} {shape} vs {baseline_name}", median(values["tuned"]),
-                      median(values["baseline"]), 1.0)  # fmt: skip
+    row = _target_row(f"GEMM {precision} {shape} vs {baseline_name}", values, "baseline", 1.0)
     print(f"  {row}", flush=True)
     return {
         "shape": {"m": m, "n": n, "k": k},
@@ -231,8 +236,7 @@ def run_attention(shape: dict[str, Any], landscapes: Path, top: int, rounds: int
     libraries = {name: median(v) for name, v in values.items() if name != "tuned"}
     fastest = max(libraries, key=lambda name: libraries[name] or 0) if libraries else None
     goal = 1.0 if shape["head_dim"] == 64 else 0.95
-    row = _target_row(f"attention fwd bf16 {label} vs SDPA {fastest}", median(values["tuned"]),
-                      libraries.get(fastest) if fastest else None, goal)  # fmt: skip
+    row = _target_row(f"attention fwd bf16 {label} vs SDPA {fastest}", values, fastest, goal)
     print(f"  {row}", flush=True)
     return {
         "shape": shape,

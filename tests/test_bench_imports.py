@@ -131,3 +131,13 @@ def test_attention_targets_carry_the_per_round_ratio_span_against_the_faster_bac
     target = _target({"head_dim": 64, "causal": True, "seq_len": 1024}, values, "ws0")
     assert target["target"].endswith("vs SDPA cudnn") and target["ratio"] == pytest.approx(400 / 390, abs=1e-4)
     assert target["ratio_range"] == pytest.approx([1.0, 400 / 380], abs=1e-4) and target["verdict"] == "met"
+
+
+def test_kernel_variant_targets_pair_the_tuned_rounds_with_the_named_baseline() -> None:
+    from bench.kernel_variants import _target_row
+
+    values = {"tuned": [700.0, 690.0, 710.0], "baseline": [680.0, 700.0, 690.0], "flash": [500.0, 500.0, 500.0]}
+    row = _target_row("GEMM bf16 8192 vs torch.matmul", values, "baseline", 1.0)
+    assert row["ratio"] == pytest.approx(700 / 690, abs=1e-4) and row["verdict"] == "met"
+    assert row["ratio_range"] == pytest.approx([690 / 700, 700 / 680], abs=1e-4)  # round pairs
+    assert _target_row("no library", values, None, 1.0)["ratio_range"] is None
