@@ -142,14 +142,12 @@ def ratio_span(numerator: list[float], denominator: list[float], paired: bool = 
     """The span [low, high] of ``numerator / denominator`` over the rounds: ``paired`` (interleaved rounds, value i
     of each measured side by side) the per-round ratios' least and greatest; else the widest it can be (least
     numerator over greatest denominator, and the reverse). None without two finite values of each."""
-    num = [v for v in numerator if v == v and v]
-    den = [v for v in denominator if v == v and v]
-    if min(len(num), len(den)) < 2:
-        return None
     if paired:
         ratios = [a / b for a, b in zip(numerator, denominator, strict=False) if a == a and b == b and a and b]
         return [min(ratios), max(ratios)] if len(ratios) >= 2 else None
-    return [min(num) / max(den), max(num) / min(den)]
+    num = [v for v in numerator if v == v and v]
+    den = [v for v in denominator if v == v and v]
+    return [min(num) / max(den), max(num) / min(den)] if min(len(num), len(den)) >= 2 else None
 
 
 def verdict(ratio: float | None, target: float, strictly: bool = False) -> str:

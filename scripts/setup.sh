@@ -28,18 +28,18 @@ if [ -x "$VENV/bin/python" ] && [ -f "$MARKER" ] && [ "$(cat "$MARKER")" = "$wan
   step "$VENV is up to date with pyproject.toml: nothing to install (delete $MARKER to force a reinstall)"
   exit 0
 fi
-# A fresh install takes about 2.8 GB (triton 1.0, torch 0.75, ray 0.25) and pip unpacks wheels in TMPDIR
-# beside it: say so before pip's "No space left on device" halfway through.
-need_mb=3200
-for dir in "$(dirname "$VENV")" "${TMPDIR:-/tmp}"; do
-  free_mb=$(df -Pm "$dir" 2>/dev/null | awk 'NR == 2 {print $4}')
-  if [ -n "$free_mb" ] && [ ! -x "$VENV/bin/python" ] && [ "$free_mb" -lt "$need_mb" ]; then
-    echo "setup: $dir has $free_mb MB free; a fresh install needs about $need_mb MB (set TUNER_VENV or TMPDIR" \
-      "to a larger disk, or free space)" >&2
-    exit 1
-  fi
-done
 if [ ! -x "$VENV/bin/python" ]; then
+  # A fresh install takes about 2.8 GB (triton 1.0, torch 0.75, ray 0.25) and pip unpacks wheels in TMPDIR
+  # beside it: say so before pip's "No space left on device" halfway through.
+  need_mb=3200
+  for dir in "$(dirname "$VENV")" "${TMPDIR:-/tmp}"; do
+    free_mb=$(df -Pm "$dir" 2>/dev/null | awk 'NR == 2 {print $4}')
+    if [ -n "$free_mb" ] && [ "$free_mb" -lt "$need_mb" ]; then
+      echo "setup: $dir has $free_mb MB free; a fresh install needs about $need_mb MB (set TUNER_VENV or TMPDIR" \
+        "to a larger disk, or free space)" >&2
+      exit 1
+    fi
+  done
   step "creating the virtual environment $VENV ($("$PYTHON" --version 2>&1))"
   "$PYTHON" -m venv "$VENV"
 fi
