@@ -36,6 +36,17 @@ GEMM_SHAPES: dict[str, tuple[int, int, int]] = {
     "8192x4096x4096": (8192, 4096, 4096),
 }
 GEMM_TARGETS: list[tuple[str, str]] = [(s, p) for p in ("bf16", "fp16") for s in GEMM_SHAPES] + [("8192^3", "fp8")]
+
+
+def gemm_shape(name: str) -> tuple[int, int, int]:
+    """(m, n, k) of a GEMM_SHAPES name or of ``MxNxK`` (``8192x4096x14336``: a down projection, 8192 tokens)."""
+    if name in GEMM_SHAPES:
+        return GEMM_SHAPES[name]
+    parts = name.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"GEMM shape {name!r}: expected one of {sorted(GEMM_SHAPES)} or MxNxK, e.g. 8192x4096x14336")
+    m, n, k = (int(p) for p in parts)
+    return m, n, k
 #: fp8 candidates (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SUBTILE) for the persistent kernels.
 FP8_TILES: list[tuple[int, int, int, int, int, bool]] = [
     (128, 256, 128, 8, 3, True),
@@ -190,7 +201,7 @@ def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int
     from objectives.triton_gemm import TritonGemm
     from tuner.fingerprint import device_info
 
-    m, n, k = GEMM_SHAPES[shape]
+    m, n, k = gemm_shape(shape)
     workload, device = TritonGemm(m=m, n=n, k=k), device_info()
     started = time.time()
     swept = _sweep(workload, device, gemm_candidates(precision, landscapes, top), threads)
@@ -259,7 +270,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=12, help="compile-ahead threads")
     parser.add_argument("--head-dims", type=int, nargs="*", default=[128, 64], help="attention head dims to run")
     parser.add_argument("--attention-top", type=int, default=6, help="landscape configs tried per attention target")
+    parser.add_argument("--gemm-shapes", nargs="*", help="GEMM shapes (MxNxK) instead of the standing targets")
+    parser.add_argument("--precisions", nargs="*", default=["bf16", "fp16"], help="with --gemm-shapes")
     ns = parser.parse_args()
+    gemm_targets = GEMM_TARGETS
+    if ns.gemm_shapes:
+        for shape in ns.gemm_shapes:
+            gemm_shape(shape)  # a malformed shape stops here, before any GPU work
+        gemm_targets = [(s, p) for p in ns.precisions for s in ns.gemm_shapes]
     result: dict[str, Any] = {"gemm": [], "attention": [], "targets": []}
 
     def save() -> None:
@@ -268,7 +286,7 @@ def main() -> None:
         write_result(result, ns.out)
 
     if ns.only in (None, "gemm"):
-        for shape, precision in GEMM_TARGETS:
+        for shape, precision in gemm_targets:
             print(f"GEMM {precision} {shape}", flush=True)
             result["gemm"].append(run_gemm(shape, precision, ns.landscapes, ns.top, ns.rounds, ns.threads))
             save()

@@ -141,3 +141,13 @@ def test_kernel_variant_targets_pair_the_tuned_rounds_with_the_named_baseline() 
     assert row["ratio"] == pytest.approx(700 / 690, abs=1e-4) and row["verdict"] == "met"
     assert row["ratio_range"] == pytest.approx([690 / 700, 700 / 680], abs=1e-4)  # round pairs
     assert _target_row("no library", values, None, 1.0)["ratio_range"] is None
+
+
+def test_kernel_variants_takes_gemm_shapes_by_name_or_dimensions() -> None:
+    from bench.kernel_variants import GEMM_SHAPES, gemm_shape
+
+    assert gemm_shape("8192^3") == GEMM_SHAPES["8192^3"]
+    assert gemm_shape("8192x4096x14336") == (8192, 4096, 14336)  # m, n, k: a down projection
+    for bad in ("8192x4096", "8192x0x4096", "axbxc"):
+        with pytest.raises(ValueError, match="MxNxK"):
+            gemm_shape(bad)
