@@ -166,6 +166,13 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/decode_profile.py --batches 1 --names bf16_compiled bf16_compiled_flash_pdl int4_packed_compiled_gptq "
         "int4_packed_compiled_gptq_all --out {out}.json".split(),
     ),
+    # where the batch-64 gap lies, kernel by kind (the int8 head, the split-K sums or the GEMMs)
+    (
+        "decode-profile-b64",
+        150,
+        "bench/decode_profile.py --batches 64 --names bf16_compiled_flash_pdl int4_packed_compiled_gptq_all "
+        "int4_packed_compiled_gptq_all_head16 int4_packed_compiled_gptq_all_fused --out {out}.json".split(),
+    ),
     (
         "int4-ws-pdl",
         240,
