@@ -36,17 +36,6 @@ GEMM_SHAPES: dict[str, tuple[int, int, int]] = {
     "8192x4096x4096": (8192, 4096, 4096),
 }
 GEMM_TARGETS: list[tuple[str, str]] = [(s, p) for p in ("bf16", "fp16") for s in GEMM_SHAPES] + [("8192^3", "fp8")]
-
-
-def gemm_shape(name: str) -> tuple[int, int, int]:
-    """(m, n, k) of a GEMM_SHAPES name or of ``MxNxK`` (``8192x4096x14336``: a down projection, 8192 tokens)."""
-    if name in GEMM_SHAPES:
-        return GEMM_SHAPES[name]
-    parts = name.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"GEMM shape {name!r}: expected one of {sorted(GEMM_SHAPES)} or MxNxK, e.g. 8192x4096x14336")
-    m, n, k = (int(p) for p in parts)
-    return m, n, k
 #: fp8 candidates (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, EPILOGUE_SUBTILE) for the persistent kernels.
 FP8_TILES: list[tuple[int, int, int, int, int, bool]] = [
     (128, 256, 128, 8, 3, True),
@@ -63,6 +52,17 @@ ATTENTION_SHAPES: list[dict[str, Any]] = [
     for s in (1024, 2048, 4096, 8192)
     for c in (True, False)
 ]
+
+
+def gemm_shape(name: str) -> tuple[int, int, int]:
+    """(m, n, k) of a GEMM_SHAPES name or of ``MxNxK`` (``8192x4096x14336``: a down projection, 8192 tokens)."""
+    if name in GEMM_SHAPES:
+        return GEMM_SHAPES[name]
+    parts = name.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise ValueError(f"GEMM shape {name!r}: expected one of {sorted(GEMM_SHAPES)} or MxNxK, e.g. 8192x4096x14336")
+    m, n, k = (int(p) for p in parts)
+    return m, n, k
 
 
 def _landscape_best(path: Path, top: int, **match: Any) -> list[dict[str, Any]]:
