@@ -260,6 +260,21 @@ def run_attention(shape: dict[str, Any], landscapes: Path, top: int, rounds: int
     }
 
 
+def chosen_gemm_targets(shapes: list[str] | None, precisions: list[str] | None) -> list[tuple[str, str]]:
+    """The (shape, precision) GEMM targets of a run: the standing ones, or ``shapes`` in each of ``precisions``."""
+    if not shapes:
+        if precisions:
+            raise ValueError("--precisions applies only with --gemm-shapes (the standing targets have their own)")
+        return GEMM_TARGETS
+    for shape in shapes:
+        gemm_shape(shape)
+    precisions = precisions or ["bf16", "fp16"]
+    unknown = [p for p in precisions if p not in ("bf16", "fp16", "fp8")]
+    if unknown:
+        raise ValueError(f"--precisions: {unknown} is not among bf16, fp16, fp8")
+    return [(s, p) for p in precisions for s in shapes]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--landscapes", type=Path, default=Path("bench/landscapes"))
@@ -271,13 +286,12 @@ def main() -> None:
     parser.add_argument("--head-dims", type=int, nargs="*", default=[128, 64], help="attention head dims to run")
     parser.add_argument("--attention-top", type=int, default=6, help="landscape configs tried per attention target")
     parser.add_argument("--gemm-shapes", nargs="*", help="GEMM shapes (MxNxK) instead of the standing targets")
-    parser.add_argument("--precisions", nargs="*", default=["bf16", "fp16"], help="with --gemm-shapes")
+    parser.add_argument("--precisions", nargs="*", help="with --gemm-shapes (default: bf16 fp16)")
     ns = parser.parse_args()
-    gemm_targets = GEMM_TARGETS
-    if ns.gemm_shapes:
-        for shape in ns.gemm_shapes:
-            gemm_shape(shape)  # a malformed shape stops here, before any GPU work
-        gemm_targets = [(s, p) for p in ns.precisions for s in ns.gemm_shapes]
+    try:  # a malformed shape or precision stops here, before any GPU work
+        gemm_targets = chosen_gemm_targets(ns.gemm_shapes, ns.precisions)
+    except ValueError as err:
+        parser.error(str(err))
     result: dict[str, Any] = {"gemm": [], "attention": [], "targets": []}
 
     def save() -> None:

@@ -151,3 +151,17 @@ def test_kernel_variants_takes_gemm_shapes_by_name_or_dimensions() -> None:
     for bad in ("8192x4096", "8192x0x4096", "axbxc"):
         with pytest.raises(ValueError, match="MxNxK"):
             gemm_shape(bad)
+
+
+def test_kernel_variants_checks_its_gemm_targets_before_any_gpu_work() -> None:
+    from bench.kernel_variants import GEMM_TARGETS, chosen_gemm_targets
+
+    assert chosen_gemm_targets(None, None) == GEMM_TARGETS
+    assert chosen_gemm_targets(["8192x4096x4096"], None) == [("8192x4096x4096", "bf16"), ("8192x4096x4096", "fp16")]
+    assert chosen_gemm_targets(["8192^3", "1x2x3"], ["fp8"]) == [("8192^3", "fp8"), ("1x2x3", "fp8")]
+    with pytest.raises(ValueError, match="--precisions applies only with --gemm-shapes"):
+        chosen_gemm_targets(None, ["fp16"])
+    with pytest.raises(ValueError, match=r"--precisions.*fp32"):
+        chosen_gemm_targets(["8192^3"], ["bf16", "fp32"])
+    with pytest.raises(ValueError, match="MxNxK"):
+        chosen_gemm_targets(["8192x4096"], None)
