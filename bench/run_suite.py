@@ -144,6 +144,15 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bf16_compiled_flash_pdl_fp8kv int4_packed_compiled_gptq_all int4_packed_compiled_gptq_all_head16 "
         "int4_packed_compiled_gptq_all_fused int4_packed_compiled_gptq_all_fp8kv --out {out}.json".split(),
     ),
+    # batch 64 with split-K's sums fused into the next operation (the H100's fastest int4 there), with a bf16 cache
+    # and with an fp8 one, against the best bf16 step with each
+    (
+        "decode-b64-fused",
+        240,
+        "bench/int4_decode.py --batches 64 --seeds 0 --rounds 2 --gen-tokens 64 --names bf16_compiled_flash_pdl "
+        "bf16_compiled_flash_pdl_fp8kv int4_packed_compiled_gptq_all_fused int4_packed_compiled_gptq_all_fused_fp8kv "
+        "--out {out}.json".split(),
+    ),
     (
         "decode-head-shapes",
         120,
