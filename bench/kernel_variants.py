@@ -266,12 +266,14 @@ def chosen_gemm_targets(shapes: list[str] | None, precisions: list[str] | None) 
         if precisions:
             raise ValueError("--precisions applies only with --gemm-shapes (the standing targets have their own)")
         return GEMM_TARGETS
+    from objectives.triton_gemm import TMA_PRECISIONS
+
     for shape in shapes:
         gemm_shape(shape)
     precisions = precisions or ["bf16", "fp16"]
-    unknown = [p for p in precisions if p not in ("bf16", "fp16", "fp8")]
+    unknown = [p for p in precisions if p not in TMA_PRECISIONS]
     if unknown:
-        raise ValueError(f"--precisions: {unknown} is not among bf16, fp16, fp8")
+        raise ValueError(f"--precisions: {unknown} is not among {', '.join(TMA_PRECISIONS)}")
     return [(s, p) for p in precisions for s in shapes]
 
 
