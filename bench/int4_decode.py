@@ -72,8 +72,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "int4_packed_compiled_gptq_all_head16": {**ALL, "lm_head_bits": 16},
     "int4_packed_compiled_gptq_all_fused": {**ALL, "split_sums": "fused"},
     "int4_packed_compiled_gptq_all_fp8kv": {**ALL, "kv_dtype": "fp8_e4m3"},
-    # `_all_fused` (above: the fastest int4 at batch 64 on an H100, bench/results/int4-roofline-decode-b64-parts-h100.json)
-    # with the fp8 cache
+    # `_all_fused` (above: the fastest int4 at batch 64 on an H100,
+    # bench/results/int4-roofline-decode-b64-parts-h100.json) with the fp8 cache
     "int4_packed_compiled_gptq_all_fused_fp8kv": {**ALL, "split_sums": "fused", "kv_dtype": "fp8_e4m3"},
     "bf16_compiled_flash_pdl_fp8kv": {
         **BF16, "compile": "default", "attention": "flash_decode", "pdl": True, "kv_dtype": "fp8_e4m3",
