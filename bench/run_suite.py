@@ -153,11 +153,12 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bf16_compiled_flash_pdl_fp8kv int4_packed_compiled_gptq_all_fused int4_packed_compiled_gptq_all_fused_fp8kv "
         "--out {out}.json".split(),
     ),
-    # batches 1 and 8 with the fused sums against `all` as it stands: whether `split_sums: fused` may join `all`
+    # batches 1, 8 and 64 with the fused sums (their tiles from 32 rows only) against `all` as it stands: whether
+    # `split_sums: fused` may join `all`
     (
-        "decode-b1-b8-fused",
-        300,
-        "bench/int4_decode.py --batches 1 8 --seeds 0 --rounds 2 --gen-tokens 64 --names bf16_compiled_flash_pdl "
+        "decode-fused-rows",
+        420,
+        "bench/int4_decode.py --batches 1 8 64 --seeds 0 --rounds 2 --gen-tokens 64 --names bf16_compiled_flash_pdl "
         "int4_packed_compiled_gptq_all int4_packed_compiled_gptq_all_fused --out {out}.json".split(),
     ),
     (

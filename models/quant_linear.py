@@ -102,8 +102,9 @@ def autotune_tiles(
     """Measure the best tile (:func:`~models.quant_tiles.tune_tile`, :func:`~models.quant_tiles.tune_packed_tile`)
     for every distinct shape of ``model``'s CUDA :class:`QuantLinear` modules at ``m`` rows and make them use it;
     returns ``{(K, N): tile}``.
-    ``partials``: packed layers may take ``PARTIALS`` tiles, whose split-K sums the model leaves to the operation
-    after each product (for a model run under ``torch.compile``, which fuses them there). ``pdl``: the packed
+    ``partials``: packed layers may take ``PARTIALS`` tiles (from :data:`~models.quant_tiles.PARTIALS_MIN_ROWS`
+    rows), whose split-K sums the model leaves to the operation after each product (for a model run under
+    ``torch.compile``, which fuses them there). ``pdl``: the packed
     layers' warp-specialized tiles are launched as programmatic dependents of the kernel before them (``PDL``).
 
     Call it before capturing a CUDA graph of the model (tuning launches kernels). On a model without

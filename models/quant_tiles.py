@@ -340,6 +340,28 @@ def packed_candidates(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]
     return [t for t in tiles if k % (t["SPLIT_K"] * span) == 0 and t["BLOCK_N"] <= max(16, n)]
 
 
+#: Fewest rows at which :func:`tune_packed_tile` offers ``PARTIALS`` tiles. The operation after a product sums
+#: its partials inside a kernel that takes a row per program (Inductor's norm and GELU kernels), so at a few rows
+#: that kernel reads every split's fp32 partials on a few SMs. Timed alone the partials tiles won at every row count,
+#: but in the compiled 1B step they lost: 0.58x and 0.95x of in-kernel sums at batches 1 and 8 on an H100 (151 ->
+#: 224 kernels a step at batch 1, Inductor's time 144 -> 498 us), 0.84-0.91x at batch 8 on an H200; at 64 rows
+#: they won on both, by 2-5% (bench/results/int4-roofline-decode-b1-b8-fused-h100.json, -profile-b1-fused-h100.json,
+#: -xtma-b8-h200.json, -stream-b8-h200.json, -xtma-b64-h200.json, -split-sums-b64-h200.json). 16 and 32 rows are
+#: not measured.
+PARTIALS_MIN_ROWS = 32
+
+
+def tuned_candidates(
+    m: int, n: int, k: int, bits: int, group_size: int, partials: bool = False, pdl: bool = False
+) -> list[dict[str, int]]:
+    """The tiles :func:`tune_packed_tile` times: :func:`packed_candidates` and :func:`ws_candidates`, and with
+    ``partials`` from :data:`PARTIALS_MIN_ROWS` rows :func:`partial_candidates`."""
+    candidates = packed_candidates(m, n, k, bits) + ws_candidates(m, n, k, bits, group_size, pdl)
+    if partials and m >= PARTIALS_MIN_ROWS:
+        candidates += partial_candidates(m, n, k, bits)
+    return candidates
+
+
 def tune_packed_tile(
     m: int,
     n: int,
@@ -353,16 +375,15 @@ def tune_packed_tile(
 ) -> dict[str, int]:
     """The fastest :func:`packed_candidates` (and :func:`ws_candidates`) tile for an (M, K) x (K, N) product on
     this GPU, measured by :func:`time_packed_tiles`; cached per GPU and shape for the process. ``partials``: the
-    caller sums split-K's partial products in its next operation (a compiled model), so the split-K tiles are
-    also timed with ``PARTIALS`` (:func:`partial_candidates`), the kernel alone. ``pdl``: the warp-specialized
+    caller sums split-K's partial products in its next operation (a compiled model), so from
+    :data:`PARTIALS_MIN_ROWS` rows the split-K tiles are also timed with ``PARTIALS`` (:func:`partial_candidates`),
+    the kernel alone. ``pdl``: the warp-specialized
     tiles launched as programmatic dependents (timed so, back to back: each copies its first words while the one
     before ends)."""
     key = ("packed", torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype, partials, pdl)
     if key in _TUNED:
         return dict(_TUNED[key])
-    candidates = packed_candidates(m, n, k, bits) + ws_candidates(m, n, k, bits, group_size, pdl)
-    if partials:
-        candidates += partial_candidates(m, n, k, bits)
+    candidates = tuned_candidates(m, n, k, bits, group_size, partials, pdl)
     timed = time_packed_tiles(m, n, k, bits, group_size, dtype, device, candidates)
     best = min(timed, key=lambda pair: pair[1])[0] if timed else packed_tile(m, n, k, bits)
     _TUNED[key] = dict(best)

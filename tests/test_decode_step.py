@@ -183,6 +183,18 @@ def test_partial_candidates_are_split_tiles_left_unsummed() -> None:
     assert max(t["SPLIT_K"] for t in partial_candidates(1, 2048, 8192, 4)) == 32
 
 
+def test_partials_tiles_are_tuned_from_32_rows_only() -> None:
+    """Below PARTIALS_MIN_ROWS a compiled step's next kernel sums the partials on a few programs (measured slower
+    in the 1B step at batches 1 and 8): ``partials`` adds no tile there, and from 32 rows the split-K ones."""
+    from models.quant_tiles import partial_candidates, tuned_candidates
+
+    for m in (1, 8, 16, 31):
+        assert tuned_candidates(m, 2048, 2048, 4, 128, partials=True) == tuned_candidates(m, 2048, 2048, 4, 128)
+    for m in (32, 64):
+        tiles = tuned_candidates(m, 2048, 2048, 4, 128, partials=True)
+        assert [t for t in tiles if t.get("PARTIALS")] == partial_candidates(m, 2048, 2048, 4) != []
+
+
 def test_default_tile_fits_decode_and_prefill_shapes() -> None:
     # One row: the GEMV kernel; split-K only for the 8192-row down projection (128 KB per program unsplit).
     tile = default_tile(1, 2048, 2048, 4, 128, smem_bytes=232448)
