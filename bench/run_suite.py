@@ -153,8 +153,8 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bf16_compiled_flash_pdl_fp8kv int4_packed_compiled_gptq_all_fused int4_packed_compiled_gptq_all_fused_fp8kv "
         "--out {out}.json".split(),
     ),
-    # batches 1, 8 and 64 with the fused sums (their tiles from 32 rows only) against `all` as it stands: whether
-    # `split_sums: fused` may join `all` (495 s on an H100)
+    # batches 1, 8 and 64 with the fused sums (their tiles from 32 rows only, as the fastest int4 seed takes them)
+    # against `all` with in-kernel sums and the best bf16 step (495 s on an H100)
     (
         "decode-fused-rows",
         500,

@@ -104,8 +104,8 @@ def autotune_tiles(
     returns ``{(K, N): tile}``.
     ``partials``: packed layers may take ``PARTIALS`` tiles (from :data:`~models.quant_tiles.PARTIALS_MIN_ROWS`
     rows), whose split-K sums the model leaves to the operation after each product (for a model run under
-    ``torch.compile``, which fuses them there). ``pdl``: the packed
-    layers' warp-specialized tiles are launched as programmatic dependents of the kernel before them (``PDL``).
+    ``torch.compile``, which fuses them there). ``pdl``: the packed layers' warp-specialized tiles are launched as
+    programmatic dependents of the kernel before them (``PDL``).
 
     Call it before capturing a CUDA graph of the model (tuning launches kernels). On a model without
     CUDA QuantLinears (CPU, or the interpreter) it does nothing and returns ``{}``.

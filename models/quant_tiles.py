@@ -377,9 +377,8 @@ def tune_packed_tile(
     this GPU, measured by :func:`time_packed_tiles`; cached per GPU and shape for the process. ``partials``: the
     caller sums split-K's partial products in its next operation (a compiled model), so from
     :data:`PARTIALS_MIN_ROWS` rows the split-K tiles are also timed with ``PARTIALS`` (:func:`partial_candidates`),
-    the kernel alone. ``pdl``: the warp-specialized
-    tiles launched as programmatic dependents (timed so, back to back: each copies its first words while the one
-    before ends)."""
+    the kernel alone. ``pdl``: the warp-specialized tiles launched as programmatic dependents (timed so, back to
+    back: each copies its first words while the one before ends)."""
     key = ("packed", torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype, partials, pdl)
     if key in _TUNED:
         return dict(_TUNED[key])
