@@ -379,10 +379,13 @@ def tune_packed_tile(
     :data:`PARTIALS_MIN_ROWS` rows the split-K tiles are also timed with ``PARTIALS`` (:func:`partial_candidates`),
     the kernel alone. ``pdl``: the warp-specialized tiles launched as programmatic dependents (timed so, back to
     back: each copies its first words while the one before ends)."""
-    key = ("packed", torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype, partials, pdl)
+    candidates = tuned_candidates(m, n, k, bits, group_size, partials, pdl)
+    # keyed by the candidates, not the flags: below PARTIALS_MIN_ROWS ``partials`` offers the same tiles, so a
+    # step with the sums fused and one without share one tuning (and one tile) per shape
+    offered = tuple(tuple(sorted(tile.items())) for tile in candidates)
+    key = ("packed", torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype, offered)
     if key in _TUNED:
         return dict(_TUNED[key])
-    candidates = tuned_candidates(m, n, k, bits, group_size, partials, pdl)
     timed = time_packed_tiles(m, n, k, bits, group_size, dtype, device, candidates)
     best = min(timed, key=lambda pair: pair[1])[0] if timed else packed_tile(m, n, k, bits)
     _TUNED[key] = dict(best)

@@ -195,6 +195,30 @@ def test_partials_tiles_are_tuned_from_32_rows_only() -> None:
         assert [t for t in tiles if t.get("PARTIALS")] == partial_candidates(m, 2048, 2048, 4) != []
 
 
+def test_partials_below_32_rows_share_the_tuning_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tune_packed_tile caches by the tiles it offers: below 32 rows ``partials`` offers the same ones, so the fused
+    step reuses the in-kernel step's tile instead of timing them again; from 32 rows it times its own."""
+    from models import quant_tiles
+
+    timings: list[int] = []
+
+    def time_tiles(m: int, *args: object) -> list[tuple[dict[str, int], float]]:
+        timings.append(m)
+        candidates = args[-1]
+        assert isinstance(candidates, list)
+        return [(candidates[-1], 1.0)]
+
+    monkeypatch.setattr(quant_tiles, "time_packed_tiles", time_tiles)
+    monkeypatch.setattr(quant_tiles.torch.cuda, "get_device_name", lambda device=None: "test GPU")
+    monkeypatch.setattr(quant_tiles, "_TUNED", {})
+    cpu = torch.device("cpu")
+    for m in (8, 64):
+        kernel = quant_tiles.tune_packed_tile(m, 2048, 2048, 4, 128, torch.bfloat16, cpu)
+        fused = quant_tiles.tune_packed_tile(m, 2048, 2048, 4, 128, torch.bfloat16, cpu, partials=True)
+        assert (fused == kernel) == (m == 8) and bool(fused.get("PARTIALS")) == (m == 64)
+    assert timings == [8, 64, 64]
+
+
 def test_default_tile_fits_decode_and_prefill_shapes() -> None:
     # One row: the GEMV kernel; split-K only for the 8192-row down projection (128 KB per program unsplit).
     tile = default_tile(1, 2048, 2048, 4, 128, smem_bytes=232448)
