@@ -75,6 +75,10 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # `_all_fused` (above: the fastest int4 at batch 64 on an H100,
     # bench/results/int4-roofline-decode-b64-parts-h100.json) with the fp8 cache
     "int4_packed_compiled_gptq_all_fused_fp8kv": {**ALL, "split_sums": "fused", "kv_dtype": "fp8_e4m3"},
+    # the same with split-K's partial products stored in bf16 (half the bytes written and read between the product
+    # and the operation that sums them)
+    "int4_packed_compiled_gptq_all_fused16": {**ALL, "split_sums": "fused16"},
+    "int4_packed_compiled_gptq_all_fused16_fp8kv": {**ALL, "split_sums": "fused16", "kv_dtype": "fp8_e4m3"},
     "bf16_compiled_flash_pdl_fp8kv": {
         **BF16, "compile": "default", "attention": "flash_decode", "pdl": True, "kv_dtype": "fp8_e4m3",
     },

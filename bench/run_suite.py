@@ -161,6 +161,22 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/int4_decode.py --batches 1 8 64 --seeds 0 --rounds 2 --gen-tokens 64 --names bf16_compiled_flash_pdl "
         "int4_packed_compiled_gptq_all int4_packed_compiled_gptq_all_fused --out {out}.json".split(),
     ),
+    # the second weight set at batches 1, 8 and 64 (batch 64 not yet measured on it), the same three steps
+    (
+        "decode-fused-rows-seed1",
+        500,
+        "bench/int4_decode.py --batches 1 8 64 --seeds 1 --rounds 2 --gen-tokens 64 --names bf16_compiled_flash_pdl "
+        "int4_packed_compiled_gptq_all int4_packed_compiled_gptq_all_fused --out {out}.json".split(),
+    ),
+    # batch 64 with split-K's partials stored in bf16 (split_sums: fused16, half the bytes between the product and
+    # the operation that sums them) against fp32 partials and the best bf16 step, with a bf16 cache and an fp8 one
+    (
+        "decode-b64-fused16",
+        300,
+        "bench/int4_decode.py --batches 64 --seeds 0 --rounds 2 --gen-tokens 64 --names bf16_compiled_flash_pdl "
+        "int4_packed_compiled_gptq_all_fused int4_packed_compiled_gptq_all_fused16 bf16_compiled_flash_pdl_fp8kv "
+        "int4_packed_compiled_gptq_all_fused16_fp8kv --out {out}.json".split(),
+    ),
     (
         "decode-head-shapes",
         120,

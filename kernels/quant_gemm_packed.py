@@ -65,7 +65,9 @@ of ``SPLIT_K * SPAN`` (checked).
 ``PARTIALS`` (with ``SPLIT_K``, not ``STREAM``) leaves the reduction to the caller: each split stores its fp32 partial
 tile into a ``(SPLIT_K, M, N)`` output and returns, so a small product ends with its last loads rather than a
 chain of atomics and reads (14-26% faster at the 1B decode shapes on an H200); the sum belongs in the next
-operation (``torch.compile`` fuses it there where it can).
+operation (``torch.compile`` fuses it there where it can). ``PARTIALS=2`` stores the partials in X's 16-bit dtype
+instead of fp32: half the bytes written by the product and read by the operation that sums them, each partial
+rounded once as Y itself is (the sum is still taken in fp32).
 
 ``STREAM`` (programs per SM, ``SPLIT_K`` 1) replaces the (tile, split) grid: ``STREAM`` x SMs programs each take
 an equal run of the (tile, span) steps, spans fastest, in one loop, so the pipeliner keeps loads in flight
@@ -274,12 +276,15 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
     X's span slices too (swapped span tiles: ``SWAP >= 2``);
     ``SWAP`` (tensor-core tiles only) computes Y's tile transposed, the decoded weights as the MMA's A operand;
     ``STREAM`` (programs per SM) gives each program an equal share of all tiles' spans (``SPLIT_K`` must be 1);
-    ``PARTIALS`` stores each split's fp32 partial tile instead of summing them (not with ``STREAM``);
+    ``PARTIALS`` stores each split's partial tile instead of summing them (not with ``STREAM``): 1 in fp32, 2 in
+    X's dtype;
     ``PDL`` launches the kernel as a programmatic dependent launch (Hopper: its launch overlaps the end of the
     kernel before it; compiled kernels only); ``ACT`` 1 stores GELU (tanh approximation) of Y (not with
     ``PARTIALS``, whose sum is the caller's)."""
     if ACT not in (0, 1):
         raise ValueError(f"ACT (the epilogue's activation) must be 0 (none) or 1 (GELU, tanh), got {ACT!r}")
+    if PARTIALS not in (0, 1, 2):
+        raise ValueError(f"PARTIALS must be 0 (Y), 1 (fp32 partials) or 2 (partials in X's dtype), got {PARTIALS!r}")
     if ACT and PARTIALS:
         raise ValueError("ACT applies to Y: PARTIALS leaves the sum, and so the activation, to the caller")
     if PARTIALS and STREAM:
@@ -351,8 +356,9 @@ def packed_matmul(
 ) -> torch.Tensor:
     """``Y = X @ dequant(weights)`` with one tile config, one kernel launch; returns Y (``out`` if given).
 
-    ``PARTIALS``: the K splits are not summed; returns their fp32 partial products, ``(SPLIT_K, M, N)`` (``out``
-    if given, of that shape and dtype), whose sum over the first axis is Y. A caller that adds them in the next
+    ``PARTIALS``: the K splits are not summed; returns their partial products, ``(SPLIT_K, M, N)`` in fp32
+    (``PARTIALS=1``) or in X's dtype (``PARTIALS=2``) (``out`` if given, of that shape and dtype), whose sum
+    over the first axis is Y. A caller that adds them in the next
     operation (``torch.compile`` fuses ``partials.sum(0)`` into it) skips split-K's reduction in the kernel: the
     atomics, the arrival count and the last program's reads, a chain of round trips a small product waits on.
 
@@ -379,7 +385,7 @@ def packed_matmul(
         )
     if scales.dtype not in ACT_DTYPES.values() or tuple(scales.shape) != (k // group_size, n):
         raise ValueError(f"scales must be bf16/fp16 ({k // group_size}, {n}), got {scales.dtype} {tuple(scales.shape)}")
-    shape, dtype = ((SPLIT_K, m, n), torch.float32) if PARTIALS else ((m, n), x.dtype)
+    shape, dtype = ((SPLIT_K, m, n), partials_dtype(PARTIALS, x.dtype)) if PARTIALS else ((m, n), x.dtype)
     if out is None:
         out = torch.empty(shape, device=x.device, dtype=dtype)
     elif tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
@@ -407,6 +413,11 @@ def packed_matmul(
         out.stride(-2), out.stride(-1), **meta,
     )  # fmt: skip
     return out
+
+
+def partials_dtype(PARTIALS: int, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a ``PARTIALS`` tile's partial products for activations of ``dtype``: fp32, or (2) ``dtype``."""
+    return dtype if PARTIALS == 2 else torch.float32
 
 
 def check_tma(n: int, BLOCK_N: int) -> None:
@@ -457,7 +468,7 @@ def _mock_launch(m: int, n: int, k: int, precision: str, bits: int, group_size: 
     x = row_major(dtype, [m, k])
     w = row_major(torch.int32, [k // pack_factor(bits), n])
     s = row_major(scale_dtype or dtype, [k // group_size, n])
-    y = row_major(torch.float32 if PARTIALS else dtype, [m, n])
+    y = row_major(partials_dtype(PARTIALS, dtype) if PARTIALS else dtype, [m, n])
     split = (SPLIT_K > 1 or STREAM) and not PARTIALS
     ws = row_major(torch.float32, [m * n, 1]) if split else y
     cnt = row_major(torch.int32, [_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0], 1]) if split else y

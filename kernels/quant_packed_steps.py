@@ -175,7 +175,8 @@ def _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, 
                 USE_DOT: tl.constexpr, SWAP: tl.constexpr, COMPILED: tl.constexpr, PARTIALS: tl.constexpr = False,
                 part=0, ACT: tl.constexpr = 0):  # fmt: skip
     """Write the tile's accumulator to Y (``parts == 1``) or add it as one of ``parts`` partial sums; with
-    ``PARTIALS`` store it as partial ``part`` of the (parts, M, N) fp32 partials at ``ws_ptr`` instead. ``ACT``:
+    ``PARTIALS`` store it as partial ``part`` of the (parts, M, N) partials at ``ws_ptr`` instead (fp32, or X's
+    16-bit dtype: the buffer's type decides). ``ACT``:
     Y goes through :func:`_activate` (never the partials)."""
     if USE_DOT:
         out = acc
@@ -192,7 +193,7 @@ def _store_tile(acc, pid_m, offs_m, offs_n, M, N, y_ptr, ws_ptr, cnt_ptr, tile, 
         y_ptrs = y_ptr + rows[:, None] * stride_ym + offs_n[None, :] * stride_yn
         ws_ptrs = ws_ptr + rows[:, None] * N + offs_n[None, :]
     if PARTIALS:
-        tl.store(ws_ptrs + part * M * N, out, mask=mask)
+        tl.store(ws_ptrs + part * M * N, out.to(ws_ptr.dtype.element_ty), mask=mask)
     elif parts == 1:
         tl.store(y_ptrs, _activate(out, ACT).to(y_ptr.dtype.element_ty), mask=mask)
     else:

@@ -78,16 +78,20 @@ def packed_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
 @torch.library.custom_op("tuner::packed_linear_partials", mutates_args=(), schema=_PACKED_SCHEMA)
 def packed_linear_partials(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int,
                            names: list[str], values: list[int]) -> torch.Tensor:  # fmt: skip
-    """The fp32 partial products ``(SPLIT_K, M, N)`` of a ``PARTIALS`` tile, as an opaque operator: the caller's
-    ``.sum(0)`` is left to ``torch.compile``, which fuses it into the operation that reads the product."""
+    """The partial products ``(SPLIT_K, M, N)`` of a ``PARTIALS`` tile (fp32, or x's dtype with ``PARTIALS: 2``), as
+    an opaque operator: the caller's ``.sum(0)`` is left to ``torch.compile``, which fuses it into the operation
+    that reads the product."""
     return _packed_call(x, qweight, scales, bits, group_size, names, values, sum_partials=False)
 
 
 @packed_linear_partials.register_fake
 def _packed_linear_partials_shape(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int,
                                   group_size: int, names: list[str], values: list[int]) -> torch.Tensor:  # fmt: skip
-    split = dict(zip(names, values, strict=True))["SPLIT_K"]
-    return x.new_empty((split, x.shape[0], qweight.shape[1]), dtype=torch.float32)
+    from kernels.quant_gemm_packed import partials_dtype
+
+    tile = dict(zip(names, values, strict=True))
+    dtype = partials_dtype(tile["PARTIALS"], x.dtype)
+    return x.new_empty((tile["SPLIT_K"], x.shape[0], qweight.shape[1]), dtype=dtype)
 
 
 @packed_linear.register_fake
@@ -97,15 +101,16 @@ def _packed_linear_shape(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
 
 
 def autotune_tiles(
-    model: nn.Module, m: int, dtype: torch.dtype = torch.bfloat16, partials: bool = False, pdl: bool = False
+    model: nn.Module, m: int, dtype: torch.dtype = torch.bfloat16, partials: int = 0, pdl: bool = False
 ) -> dict[tuple[int, int], dict[str, int]]:
     """Measure the best tile (:func:`~models.quant_tiles.tune_tile`, :func:`~models.quant_tiles.tune_packed_tile`)
     for every distinct shape of ``model``'s CUDA :class:`QuantLinear` modules at ``m`` rows and make them use it;
     returns ``{(K, N): tile}``.
     ``partials``: packed layers may take ``PARTIALS`` tiles (from :data:`~models.quant_tiles.PARTIALS_MIN_ROWS`
     rows), whose split-K sums the model leaves to the operation after each product (for a model run under
-    ``torch.compile``, which fuses them there). ``pdl``: the packed layers' warp-specialized tiles are launched as
-    programmatic dependents of the kernel before them (``PDL``).
+    ``torch.compile``, which fuses them there): 1 (or True) with fp32 partials, 2 with partials in ``dtype``.
+    ``pdl``: the packed layers' warp-specialized tiles are launched as programmatic dependents of the kernel before
+    them (``PDL``).
 
     Call it before capturing a CUDA graph of the model (tuning launches kernels). On a model without
     CUDA QuantLinears (CPU, or the interpreter) it does nothing and returns ``{}``.
@@ -261,8 +266,8 @@ class QuantLinear(nn.Module):
                 list(tile),
                 [int(v) for v in tile.values()],
             )
-            if tile.get("PARTIALS"):  # summed by whatever reads y: under torch.compile, in that kernel
-                y = packed_linear_partials(*args).sum(0).to(x.dtype)
+            if tile.get("PARTIALS"):  # summed (in fp32) by whatever reads y: under torch.compile, in that kernel
+                y = packed_linear_partials(*args).sum(0, dtype=torch.float32).to(x.dtype)
             else:
                 y = packed_linear(*args)
         elif self._kernel_wanted(x2):

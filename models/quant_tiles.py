@@ -123,17 +123,17 @@ def packed_product(
     sum_partials: bool = True,
 ) -> torch.Tensor:
     """``x @ dequant(weights)`` with a packed-layout tile: ``WS: 1`` names the warp-specialized Gluon kernel
-    (:mod:`kernels.quant_gemm_ws`, the other keys its knobs), any other tile :func:`packed_matmul`'s. A
-    ``PARTIALS`` tile's fp32 partial products (``out`` unused) are summed here with ``sum_partials``, else
-    returned as they are, ``(SPLIT_K, M, N)``. A ``TMA: 2`` tile reads X by tensor copies: an X without unit
-    stride along K or 16-byte rows is copied to a contiguous one first."""
+    (:mod:`kernels.quant_gemm_ws`, the other keys its knobs), any other tile :func:`packed_matmul`'s. A ``PARTIALS``
+    tile's partial products (``out`` unused; fp32, or X's dtype with ``PARTIALS: 2``) are summed here in fp32 with
+    ``sum_partials``, else returned as they are, ``(SPLIT_K, M, N)``. A ``TMA: 2`` tile reads X by tensor copies: an
+    X without unit stride along K or 16-byte rows is copied to a contiguous one first."""
     if tile.get("TMA") == 2 and (x.stride(-1) != 1 or (x.stride(0) * x.element_size()) % 16):
         x = x.contiguous()
     if tile.get("PARTIALS"):
         from kernels.quant_gemm_packed import packed_matmul
 
         partials = packed_matmul(x, weights, **tile)
-        return partials.sum(0).to(x.dtype) if sum_partials else partials
+        return partials.sum(0, dtype=torch.float32).to(x.dtype) if sum_partials else partials
     if tile.get("WS") and weights.scales.dtype == x.dtype:
         from kernels.quant_gemm_ws import ws_quant_matmul
 
@@ -272,14 +272,18 @@ def tune_tile(
     return dict(best)
 
 
-def partial_candidates(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]:
+def partial_candidates(m: int, n: int, k: int, bits: int, store: int = 1) -> list[dict[str, int]]:
     """``PARTIALS`` tiles: the split-K tiles of :func:`packed_candidates` (STREAM's aside) with their partial products
-    left unsummed, and at one row the GEMV split finer (16 and 32 ways), which costs little without a reduction."""
-    tiles = [{**t, "PARTIALS": 1} for t in packed_candidates(m, n, k, bits) if t["SPLIT_K"] > 1 and not t.get("STREAM")]
+    left unsummed, and at one row the GEMV split finer (16 and 32 ways), which costs little without a reduction.
+    ``store``: the tiles' ``PARTIALS``, 1 (fp32 partials) or 2 (in X's dtype)."""
+    tiles = [
+        {**t, "PARTIALS": store} for t in packed_candidates(m, n, k, bits) if t["SPLIT_K"] > 1 and not t.get("STREAM")
+    ]
     if m == 1:
         span = 16 * (32 // bits)
+        gemv = {"BLOCK_M": 1, "num_warps": 4, "num_stages": 1, "PARTIALS": store}
         tiles += [
-            {"BLOCK_M": 1, "BLOCK_N": bn, "SPLIT_K": sk, "num_warps": 4, "num_stages": 1, "PREFETCH": pf, "PARTIALS": 1}
+            {**gemv, "BLOCK_N": bn, "SPLIT_K": sk, "PREFETCH": pf}
             for bn, sk, pf in itertools.product((32, 64, 128), (16, 32), (0, 1))
             if k % (sk * span) == 0 and bn <= max(16, n)
         ]
@@ -352,13 +356,16 @@ PARTIALS_MIN_ROWS = 32
 
 
 def tuned_candidates(
-    m: int, n: int, k: int, bits: int, group_size: int, partials: bool = False, pdl: bool = False
+    m: int, n: int, k: int, bits: int, group_size: int, partials: int = 0, pdl: bool = False
 ) -> list[dict[str, int]]:
     """The tiles :func:`tune_packed_tile` times: :func:`packed_candidates` and :func:`ws_candidates`, and with
-    ``partials`` from :data:`PARTIALS_MIN_ROWS` rows :func:`partial_candidates`."""
+    ``partials`` (1 or True: fp32 partials, 2: in X's dtype) from :data:`PARTIALS_MIN_ROWS` rows
+    :func:`partial_candidates`."""
+    if partials not in (0, 1, 2):
+        raise ValueError(f"partials must be 0 (none), 1 (fp32 partials) or 2 (in X's dtype), got {partials!r}")
     candidates = packed_candidates(m, n, k, bits) + ws_candidates(m, n, k, bits, group_size, pdl)
     if partials and m >= PARTIALS_MIN_ROWS:
-        candidates += partial_candidates(m, n, k, bits)
+        candidates += partial_candidates(m, n, k, bits, int(partials))
     return candidates
 
 
@@ -370,15 +377,15 @@ def tune_packed_tile(
     group_size: int,
     dtype: torch.dtype,
     device: torch.device,
-    partials: bool = False,
+    partials: int = 0,
     pdl: bool = False,
 ) -> dict[str, int]:
-    """The fastest :func:`packed_candidates` (and :func:`ws_candidates`) tile for an (M, K) x (K, N) product on
-    this GPU, measured by :func:`time_packed_tiles`; cached per GPU and shape for the process. ``partials``: the
-    caller sums split-K's partial products in its next operation (a compiled model), so from
-    :data:`PARTIALS_MIN_ROWS` rows the split-K tiles are also timed with ``PARTIALS`` (:func:`partial_candidates`),
-    the kernel alone. ``pdl``: the warp-specialized tiles launched as programmatic dependents (timed so, back to
-    back: each copies its first words while the one before ends)."""
+    """The fastest :func:`packed_candidates` (and :func:`ws_candidates`) tile for an (M, K) x (K, N) product on this
+    GPU, measured by :func:`time_packed_tiles`; cached per GPU and shape for the process. ``partials``: the caller
+    sums split-K's partial products in its next operation (a compiled model), so from :data:`PARTIALS_MIN_ROWS` rows
+    the split-K tiles are also timed with ``PARTIALS`` (:func:`partial_candidates`; ``partials`` 2: stored in X's
+    dtype), the kernel alone. ``pdl``: the warp-specialized tiles launched as programmatic dependents (timed so,
+    back to back: each copies its first words while the one before ends)."""
     candidates = tuned_candidates(m, n, k, bits, group_size, partials, pdl)
     # keyed by the candidates, not the flags: below PARTIALS_MIN_ROWS ``partials`` offers the same tiles, so a
     # step with the sums fused and one without share one tuning (and one tile) per shape

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from objectives.decode_rules import PARTIALS_STORE
 from objectives.decode_weights import CALIBRATION_LEN, CALIBRATION_SEQUENCES
 from tuner.workload import comment_text
 
@@ -59,9 +60,10 @@ def decoder_source(e: dict[str, Any]) -> str:
     if flags:
         lines += ["for block in model.blocks:", *flags]
     if e["weight_bits"] != 16:
-        # split_sums=fused: split-K tiles may leave their partial products to the next operation (torch.compile sums
-        # them there)
-        partials = ", partials=True" if e.get("split_sums") == "fused" else ""
+        # split_sums=fused(16): split-K tiles may leave their partial products (fp32, or 16-bit: partials=2) to the
+        # next operation (torch.compile sums them there)
+        store = PARTIALS_STORE[e.get("split_sums") or "kernel"]
+        partials = {0: "", 1: ", partials=True", 2: ", partials=2"}[store]
         pdl = ", pdl=True" if e.get("pdl") else ""  # the warp-specialized tiles launched as programmatic dependents
         lines.append(
             f"autotune_tiles(model, m={e['batch']!r}{partials}{pdl})  # times kernel tiles per Linear shape (GPU only)"

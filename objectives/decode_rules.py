@@ -22,8 +22,11 @@ QUANTIZERS: tuple[str, ...] = ("rtn", "gptq")
 QUANT_KERNELS: tuple[str, ...] = ("tiled", "packed")
 COMPILE_MODES: tuple[str, ...] = ("off", "default")
 #: Where a packed split-K tile's partial products are summed: in the kernel (atomics, the last program writes Y)
-#: or by the next operation of the compiled step (``PARTIALS`` tiles, :func:`models.quant_tiles.partial_candidates`).
-SPLIT_SUMS: tuple[str, ...] = ("kernel", "fused")
+#: or by the next operation of the compiled step (``PARTIALS`` tiles, :func:`models.quant_tiles.partial_candidates`),
+#: the partials in fp32 (``fused``) or in the activations' 16-bit dtype (``fused16``: half the bytes).
+SPLIT_SUMS: tuple[str, ...] = ("kernel", "fused", "fused16")
+#: The ``PARTIALS`` store of each ``split_sums`` (:func:`models.quant_linear.autotune_tiles`' ``partials``).
+PARTIALS_STORE: dict[str, int] = {"kernel": 0, "fused": 1, "fused16": 2}
 
 
 # ------------------------------------------------------------------------------------------ optional knobs
@@ -42,6 +45,12 @@ def compile_mode(config: dict[str, Any]) -> str:
 def split_sums(config: dict[str, Any]) -> str:
     """The config's ``split_sums`` (optional: ``kernel`` when absent)."""
     return str(config.get("split_sums") or "kernel")
+
+
+def partials_store(config: dict[str, Any]) -> int:
+    """The ``PARTIALS`` value the config's split-K tiles may take: 0 (sums in the kernel), 1 (fp32 partials summed
+    by the next operation) or 2 (partials in the activations' dtype)."""
+    return PARTIALS_STORE[split_sums(config)]
 
 
 def pdl(config: dict[str, Any]) -> bool:
@@ -153,9 +162,9 @@ def static_violation(
     sums = config.get("split_sums")
     if sums is not None and sums not in SPLIT_SUMS:
         return f"split_sums must be one of {SPLIT_SUMS}, got {sums!r}"
-    if sums == "fused" and (compile_mode(config) == "off" or quant_kernel(config) != "packed"):
+    if sums in ("fused", "fused16") and (compile_mode(config) == "off" or quant_kernel(config) != "packed"):
         return (
-            "split_sums=fused leaves split-K's sums to the next operation, which only torch.compile fuses them "
+            f"split_sums={sums} leaves split-K's sums to the next operation, which only torch.compile fuses them "
             "into: it needs compile=default and quant_kernel=packed"
         )
     if config.get("pdl") is not None and not isinstance(config["pdl"], bool):

@@ -15,12 +15,12 @@ prefill), ``attention`` (``sdpa``, ``math`` or ``flash_decode``), ``cuda_graphs`
 step instead of launching its kernels one by one; GPU only) and ``compile`` (``off`` or
 ``default``: the decode step through ``torch.compile``, which fuses its norms, residual adds and
 cache writes into fewer kernels; captured in the same CUDA graph; optional, ``off`` when absent) and, compiled
-with the packed kernel, ``split_sums`` (``kernel``: split-K tiles sum their parts in the kernel; ``fused``: from 32 rows
-the tiles may leave their fp32 partial products to the next operation, which Inductor sums them in; optional,
+with the packed kernel, ``split_sums`` (``kernel``: split-K tiles sum their parts in the kernel; ``fused``: from 32
+rows the tiles may leave their fp32 partial products to the next operation, which Inductor sums them in;
+``fused16``: the same with the partials stored in the activations' 16-bit dtype, half the bytes; optional,
 ``kernel`` when absent) and ``pdl`` (Hopper: the step's kernels launched as programmatic dependents of the ones
-before them, Inductor's through its PDL code, the warp-specialized tiles copying their first words before they
-wait, and with ``flash_decode`` its kernels reading their first cache rows before they wait; optional, false when
-absent).
+before them, Inductor's through its PDL code, the warp-specialized tiles copying their first words before they wait,
+and with ``flash_decode`` its kernels reading their first cache rows before they wait; optional, false when absent).
 
 Why ``compile``: a 1B-parameter step at batch 1 launches ~300 kernels (bf16) or ~440 (int4, whose
 Linears are Triton kernels with their own set-up), and on an H200 it takes 1.39 ms where its 2 GB of
@@ -543,9 +543,9 @@ class DecodeStep(MeasuredWorkload):
         if bits != 16 and device.is_gpu:
             from models.quant_linear import autotune_tiles
 
-            # measured kernel tiles for this batch, before any graph capture; with split_sums=fused the split-K
+            # measured kernel tiles for this batch, before any graph capture; with split_sums=fused(16) the split-K
             # tiles may leave their partial products to the next operation (Inductor sums them there)
-            autotune_tiles(model, batch, partials=rules.split_sums(config) == "fused", pdl=rules.pdl(config))
+            autotune_tiles(model, batch, partials=rules.partials_store(config), pdl=rules.pdl(config))
         kv = model.init_cache(batch, self.max_len, getattr(torch, KV_TORCH_DTYPES[config["kv_dtype"]]), torch_device)
         decode = model.decode
         if rules.compile_mode(config) != "off":

@@ -156,12 +156,13 @@ def test_packed_layer_runs_as_one_opaque_operator_under_torch_compile(interprete
 
 
 @pytest.mark.timeout(240)
-def test_partials_tile_leaves_its_sum_to_the_graph(interpreter: None) -> None:
-    """A ``PARTIALS`` tile goes through ``tuner::packed_linear_partials``, whose (SPLIT_K, M, N) partial products are
-    summed by an operation of the traced graph (which Inductor fuses into the next kernel): eager and compiled give
-    the fallback's values."""
+@pytest.mark.parametrize("store", [1, 2])
+def test_partials_tile_leaves_its_sum_to_the_graph(interpreter: None, store: int) -> None:
+    """A ``PARTIALS`` tile goes through ``tuner::packed_linear_partials``, whose (SPLIT_K, M, N) partial products (fp32,
+    or with ``PARTIALS: 2`` in X's fp16) are summed by an operation of the traced graph (which Inductor fuses into
+    the next kernel): eager and compiled give the fallback's values."""
     packed, x, expected = _packed_layer(512, 48, seed=5)
-    packed.set_tile(1, {"BLOCK_M": 1, "BLOCK_N": 16, "SPLIT_K": 4, "num_warps": 4, "PREFETCH": 0, "PARTIALS": 1},
+    packed.set_tile(1, {"BLOCK_M": 1, "BLOCK_N": 16, "SPLIT_K": 4, "num_warps": 4, "PREFETCH": 0, "PARTIALS": store},
                     device="cpu")  # fmt: skip
     compiled, graphs = _compiled_capturing(packed)
     for y in (packed(x), compiled(x)):
@@ -170,6 +171,7 @@ def test_partials_tile_leaves_its_sum_to_the_graph(interpreter: None) -> None:
     nodes = [node for gm in graphs for node in gm.graph.nodes]
     op = next(node for node in nodes if "tuner.packed_linear_partials" in str(node.target))
     assert any("sum" in str(user.target) for user in op.users)  # the sum is the graph's, not the operator's
+    assert op.meta["example_value"].dtype == (torch.float16 if store == 2 else torch.float32)
 
 
 def test_partial_candidates_are_split_tiles_left_unsummed() -> None:
@@ -193,6 +195,12 @@ def test_partials_tiles_are_tuned_from_32_rows_only() -> None:
     for m in (32, 64):
         tiles = tuned_candidates(m, 2048, 2048, 4, 128, partials=True)
         assert [t for t in tiles if t.get("PARTIALS")] == partial_candidates(m, 2048, 2048, 4) != []
+        half = tuned_candidates(m, 2048, 2048, 4, 128, partials=2)  # the same tiles, their partials in X's dtype
+        assert [t for t in half if t.get("PARTIALS")] == partial_candidates(m, 2048, 2048, 4, store=2)
+        assert [{**t, "PARTIALS": 1} for t in half if t.get("PARTIALS")] == partial_candidates(m, 2048, 2048, 4)
+    assert tuned_candidates(8, 2048, 2048, 4, 128, partials=2) == tuned_candidates(8, 2048, 2048, 4, 128)
+    with pytest.raises(ValueError, match="partials must be 0"):
+        tuned_candidates(64, 2048, 2048, 4, 128, partials=3)
 
 
 def test_partials_below_32_rows_share_the_tuning_without(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -372,6 +380,7 @@ def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.Mon
         "compile must be one of ('off', 'default')": (_cfg(compile="max-autotune"), CPU),
         "split_sums must be one of": (_cfg(bits=4, group=32, split_sums="atomic"), CPU),
         "split_sums=fused leaves": (_cfg(bits=4, group=32, compile="default", split_sums="fused"), CPU),
+        "split_sums=fused16 leaves": (_cfg(bits=4, group=32, compile="default", split_sums="fused16"), CPU),
         "pdl must be true or false": (_cfg(bits=4, group=32, pdl="yes"), CPU),
         "lm_head_bits must be one of": (_cfg(bits=4, group=32, lm_head_bits=2), CPU),
         "lm_head_bits < 16 quantizes the LM head of a quantized model": (_cfg(lm_head_bits=8), CPU),
@@ -439,6 +448,9 @@ def test_work_exports_and_registry() -> None:
     assert "partials" not in compiled and w.export_config(config)["split_sums"] == "kernel"
     fused = {**config, "compile": "default", "quant_kernel": "packed", "split_sums": "fused"}
     assert "autotune_tiles(model, m=4, partials=True)" in w.export_python(fused)
+    fused16 = w.export_python({**fused, "split_sums": "fused16"})  # the partials in the activations' dtype
+    compile(fused16, "<export>", "exec")
+    assert "autotune_tiles(model, m=4, partials=2)" in fused16
     assert w.work({**config, "lm_head_bits": 8})[1] < moved  # the head's bytes: int8 and scales, not bf16
     head = w.export_python({**fused, "lm_head_bits": 8})
     compile(head, "<export>", "exec")

@@ -244,6 +244,27 @@ def test_partials_sum_to_the_product(interpreter: None, bits: int, case: tuple[i
         packed_matmul(x, weights, **{**tile, "SPLIT_K": 1}, STREAM=2, PARTIALS=1)
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("case", [PARTIAL_CASES[1], PARTIAL_CASES[3]], ids=["gemv", "swapped"])
+def test_16bit_partials_are_the_fp32_ones_rounded_once(interpreter: None, bits: int, case: tuple[int, ...]) -> None:
+    """``PARTIALS=2``: each split's partial product stored in X's dtype, the fp32 partial of ``PARTIALS=1`` rounded
+    once to it (the same accumulation, bit for bit), whose fp32 sum is Y within X's rounding."""
+    m, block_m, block_n, split_k, group, swap = case
+    k, n = 512, 40
+    weights, x, reference = _operands(m, k, n, bits, group, seed=m * 7 + bits)
+    tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "SPLIT_K": split_k, "num_warps": 4, "PREFETCH": 0, "SWAP": swap}
+    wide = packed_matmul(x, weights, **tile, PARTIALS=1)
+    half = packed_matmul(x, weights, **tile, PARTIALS=2)
+    assert half.dtype == x.dtype and tuple(half.shape) == (split_k, m, n)
+    assert torch.equal(half, wide.to(x.dtype))
+    assert _relative_error(half.sum(0, dtype=torch.float32), reference) < 2e-3
+    with pytest.raises(ValueError, match=rf"out must be contiguous \({split_k}, {m}, 40\) torch.float16"):
+        packed_matmul(x, weights, **tile, PARTIALS=2, out=wide)
+    with pytest.raises(ValueError, match="PARTIALS must be 0"):
+        packed_matmul(x, weights, **tile, PARTIALS=3)
+
+
 #: (M, BLOCK_M, BLOCK_N, SPLIT_K, STREAM, SWAP): the activation where Y is stored straight (one split), by the last
 #: of a tile's splits, and by the last program of a streamed share; GEMV and tensor-core paths, swapped.
 ACT_CASES = [(1, 1, 32, 1, 0, 0), (3, 1, 16, 4, 0, 0), (17, 16, 32, 2, 0, 2), (5, 16, 16, 1, 2, 0)]
@@ -368,7 +389,8 @@ def test_gpu_tma_and_swapped_tiles_agree(shape: tuple[int, int, int]) -> None:
 @pytest.mark.parametrize("shape", [(1, 2048, 2048), (1, 8192, 2040), (64, 2048, 6144)], ids=["m1", "m1-k8192", "m64"])
 def test_gpu_partials_sum_to_the_product(shape: tuple[int, int, int]) -> None:
     """On the GPU, ``PARTIALS`` tiles (GEMV, swapped and unswapped tensor-core tiles, TMA or not) leave partial
-    products, NaN-filled beforehand, that sum to the dequantized product at the decode step's shapes."""
+    products, NaN-filled beforehand, that sum to the dequantized product at the decode step's shapes; with
+    ``PARTIALS=2`` the same partials rounded to bf16."""
     m, k, n = shape
     gen = torch.Generator().manual_seed(k + n + m)
     x = torch.randn(m, k, generator=gen).to(torch.bfloat16).cuda()
@@ -388,6 +410,10 @@ def test_gpu_partials_sum_to_the_product(shape: tuple[int, int, int]) -> None:
         partials = packed_matmul(x, weights, **tile, PARTIALS=1, out=out)
         error = float((partials.sum(0) - reference).abs().max() / reference.abs().max())
         assert error < 4e-3, (tile, error)  # SWAP=3 rounds the scaled weights to bf16
+        half = packed_matmul(x, weights, **tile, PARTIALS=2, out=out.to(torch.bfloat16))
+        assert half.dtype == torch.bfloat16, tile
+        # each partial rounded once to bf16 (2**-9 relative; 2**-8 leaves room for another compile's fp32 order)
+        assert bool(((half.float() - partials).abs() <= partials.abs() * 2**-8 + 1e-30).all()), tile
 
 
 @pytest.mark.gpu
@@ -518,6 +544,27 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
     # TMA 2: X's span slices by tensor copies as well: no cp.async left, the wgmma reads them where they land
     assert wide["cp_async"] and x_tma["tma"] and not x_tma["cp_async"] and x_tma["mma"] == "wgmma", (wide, x_tma)
     assert all(line["shared"] <= 227 * 1024 for line in lines), lines
+
+
+_STORE_SCRIPT = """
+import json, re, sys
+from kernels.quant_gemm_packed import compile_for_target
+for job in json.loads(sys.argv[1]):
+    ptx = compile_or_skip(lambda: compile_for_target(*job["shape"], **job["config"], capability=90)).asm["ptx"]
+    print(json.dumps({**job, "stores": re.findall(r"st\\.global[.\\w]*", ptx)}), flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sm90_16bit_partials_store_half_the_vectors(aot_child: Any) -> None:
+    """The batch-64 qkv tile of the 1B step (64 rows, swapped, X by tensor copies, 4 splits) with ``PARTIALS=2``
+    stores its partial tile in 16-byte vectors as with fp32 partials, half as many of them."""
+    config = {"precision": "bf16", "group_size": 128, "num_warps": 4, "bits": 4, "BLOCK_M": 64, "BLOCK_N": 64,
+              "SPLIT_K": 4, "PREFETCH": 0, "num_stages": 3, "TMA": 2, "SWAP": 2}  # fmt: skip
+    jobs = [{"shape": [64, 6144, 2048], "config": {**config, "PARTIALS": store}} for store in (1, 2)]
+    wide, half = (line["stores"] for line in aot_child(_STORE_SCRIPT, json.dumps(jobs), timeout=110))
+    assert set(wide) == set(half) == {"st.global.v4.b32"}, (wide, half)
+    assert len(half) * 2 == len(wide), (wide, half)
 
 
 _ORDER_SCRIPT = """
