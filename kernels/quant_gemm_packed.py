@@ -357,10 +357,10 @@ def packed_matmul(
     """``Y = X @ dequant(weights)`` with one tile config, one kernel launch; returns Y (``out`` if given).
 
     ``PARTIALS``: the K splits are not summed; returns their partial products, ``(SPLIT_K, M, N)`` in fp32
-    (``PARTIALS=1``) or in X's dtype (``PARTIALS=2``) (``out`` if given, of that shape and dtype), whose sum
-    over the first axis is Y. A caller that adds them in the next
-    operation (``torch.compile`` fuses ``partials.sum(0)`` into it) skips split-K's reduction in the kernel: the
-    atomics, the arrival count and the last program's reads, a chain of round trips a small product waits on.
+    (``PARTIALS=1``) or in X's dtype (``PARTIALS=2``) (``out`` if given, of that shape and dtype), whose sum over
+    the first axis is Y. A caller that adds them in the next operation (``torch.compile`` fuses ``partials.sum(0)``
+    into it) skips split-K's reduction in the kernel: the atomics, the arrival count and the last program's reads, a
+    chain of round trips a small product waits on.
 
     ``x`` (M, K) bf16/fp16 with unit stride along K or not; ``out`` (M, N) in x's dtype. Launches
     asynchronously on the current stream; split-K's scratch is this module's (:func:`scratch`).
