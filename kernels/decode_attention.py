@@ -17,6 +17,9 @@ as a prefill kernel with one query row in a 16-row tile: one program per (batch,
   (quantized for an fp8 cache) and uses them from registers for that row, so no other kernel writes the cache.
 - **fp8 caches** (``float8_e4m3fn`` with one scale per layer and tensor) are read as fp8 and scaled in registers:
   half the bytes of bf16, where the SDPA path dequantizes the layer's whole cache to bf16 first.
+- **Split-K partials of the qkv product** (a packed int4/int8 ``PARTIALS`` tile, ``qkv`` ``[P, B, 1, 3 * H * D]``):
+  each program sums its head's P partial q, k and v rows in fp32 as it loads them, rounded to the output's dtype
+  as the summed product would be, so no kernel of its own sums the projection between the two.
 
 Everything runs under CUDA graphs: ``pos`` is read on the device, the grid and ``CHUNK`` depend only on shapes.
 :func:`decode_attention` is a ``torch.library`` operator that mutates the cache, so ``torch.compile`` calls it as it
@@ -69,9 +72,12 @@ def split_plan(batch_heads: int, max_len: int, sms: int, block_n: int = BLOCK_N)
 @triton.jit
 def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART_ACC, PART_ML, H, MAX_LEN, CHUNK,
                          qk_scale, D: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                         FP8: tl.constexpr, PDL: tl.constexpr = False):  # fmt: skip
+                         FP8: tl.constexpr, PDL: tl.constexpr = False, PARTS: tl.constexpr = 0,
+                         PART_STRIDE=0):  # fmt: skip
     """Program (b * H + h, s): positions ``[s * CHUNK, min((s + 1) * CHUNK, pos + 1))`` of head h's cache;
-    ``QKV`` is the qkv projection ``[B, 1, 3 * H * D]`` (q, then k, then v, each head's D contiguous).
+    ``QKV`` is the qkv projection ``[B, 1, 3 * H * D]`` (q, then k, then v, each head's D contiguous), or with
+    ``PARTS`` > 0 its ``PARTS`` split-K partial products ``PART_STRIDE`` elements apart, summed here in fp32 and
+    rounded to ``OUT``'s dtype (the projection's own rounding).
 
     ``PDL`` (a programmatic dependent of the kernel before, the qkv projection): the chunk's first ``BLOCK_N``
     cache rows are read before waiting for that kernel, since no kernel of this step writes them (the row at
@@ -94,9 +100,21 @@ def _decode_split_kernel(QKV, K_CACHE, V_CACHE, K_SCALE, V_SCALE, POS, OUT, PART
         gdc_wait()
     pos = tl.load(POS).to(tl.int32)  # int32 row arithmetic (max_len < 2^31)
     row = QKV + b * 3 * H * D + h * D
-    q = tl.load(row + offs_d).to(tl.float32) * qk_scale  # base-2 scores: sm_scale * log2(e) folded into q
-    k_new = tl.load(row + H * D + offs_d).to(tl.float32)
-    v_new = tl.load(row + 2 * H * D + offs_d).to(tl.float32)
+    if PARTS:
+        q = tl.zeros((D,), tl.float32)
+        k_new = tl.zeros((D,), tl.float32)
+        v_new = tl.zeros((D,), tl.float32)
+        for part in tl.static_range(PARTS):
+            q += tl.load(row + part * PART_STRIDE + offs_d).to(tl.float32)
+            k_new += tl.load(row + part * PART_STRIDE + H * D + offs_d).to(tl.float32)
+            v_new += tl.load(row + part * PART_STRIDE + 2 * H * D + offs_d).to(tl.float32)
+        q = q.to(OUT.dtype.element_ty).to(tl.float32) * qk_scale
+        k_new = k_new.to(OUT.dtype.element_ty).to(tl.float32)
+        v_new = v_new.to(OUT.dtype.element_ty).to(tl.float32)
+    else:
+        q = tl.load(row + offs_d).to(tl.float32) * qk_scale  # base-2 scores: sm_scale * log2(e) folded into q
+        k_new = tl.load(row + H * D + offs_d).to(tl.float32)
+        v_new = tl.load(row + 2 * H * D + offs_d).to(tl.float32)
     if FP8:
         k_scale = tl.load(K_SCALE)
         v_scale = tl.load(V_SCALE)
@@ -190,8 +208,13 @@ def _decode_combine_kernel(OUT, PART_ACC, PART_ML, D: tl.constexpr, SPLITS: tl.c
 
 def check_operands(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, heads: int) -> str | None:
     """Why :func:`decode_attention` cannot take these tensors (None when it can)."""
-    if qkv.ndim != 3 or qkv.shape[1] != 1 or not qkv.is_contiguous():
-        return f"qkv must be a contiguous [B, 1, 3 * H * D] tensor, got {tuple(qkv.shape)} strides {qkv.stride()}"
+    if qkv.ndim not in (3, 4) or qkv.shape[-2] != 1 or not qkv.is_contiguous():
+        return (
+            f"qkv must be a contiguous [B, 1, 3 * H * D] tensor or [P, B, 1, 3 * H * D] partials, got "
+            f"{tuple(qkv.shape)} strides {qkv.stride()}"
+        )
+    if qkv.ndim == 4:
+        qkv = qkv[0]
     if k_cache.ndim != 4 or k_cache.shape != v_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return f"the caches must be contiguous [B, H, max_len, D] of one shape, got {tuple(k_cache.shape)}, " \
                f"{tuple(v_cache.shape)}"  # fmt: skip
@@ -213,10 +236,11 @@ def _pdl_options(pdl: bool) -> dict[str, bool]:
 
 def _launch(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
             v_scale: torch.Tensor, index: torch.Tensor, block_n: int, num_warps: int,
-            pdl: bool) -> torch.Tensor:  # fmt: skip
+            pdl: bool, out_dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
     batch, heads, max_len, d = k_cache.shape
     splits, chunk = split_plan(batch * heads, max_len, _sm_count(qkv.device), block_n)
-    out = torch.empty((batch, 1, heads, d), device=qkv.device, dtype=qkv.dtype)
+    out = torch.empty((batch, 1, heads, d), device=qkv.device, dtype=out_dtype)
+    parts = {"PARTS": qkv.shape[0], "PART_STRIDE": qkv.stride(0)} if qkv.ndim == 4 else {}
     part_acc = torch.empty((batch * heads * splits, d), device=qkv.device, dtype=torch.float32)
     part_ml = torch.empty((batch * heads * splits, 2), device=qkv.device, dtype=torch.float32)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
@@ -224,7 +248,7 @@ def _launch(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_s
     launch = _pdl_options(pdl and not interpreter_active())  # the interpreter has no programmatic launches
     _decode_split_kernel[(batch * heads, splits)](
         qkv, k_cache, v_cache, k_scale, v_scale, index, out, part_acc, part_ml, heads, max_len, chunk, qk_scale,
-        D=d, BLOCK_N=block_n, SPLITS=splits, FP8=fp8, num_warps=num_warps, **launch,
+        D=d, BLOCK_N=block_n, SPLITS=splits, FP8=fp8, num_warps=num_warps, **parts, **launch,
     )  # fmt: skip
     if splits > 1:
         _decode_combine_kernel[(batch * heads,)](out, part_acc, part_ml, D=d, SPLITS=splits,
@@ -236,14 +260,16 @@ def _launch(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_s
 @torch.library.custom_op("tuner::decode_attention", mutates_args=("k_cache", "v_cache"))
 def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
                      v_scale: torch.Tensor, index: torch.Tensor, heads: int, block_n: int = BLOCK_N,
-                     num_warps: int = 4, pdl: bool = False) -> torch.Tensor:  # fmt: skip
+                     num_warps: int = 4, pdl: bool = False,
+                     out_dtype: torch.dtype | None = None) -> torch.Tensor:  # fmt: skip
     """One decode step's attention for every sequence and head: stores the step's key and value (from ``qkv``,
     the ``[B, 1, 3 * H * D]`` projection) at position ``index`` (a 1-element int64 device tensor) of ``k_cache``
     and ``v_cache`` (``[B, H, max_len, D]``; fp8 ones hold ``x / scale`` with the 0-dim fp32 ``k_scale`` /
-    ``v_scale``) and returns softmax(q K^T / sqrt(D)) V over positions ``0..index`` as ``[B, 1, H, D]`` in qkv's
-    dtype. ``block_n``: cache rows a program reads per step (one of :data:`BLOCK_NS`); ``num_warps`` 1-8;
-    ``pdl``: both kernels launched as programmatic dependents (Hopper), the split kernel reading its first cache
-    rows before it waits for the kernel before."""
+    ``v_scale``) and returns softmax(q K^T / sqrt(D)) V over positions ``0..index`` as ``[B, 1, H, D]`` in
+    ``out_dtype`` (default: qkv's dtype). ``qkv`` may also be the projection's split-K partial products
+    ``[P, B, 1, 3 * H * D]`` (fp32 or 16-bit), summed here. ``block_n``: cache rows a program reads per step (one
+    of :data:`BLOCK_NS`); ``num_warps`` 1-8; ``pdl``: both kernels launched as programmatic dependents (Hopper),
+    the split kernel reading its first cache rows before it waits for the kernel before."""
     reason = check_operands(qkv, k_cache, v_cache, heads)
     if block_n not in BLOCK_NS:
         reason = f"block_n must be one of {BLOCK_NS}, got {block_n!r}"
@@ -251,27 +277,33 @@ def decode_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         reason = f"num_warps must be 1, 2, 4 or 8, got {num_warps!r}"
     if reason:
         raise ValueError(reason)
-    return _launch(qkv, k_cache, v_cache, k_scale, v_scale, index, block_n, num_warps, pdl)
+    return _launch(qkv, k_cache, v_cache, k_scale, v_scale, index, block_n, num_warps, pdl, out_dtype or qkv.dtype)
 
 
 @decode_attention.register_fake
 def _decode_attention_shape(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: torch.Tensor,
                             v_scale: torch.Tensor, index: torch.Tensor, heads: int, block_n: int = BLOCK_N,
-                            num_warps: int = 4, pdl: bool = False) -> torch.Tensor:  # fmt: skip
+                            num_warps: int = 4, pdl: bool = False,
+                            out_dtype: torch.dtype | None = None) -> torch.Tensor:  # fmt: skip
     batch, _, _, d = k_cache.shape
-    return qkv.new_empty((batch, 1, heads, d))
+    return qkv.new_empty((batch, 1, heads, d), dtype=out_dtype or qkv.dtype)
 
 
 def compile_for_target(batch: int, heads: int, max_len: int, head_dim: int, *, cache_dtype: torch.dtype,
                        dtype: torch.dtype = torch.bfloat16, sms: int = 132, block_n: int = BLOCK_N,
-                       num_warps: int = 4, pdl: bool = False, capability: int = 90) -> list:  # fmt: skip
+                       num_warps: int = 4, pdl: bool = False, parts: int = 0, parts_dtype: torch.dtype | None = None,
+                       capability: int = 90) -> list:  # fmt: skip
     """``triton.compile`` of the kernels :func:`decode_attention` launches for these shapes (the split kernel, and
-    the combine when there is more than one split) for ``GPUTarget("cuda", capability, 32)``, no GPU needed."""
+    the combine when there is more than one split) for ``GPUTarget("cuda", capability, 32)``, no GPU needed.
+    ``parts``: qkv given as that many split-K partials of ``parts_dtype`` (default fp32)."""
     from kernels.attention import compile_jit_for_target, mock_tensor_class
 
     MockTensor = mock_tensor_class()
     splits, chunk = split_plan(batch * heads, max_len, sms, block_n)
-    qkv = MockTensor(dtype, [batch, 1, 3 * heads * head_dim])
+    if parts:
+        qkv = MockTensor(parts_dtype or torch.float32, [parts, batch, 1, 3 * heads * head_dim])
+    else:
+        qkv = MockTensor(dtype, [batch, 1, 3 * heads * head_dim])
     caches = [MockTensor(cache_dtype, [batch, heads, max_len, head_dim]) for _ in range(2)]
     scales = [MockTensor(torch.float32, []) for _ in range(2)]
     out = MockTensor(dtype, [batch, 1, heads, head_dim])
@@ -282,6 +314,8 @@ def compile_for_target(batch: int, heads: int, max_len: int, head_dim: int, *, c
     launch = _pdl_options(pdl)
     meta = {"D": head_dim, "BLOCK_N": block_n, "SPLITS": splits, "FP8": cache_dtype == torch.float8_e4m3fn,
             "num_warps": num_warps, **launch}  # fmt: skip
+    if parts:
+        meta |= {"PARTS": parts, "PART_STRIDE": batch * 3 * heads * head_dim}
     kernels = [compile_jit_for_target(_decode_split_kernel, args, meta, capability)]
     if splits > 1:
         kernels.append(compile_jit_for_target(

@@ -292,9 +292,14 @@ class CausalSelfAttention(nn.Module):
         if self.attention == "flash_decode":  # the kernel writes the step's key and value and attends
             from kernels.decode_attention import decode_attention
 
-            qkv = self.qkv(x)
-            y = decode_attention(qkv.contiguous(), cache.k[layer], cache.v[layer], cache.k_scale[layer],
-                                 cache.v_scale[layer], index, self.n_heads, pdl=self.decode_pdl)  # fmt: skip
+            # a quantized qkv whose split-K partials the attention kernel sums as it loads them (no kernel between)
+            partials = self.qkv.partials(x) if hasattr(self.qkv, "partials") else None
+            if partials is None:
+                qkv = self.qkv(x).contiguous()
+            else:
+                qkv = partials.view(partials.shape[0], x.shape[0], 1, -1)
+            y = decode_attention(qkv, cache.k[layer], cache.v[layer], cache.k_scale[layer], cache.v_scale[layer],
+                                 index, self.n_heads, pdl=self.decode_pdl, out_dtype=x.dtype)  # fmt: skip
             return self.proj(y.view(x.shape[0], 1, -1))
         q, k, v = self._split(x)
         cache.write_at(layer, k, v, index)

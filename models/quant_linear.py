@@ -242,6 +242,19 @@ class QuantLinear(nn.Module):
             self._tiles[key] = tile
         return tile
 
+    def partials(self, x: torch.Tensor) -> torch.Tensor | None:
+        """``x``'s product as its ``SPLIT_K`` partials ``(SPLIT_K, M, N)`` (fp32 or x's dtype) where this layer runs
+        it on the packed kernel with a ``PARTIALS`` tile and no bias, for a next operation that sums them itself
+        (:func:`kernels.decode_attention.decode_attention`); None otherwise (call the layer)."""
+        x2 = x.reshape(-1, self.in_features)
+        if self.bias is not None or self.kernel != "packed" or not self._kernel_wanted(x2):
+            return None
+        tile = self._tile(x2.shape[0], x2.device)
+        if not tile.get("PARTIALS"):
+            return None
+        args = (x2, self.qweight, self.scales, self.bits, self.group_size, list(tile), [int(v) for v in tile.values()])
+        return packed_linear_partials(*args)
+
     def forward(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
         """``x @ dequant(W) + bias``; ``activation`` ``"gelu_tanh"``: GELU (tanh approximation) of that, applied in
         the packed kernel's epilogue (its ``ACT``) where the product runs there without a bias or ``PARTIALS``,

@@ -80,6 +80,36 @@ def test_decode_attention_matches_fp32_math_and_writes_only_its_row(cache_dtype:
                 assert torch.equal(cache.view(torch.uint8), after.view(torch.uint8)), (batch, pos)
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("parts_dtype", ["float32", "bfloat16"])
+def test_split_k_partials_of_qkv_are_summed_as_the_product_would_be(parts_dtype: str) -> None:
+    """qkv given as P split-K partials ``[P, B, 1, 3 * H * D]`` (a packed ``PARTIALS`` product, fp32 or 16-bit):
+    the kernel sums them in fp32 and rounds to ``out_dtype``, so the output and the cache (bf16 and fp8) are those of
+    the summed bf16 projection, bit for bit, with several splits of the cache and one. The partials are multiples
+    of 1/16 under 2, so their sum is exact in bf16: the interpreter rounds fp32 to bf16 toward zero, the GPU (and
+    torch) to nearest."""
+    from kernels.decode_attention import decode_attention
+
+    for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        for batch, heads, max_len, d in ((1, 4, 200, 64), (16, 2, 70, 32)):
+            _, k_cache, v_cache, k_scale, v_scale = _case(batch, heads, max_len, d, cache_dtype, seed=batch)
+            gen = torch.Generator().manual_seed(batch + 1)
+            grid = torch.randint(-31, 32, (3, batch, 1, 3 * heads * d), generator=gen) / 16
+            parts = grid.to(getattr(torch, parts_dtype))
+            summed = parts.float().sum(0).to(torch.bfloat16)
+            assert torch.equal(summed.float(), parts.float().sum(0))  # exact: no rounding on either side
+            index = torch.tensor([37])
+            caches = (k_cache.clone(), v_cache.clone())
+            want = decode_attention(summed, k_cache, v_cache, k_scale, v_scale, index, heads)
+            got = decode_attention(parts, *caches, k_scale, v_scale, index, heads, out_dtype=torch.bfloat16)
+            assert got.dtype == torch.bfloat16 and torch.equal(got, want), (cache_dtype, batch)
+            for cache, after in zip(caches, (k_cache, v_cache), strict=True):
+                assert torch.equal(cache.view(torch.uint8), after.view(torch.uint8)), (cache_dtype, batch)
+            wrong = decode_attention(parts[:2].contiguous(), *caches, k_scale, v_scale, index, heads,
+                                     out_dtype=torch.bfloat16)  # fmt: skip
+            assert not torch.equal(wrong, want)  # a partial left out shows
+
+
 def test_split_plan_covers_the_cache_with_about_two_programs_an_sm() -> None:
     """Chunks are whole blocks of 32 positions and cover ``max_len`` with no empty split; the programs come to
     about two an SM where the cache has blocks enough, one split per (batch, head) where there are as many."""
@@ -100,6 +130,8 @@ def test_operand_checks_name_what_is_wrong() -> None:
     qkv, k_cache, v_cache, k_scale, v_scale = _case(2, 4, 64, 32, torch.bfloat16, seed=0)
     assert check_operands(qkv, k_cache, v_cache, 4) is None
     assert "contiguous [B, 1, 3 * H * D]" in check_operands(qkv.transpose(0, 1), k_cache, v_cache, 4)
+    assert check_operands(torch.stack([qkv, qkv]), k_cache, v_cache, 4) is None  # two split-K partials
+    assert "does not match" in check_operands(torch.stack([qkv, qkv])[:, :1].contiguous(), k_cache, v_cache, 4)
     assert "does not match" in check_operands(qkv, k_cache, v_cache, 2)
     assert "one shape" in check_operands(qkv, k_cache, v_cache[:, :, :32].contiguous(), 4)
     narrow = torch.zeros(2, 4, 64, 24, dtype=torch.bfloat16)
@@ -173,6 +205,32 @@ def test_kernels_compile_for_sm90_with_vector_loads(aot_child: Any) -> None:
             assert line["loads_before_wait"] >= 2 and all(line["launch_dependents"]) and all(line["launch_pdl"]), line
         else:
             assert line["loads_before_wait"] is None and not any(line["launch_pdl"]), line
+
+
+_PARTS_SCRIPT = """
+import json, sys
+import torch
+from kernels.decode_attention import compile_for_target
+for parts, dtype in json.loads(sys.argv[1]):
+    kernels = compile_or_skip(lambda: compile_for_target(64, 16, 576, 128, cache_dtype=torch.bfloat16, parts=parts,
+                                                         parts_dtype=getattr(torch, dtype), pdl=True))
+    ptx = kernels[0].asm["ptx"]
+    wait = ptx.find("griddepcontrol.wait")
+    print(json.dumps({"parts": parts, "dtype": dtype, "kernels": len(kernels),
+                      "loads_after_wait": ptx.count("ld.global", wait)}), flush=True)
+"""
+
+
+@pytest.mark.timeout(200)
+def test_kernel_with_qkv_partials_compiles_for_sm90(aot_child: Any) -> None:
+    """sm_90 compiles of the split kernel at batch 64 (one split: no combine kernel) taking qkv as 4 split-K
+    partials, fp32 and bf16: it loads more after its wait for the product than with the summed qkv (4 rows of q,
+    k and v instead of one)."""
+    jobs = [[0, "bfloat16"], [4, "float32"], [4, "bfloat16"]]
+    summed, wide, half = aot_child(_PARTS_SCRIPT, json.dumps(jobs), timeout=190)
+    assert summed["kernels"] == wide["kernels"] == half["kernels"] == 1, (summed, wide, half)
+    assert wide["loads_after_wait"] > summed["loads_after_wait"], (summed, wide)
+    assert half["loads_after_wait"] > summed["loads_after_wait"], (summed, half)
 
 
 @pytest.mark.gpu

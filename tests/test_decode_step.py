@@ -174,6 +174,40 @@ def test_partials_tile_leaves_its_sum_to_the_graph(interpreter: None, store: int
     assert op.meta["example_value"].dtype == (torch.float16 if store == 2 else torch.float32)
 
 
+@pytest.mark.timeout(300)
+def test_flash_decode_takes_the_qkv_partials_unsummed(interpreter: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a ``PARTIALS`` tile on a packed qkv, ``flash_decode`` hands the projection's split-K partials to the
+    decode kernel as they are (no sum between the two products' kernels): the logits of three steps are those of
+    the step that sums them first, within the rounding of q, k and v to bf16."""
+    import kernels.decode_attention as decode_attention
+    from models.config import GPTConfig
+    from models.quant_linear import pack_linears
+
+    cfg = GPTConfig(vocab_size=64, n_layers=1, d_model=256, n_heads=4, seq_len=16)
+    base = make_model(cfg, seed=0, device="cpu", dtype=torch.bfloat16, attention="flash_decode")
+    model = pack_linears(quantize_linears(base, 4, 128, use_kernel=True))
+    qkv = model.blocks[0].attn.qkv
+    assert isinstance(qkv, QuantLinear)
+    qkv.set_tile(2, {"BLOCK_M": 1, "BLOCK_N": 64, "SPLIT_K": 2, "num_warps": 4, "PREFETCH": 0, "PARTIALS": 1},
+                 device="cpu")  # fmt: skip
+    launched: list[int] = []
+    launch = decode_attention._launch
+    monkeypatch.setattr(decode_attention, "_launch", lambda qkv, *args: launched.append(qkv.ndim) or launch(qkv, *args))
+    tokens = torch.randint(0, 64, (2, 3), generator=torch.Generator().manual_seed(1))
+
+    def logits() -> torch.Tensor:
+        cache = model.init_cache(2, 16, torch.bfloat16)
+        with torch.no_grad():
+            return torch.cat([model.decode(tokens[:, p : p + 1], cache, p) for p in range(3)], dim=1).float()
+
+    unsummed = logits()
+    assert launched == [4, 4, 4]  # [P, B, 1, 3 * H * D]: the partials themselves
+    monkeypatch.setattr(QuantLinear, "partials", lambda self, x: None)
+    summed = logits()
+    assert launched[3:] == [3, 3, 3]
+    assert float((unsummed - summed).abs().max() / summed.abs().max()) < 2e-2
+
+
 def test_partial_candidates_are_split_tiles_left_unsummed() -> None:
     from models.quant_tiles import partial_candidates
 
