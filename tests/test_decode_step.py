@@ -177,8 +177,9 @@ def test_partials_tile_leaves_its_sum_to_the_graph(interpreter: None, store: int
 @pytest.mark.timeout(300)
 def test_flash_decode_takes_the_qkv_partials_unsummed(interpreter: None, monkeypatch: pytest.MonkeyPatch) -> None:
     """With a ``PARTIALS`` tile on a packed qkv, ``flash_decode`` hands the projection's split-K partials to the
-    decode kernel as they are (no sum between the two products' kernels): the logits of three steps are those of
-    the step that sums them first, within the rounding of q, k and v to bf16."""
+    decode kernel as they are (no sum between the two products' kernels, eagerly and as torch.compile traces the
+    step): the logits of three steps are those of the step that sums them first, within the rounding of q, k and v
+    to bf16."""
     import kernels.decode_attention as decode_attention
     from models.config import GPTConfig
     from models.quant_linear import pack_linears
@@ -202,9 +203,21 @@ def test_flash_decode_takes_the_qkv_partials_unsummed(interpreter: None, monkeyp
 
     unsummed = logits()
     assert launched == [4, 4, 4]  # [P, B, 1, 3 * H * D]: the partials themselves
+    # traced as torch.compile traces the step: the partials operator feeds the decode operator, nothing sums them
+    torch._dynamo.reset()
+    decode, graphs = _compiled_capturing(model.decode)
+    cache = model.init_cache(2, 16, torch.bfloat16)
+    with torch.no_grad():
+        traced = torch.cat([decode(tokens[:, p : p + 1], cache, torch.tensor(p)) for p in range(3)], dim=1)
+    torch.testing.assert_close(traced.float(), unsummed)
+    nodes = [node for gm in graphs for node in gm.graph.nodes]
+    op = next(node for node in nodes if "tuner.packed_linear_partials" in str(node.target))
+    assert not any("sum" in str(user.target) for user in op.users), list(op.users)
+    assert any("tuner.decode_attention" in str(node.target) for node in nodes)
+    launched.clear()
     monkeypatch.setattr(QuantLinear, "partials", lambda self, x: None)
     summed = logits()
-    assert launched[3:] == [3, 3, 3]
+    assert launched == [3, 3, 3]
     assert float((unsummed - summed).abs().max() / summed.abs().max()) < 2e-2
 
 
