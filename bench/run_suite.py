@@ -137,6 +137,14 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "tests/test_decode_attention.py tests/test_gpt_model.py".split(),
     ),
     ("decode-attention", 60, "bench/decode_attention.py --out {out}.json".split()),
+    # 16-bit split-K partials (PARTIALS=2) and the decode kernel summing qkv's partials: their first GPU checks
+    (
+        "gpu-tests-partials",
+        120,
+        "bench/gpu_tests.py --timeout 420 --out {out}.json --what split-K-partials-16-bit-and-in-decode-attention "
+        "tests/test_quant_gemm_packed.py::test_gpu_partials_sum_to_the_product tests/test_decode_attention.py "
+        "tests/test_decode_step.py::test_decode_on_gpu_split_sums_at_64_rows_keep_the_in_kernel_sums_logits".split(),
+    ),
     (
         "decode-b64-parts",
         300,
@@ -232,7 +240,14 @@ STEPS: list[tuple[str, float, list[str]]] = [
 #: Steps that run kernel modes no GPU has run yet, and the GPU tests of those modes: the step runs only once its
 #: tests passed, in this run or (``--passed``) an earlier one, so that a mode that hangs or computes garbage does
 #: not cost the step's minutes as well.
-AFTER: dict[str, str] = {"decode-shapes-wide": "gpu-tests-quant-ws", "int4-ws-pdl": "gpu-tests-quant-ws"}
+AFTER: dict[str, str] = {
+    "decode-shapes-wide": "gpu-tests-quant-ws",
+    "int4-ws-pdl": "gpu-tests-quant-ws",
+    # split-K partials read by the decode attention kernel (fused, fused16) and stored in 16 bits (fused16)
+    "decode-fused-rows": "gpu-tests-partials",
+    "decode-fused-rows-seed1": "gpu-tests-partials",
+    "decode-b64-fused16": "gpu-tests-partials",
+}
 
 
 def blocked_by(name: str, passed: set[str]) -> str | None:

@@ -980,6 +980,28 @@ def test_decode_on_gpu_graphs_match_eager_and_quantization_is_faster(batch: int)
     assert results["int4-gptq-graphs"]["peak_mem_gb"] == pytest.approx(results["int4-graphs"]["peak_mem_gb"], rel=0.01)
 
 
+@gpu_test
+def test_decode_on_gpu_split_sums_at_64_rows_keep_the_in_kernel_sums_logits() -> None:
+    """At 64 rows (where ``PARTIALS`` tiles are offered) the compiled, graphed flash_decode step with split-K's sums
+    left to the next operation in fp32 (``fused``) or 16 bits (``fused16``; the qkv partials summed by the decode
+    kernel) runs and agrees with the step that sums them in the kernel, up to bf16 rounding."""
+    device = _cuda()
+    w = DecodeStep(model="125m", prompt_len=64, gen_tokens=8, batch=64, train_steps=150)
+    base = {"weight_bits": 4, "group_size": 128, "quant_kernel": "packed", "kv_dtype": "bf16",
+            "attention": "flash_decode", "cuda_graphs": True, "compile": "default"}  # fmt: skip
+    results = {}
+    for sums in ("kernel", "fused", "fused16"):
+        config = {**base, "split_sums": sums}
+        assert w.static_check(config, device) is None
+        result = w.run(config, device, TrialContext())
+        assert result.status == TrialStatus.OK, (sums, result.error)
+        results[sums] = result.metrics
+        print(sums, {k: round(v, 4) for k, v in result.metrics.items()})
+    for sums in ("fused", "fused16"):
+        for metric in ("top1_agreement", "mean_logit_error"):
+            assert results[sums][metric] == pytest.approx(results["kernel"][metric], abs=0.02), (sums, metric)
+
+
 def test_tuners_keep_only_the_tiles_that_compile_in_their_order() -> None:
     """Both tile tuners filter their candidates through one thread-pooled compile: a tile whose compile raises
     (any error: a compile failure, shared memory) is dropped, the others keep their order."""
