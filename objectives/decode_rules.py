@@ -23,9 +23,10 @@ QUANT_KERNELS: tuple[str, ...] = ("tiled", "packed")
 COMPILE_MODES: tuple[str, ...] = ("off", "default")
 #: Where a packed split-K tile's partial products are summed: in the kernel (atomics, the last program writes Y)
 #: or by the next operation of the compiled step (``PARTIALS`` tiles, :func:`models.quant_tiles.partial_candidates`),
-#: the partials in fp32 (``fused``) or in the activations' 16-bit dtype (``fused16``: half the bytes).
-#: Each value's ``PARTIALS`` store (:func:`models.quant_linear.autotune_tiles`' ``partials``).
+#: the partials in fp32 (``fused``) or in the activations' 16-bit dtype (``fused16``: half the bytes); each
+#: value's ``PARTIALS`` store (:func:`models.quant_linear.autotune_tiles`' ``partials``).
 PARTIALS_STORE: dict[str, int] = {"kernel": 0, "fused": 1, "fused16": 2}
+#: The ``split_sums`` values.
 SPLIT_SUMS: tuple[str, ...] = tuple(PARTIALS_STORE)
 
 
