@@ -250,10 +250,11 @@ class QuantLinear(nn.Module):
         if self.bias is not None or self.kernel != "packed" or not self._kernel_wanted(x2):
             return None
         tile = self._tile(x2.shape[0], x2.device)
-        if not tile.get("PARTIALS"):
-            return None
-        args = (x2, self.qweight, self.scales, self.bits, self.group_size, list(tile), [int(v) for v in tile.values()])
-        return packed_linear_partials(*args)
+        return packed_linear_partials(*self._op_args(x2, tile)) if tile.get("PARTIALS") else None
+
+    def _op_args(self, x2: torch.Tensor, tile: dict[str, int]) -> tuple[Any, ...]:
+        """The packed operators' arguments for the (M, K) ``x2`` and ``tile`` (its knobs as names and values)."""
+        return x2, self.qweight, self.scales, self.bits, self.group_size, list(tile), [int(v) for v in tile.values()]
 
     def forward(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
         """``x @ dequant(W) + bias``; ``activation`` ``"gelu_tanh"``: GELU (tanh approximation) of that, applied in
@@ -270,15 +271,7 @@ class QuantLinear(nn.Module):
             tile = self._tile(x2.shape[0], x2.device)
             if activation and self.bias is None and not tile.get("PARTIALS"):
                 tile, fused = {**tile, "ACT": 1}, True
-            args = (
-                x2,
-                self.qweight,
-                self.scales,
-                self.bits,
-                self.group_size,
-                list(tile),
-                [int(v) for v in tile.values()],
-            )
+            args = self._op_args(x2, tile)
             if tile.get("PARTIALS"):  # summed (in fp32) by whatever reads y: under torch.compile, in that kernel
                 y = packed_linear_partials(*args).sum(0, dtype=torch.float32).to(x.dtype)
             else:

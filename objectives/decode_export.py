@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from objectives.decode_rules import PARTIALS_STORE
+from objectives.decode_rules import partials_store
 from objectives.decode_weights import CALIBRATION_LEN, CALIBRATION_SEQUENCES
 from tuner.workload import comment_text
 
@@ -62,8 +62,7 @@ def decoder_source(e: dict[str, Any]) -> str:
     if e["weight_bits"] != 16:
         # split_sums=fused(16): split-K tiles may leave their partial products (fp32, or 16-bit: partials=2) to the
         # next operation (torch.compile sums them there)
-        store = PARTIALS_STORE[e.get("split_sums") or "kernel"]
-        partials = {0: "", 1: ", partials=True", 2: ", partials=2"}[store]
+        partials = {0: "", 1: ", partials=True", 2: ", partials=2"}[partials_store(e)]
         pdl = ", pdl=True" if e.get("pdl") else ""  # the warp-specialized tiles launched as programmatic dependents
         lines.append(
             f"autotune_tiles(model, m={e['batch']!r}{partials}{pdl})  # times kernel tiles per Linear shape (GPU only)"

@@ -163,7 +163,7 @@ def static_violation(
     sums = config.get("split_sums")
     if sums is not None and sums not in SPLIT_SUMS:
         return f"split_sums must be one of {SPLIT_SUMS}, got {sums!r}"
-    if sums in ("fused", "fused16") and (compile_mode(config) == "off" or quant_kernel(config) != "packed"):
+    if partials_store(config) and (compile_mode(config) == "off" or quant_kernel(config) != "packed"):
         return (
             f"split_sums={sums} leaves split-K's sums to the next operation, which only torch.compile fuses them "
             "into: it needs compile=default and quant_kernel=packed"
