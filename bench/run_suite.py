@@ -185,6 +185,14 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "int4_packed_compiled_gptq_all_fused int4_packed_compiled_gptq_all_fused16 bf16_compiled_flash_pdl_fp8kv "
         "int4_packed_compiled_gptq_all_fused16_fp8kv --out {out}.json".split(),
     ),
+    # batch 64 on the second weight set (batches 1 and 8 of it are measured; below 32 rows `all`, `fused` and
+    # `fused16` run the same kernels), fp32 and 16-bit partials against the best bf16 step
+    (
+        "decode-b64-seed1",
+        240,
+        "bench/int4_decode.py --batches 64 --seeds 1 --rounds 2 --gen-tokens 64 --names bf16_compiled_flash_pdl "
+        "int4_packed_compiled_gptq_all_fused int4_packed_compiled_gptq_all_fused16 --out {out}.json".split(),
+    ),
     (
         "decode-head-shapes",
         120,
@@ -247,6 +255,7 @@ AFTER: dict[str, str] = {
     "decode-fused-rows": "gpu-tests-partials",
     "decode-fused-rows-seed1": "gpu-tests-partials",
     "decode-b64-fused16": "gpu-tests-partials",
+    "decode-b64-seed1": "gpu-tests-partials",
 }
 
 
