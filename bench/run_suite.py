@@ -224,8 +224,8 @@ STEPS: list[tuple[str, float, list[str]]] = [
     ),
     (
         "int4-ws-pdl",
-        240,
-        "bench/int4_ws.py --ms 1,64 --bits 4 --pdl --prior bench/results/int4-roofline-xtma-h200.json "
+        300,
+        "bench/int4_ws.py --ms 1,64 --bits 4,8 --pdl --prior bench/results/int4-roofline-xtma-h200.json "
         "--out {out}.json".split(),
     ),
     # issue 13's LLM-shape GEMMs: the standing two and four more Llama-8B projections at 8192-16384 tokens
