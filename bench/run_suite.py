@@ -169,13 +169,6 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/int4_decode.py --batches 1 8 64 --seeds 0 --rounds 2 --gen-tokens 64 --names bf16_compiled_flash_pdl "
         "int4_packed_compiled_gptq_all int4_packed_compiled_gptq_all_fused --out {out}.json".split(),
     ),
-    # the second weight set at batches 1, 8 and 64 (batch 64 not yet measured on it), the same three steps
-    (
-        "decode-fused-rows-seed1",
-        500,
-        "bench/int4_decode.py --batches 1 8 64 --seeds 1 --rounds 2 --gen-tokens 64 --names bf16_compiled_flash_pdl "
-        "int4_packed_compiled_gptq_all int4_packed_compiled_gptq_all_fused --out {out}.json".split(),
-    ),
     # batch 64 with split-K's partials stored in bf16 (split_sums: fused16, half the bytes between the product and
     # the operation that sums them) against fp32 partials and the best bf16 step, with a bf16 cache and an fp8 one
     (
@@ -253,7 +246,6 @@ AFTER: dict[str, str] = {
     "int4-ws-pdl": "gpu-tests-quant-ws",
     # split-K partials read by the decode attention kernel (fused, fused16) and stored in 16 bits (fused16)
     "decode-fused-rows": "gpu-tests-partials",
-    "decode-fused-rows-seed1": "gpu-tests-partials",
     "decode-b64-fused16": "gpu-tests-partials",
     "decode-b64-seed1": "gpu-tests-partials",
 }
