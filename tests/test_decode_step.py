@@ -383,7 +383,7 @@ def test_space_seeds_and_the_batch_arg(monkeypatch: pytest.MonkeyPatch) -> None:
         for s in space.seeds[1:3]
     ]
     assert measured == [
-        ("flash_decode", 8, True, True, "fused"),  # PARTIALS tiles from 32 rows: batch 64's fastest int4
+        ("flash_decode", 8, True, True, "fused16"),  # 16-bit PARTIALS tiles from 32 rows: batch 64's fastest int4
         ("flash_decode", None, None, True, None),
     ]
     assert seeds == [
