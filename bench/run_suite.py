@@ -217,7 +217,7 @@ STEPS: list[tuple[str, float, list[str]]] = [
     ),
     (
         "int4-ws-pdl",
-        300,
+        120,  # 55 s on an H100 (int4-roofline-ws-pdl-int8-h100.json)
         "bench/int4_ws.py --ms 1,64 --bits 4,8 --pdl --prior bench/results/int4-roofline-xtma-h200.json "
         "--out {out}.json".split(),
     ),
