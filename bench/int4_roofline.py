@@ -282,7 +282,7 @@ def sweep(bench: Bench, m: int, failed: dict[str, str], families: tuple[str, ...
     for family in families:
         configs = packed_candidates(m, bench.bits) if family == "packed" else old_candidates(m, bench.bits)
         for config in configs:
-            key = _key(family, bench.bits, m, config)
+            key = _key(family, bench.bits, m, bench.k, config)
             if key in failed:
                 continue
             try:
@@ -302,10 +302,10 @@ def sweep(bench: Bench, m: int, failed: dict[str, str], families: tuple[str, ...
     ]
 
 
-def _key(family: str, bits: int, m: int, config: dict[str, int]) -> str:
-    # One binary per config for all shapes here (Triton specializes ints on divisibility by 16 and on 1):
-    # M == 1 compiles its own, the other Ms share one.
-    return f"{family}|{bits}|{'m1' if m == 1 else 'm'}|{sorted(config.items())}"
+def _key(family: str, bits: int, m: int, k: int, config: dict[str, int]) -> str:
+    # One binary per config and K (Triton specializes ints on divisibility by 16 and on 1; the packed kernel takes
+    # K as a constant): M == 1 compiles its own, the other Ms share one.
+    return f"{family}|{bits}|{'m1' if m == 1 else 'm'}|{k if family == 'packed' else ''}|{sorted(config.items())}"
 
 
 def precompile(plan: list[tuple[int, int, int, int]], workers: int) -> dict[str, str]:
@@ -314,7 +314,7 @@ def precompile(plan: list[tuple[int, int, int, int]], workers: int) -> dict[str,
     for bits, n, k, m in plan:
         for family, configs in (("packed", packed_candidates(m, bits)), ("old", old_candidates(m, bits))):
             for config in configs:
-                key = _key(family, bits, m, config)
+                key = _key(family, bits, m, k, config)
                 if key not in seen:
                     seen.add(key)
                     jobs.append({"family": family, "key": key, "shape": (m, n, k), "bits": bits, "config": config})

@@ -112,7 +112,7 @@ DOT_MIN_M = 16
 
 @triton.jit
 def packed_quant_kernel(
-    x_ptr, x_desc, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K,
+    x_ptr, x_desc, w_ptr, s_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K: tl.constexpr,
     stride_xm, stride_xk, stride_wr, stride_wn, stride_sg, stride_sn, stride_ym, stride_yn,
     BITS: tl.constexpr, GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     SPLIT_K: tl.constexpr, UNROLL: tl.constexpr, PREFETCH: tl.constexpr, FAST_DECODE: tl.constexpr,
@@ -121,7 +121,12 @@ def packed_quant_kernel(
 ):  # fmt: skip
     """One (BLOCK_M, BLOCK_N) tile of Y over one K split, or, ``STREAM``, an equal share of every tile's spans
     (layout and paths: the module docstring). ``PDL``: launched as a programmatic dependent of the kernel before
-    it, the program waits for that kernel's writes (``griddepcontrol.wait``) before its first load."""
+    it, the program waits for that kernel's writes (``griddepcontrol.wait``) before its first load.
+
+    K is a compile-time constant (one binary per K, as a model has few): with K at run time the pipelined loop
+    keeps a path that skips it, where moves zero the accumulator, and ptxas then serializes every wgmma of the
+    two-warpgroup split-K tiles (a wait after each; 27.4 -> 26.5 us at 64 x 8192 x 8192 on an H100 without it,
+    bench/results/int4-roofline-kconst-m64-h100.json)."""
     if PDL:
         gdc_wait()
     PACK: tl.constexpr = 32 // BITS
