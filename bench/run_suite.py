@@ -215,6 +215,13 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/decode_profile.py --batches 64 --names bf16_compiled_flash_pdl int4_packed_compiled_gptq_all "
         "int4_packed_compiled_gptq_all_head16 int4_packed_compiled_gptq_all_fused --out {out}.json".split(),
     ),
+    # the M = 64 targets with K a compile-time constant of the packed kernel (ptxas no longer serializes the
+    # two-warpgroup split-K tiles' wgmmas; 135 s on an H100 for two shapes)
+    (
+        "int4-m64",
+        180,
+        "bench/int4_roofline.py --workers 16 --ms 64 --bits 4 --rounds 7 --out {out}.json".split(),
+    ),
     (
         "int4-ws-pdl",
         120,  # 55 s on an H100 (int4-roofline-ws-pdl-int8-h100.json)
