@@ -580,10 +580,8 @@ for job in json.loads(sys.argv[1]):
 @pytest.mark.timeout(180)
 def test_sm90_split_k_span_wgmmas_are_not_serialized(aot_child: Any) -> None:
     """The 64-row winners at K = 8192 and 14336 (two warpgroups, whole spans with the scales folded in, 4 and 8
-    splits) keep a span's 8 wgmmas in flight in the sm_90 SASS: 3 waits in all, not one after each wgmma. With K
-    at run time the pipelined loop kept a path that skips it, where moves zero the accumulator, and ptxas
-    serialized every wgmma (warning C7515; 8 waits); K is a compile-time constant of the kernel, so that path folds
-    away (27.4 -> 26.5 us at (8192, 8192) on an H100: bench/results/int4-roofline-kconst-m64-h100.json)."""
+    splits) keep a span's 8 wgmmas in flight in the sm_90 SASS: 3 waits in all, not one after each wgmma (8 with
+    K at run time: why, in ``packed_quant_kernel``'s docstring)."""
     config = {"precision": "bf16", "group_size": 128, "num_warps": 8, "bits": 4, "BLOCK_M": 64, "BLOCK_N": 128,
               "PREFETCH": 0, "num_stages": 3, "TMA": 2, "SWAP": 3}  # fmt: skip
     jobs = [{"shape": [64, 8192, 8192], "config": {**config, "SPLIT_K": 4}},
