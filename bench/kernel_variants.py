@@ -3,9 +3,12 @@
 For each target shape the candidates (the fastest configs of the new variants' landscapes in
 ``--landscapes``, plus the best configs of the older kernels) are compiled ahead on a thread
 pool, checked for numerics and timed through the workload (``Workload.run``: CUDA events, L2
-flushed, adaptive repetitions); the fastest is then re-measured interleaved with the library
-call (tuned, library, tuned, library, ... ``--rounds`` times, the same stopwatch) and the
-ratio of the medians is the verdict.
+flushed, adaptive repetitions). A GEMM's winner is chosen as a tuner would choose it, not by one
+noisy sample: the sweep's ``--finalists`` fastest (and the fastest one's twin with the stream-K
+tail flipped) are re-measured interleaved, ``--select-rounds`` times, and the highest median
+wins. The winner is then measured afresh, interleaved with the library call (tuned, library,
+tuned, library, ... ``--rounds`` times, the same stopwatch), so the selection's samples never
+enter the verdict; the ratio of the medians is the verdict.
 
 Baselines: ``torch.matmul`` (cuBLAS) for bf16 / fp16; ``torch._scaled_mm`` (cuBLASLt, per-tensor
 scales, bf16 output) for fp8, with fast accumulation when the tuned config uses it (the
@@ -179,6 +182,48 @@ def _tuned(workload: Any, device: Any, config: dict[str, Any]) -> Any:
     return measure
 
 
+def select_finalist(measurers: dict[str, Any], rounds: int) -> tuple[str, dict[str, list[float]]]:
+    """Re-measure the finalists (name -> TFLOP/s measurer) interleaved, ``rounds`` times; the name with the highest
+    median, and every sample by name. A finalist that never gave a finite value cannot win; with one finalist
+    nothing is measured."""
+    if len(measurers) == 1:
+        return next(iter(measurers)), {}
+    samples = interleaved(measurers, rounds)
+    medians = {name: median(values) for name, values in samples.items()}
+    finite = [name for name in measurers if medians[name] is not None]
+    if not finite:
+        raise RuntimeError(f"no finalist gave a finite time in {rounds} rounds: {sorted(measurers)}")
+    return max(finite, key=lambda name: medians[name]), samples  # type: ignore[arg-type, return-value]
+
+
+def _finalists(swept: list[tuple[float, dict]], count: int) -> list[dict[str, Any]]:
+    """The sweep's ``count`` fastest configs and, for a persistent kernel, the fastest one's twin with the stream-K
+    tail flipped (a knob whose effect is within the sweep's noise at most shapes)."""
+
+    def tail(config: dict[str, Any]) -> dict[str, Any]:  # STREAM_K absent means off
+        return {**config, "STREAM_K": bool(config.get("STREAM_K", False))}
+
+    chosen = [config for _, config in swept[:count]]
+    if chosen[0].get("kernel", "tutorial") != "tutorial":
+        twin = {**chosen[0], "STREAM_K": not chosen[0].get("STREAM_K", False)}
+        if tail(twin) not in [tail(c) for c in chosen]:
+            chosen.append(twin)
+    return chosen
+
+
+def _selected(workload: Any, device: Any, swept: list[tuple[float, dict]], count: int,
+              rounds: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+    """The winner among the sweep's finalists by medians of interleaved re-measurement, and the record of it."""
+    finalists = _finalists(swept, count)
+    name, samples = select_finalist({str(i): _tuned(workload, device, c) for i, c in enumerate(finalists)}, rounds)
+    record = []
+    for i, config in enumerate(finalists):
+        middle = median(samples.get(str(i), []))
+        record.append({"config": config, "median_tflops": None if middle is None else round(middle, 1),
+                       "samples": samples.get(str(i), [])})  # fmt: skip
+    return finalists[int(name)], record
+
+
 def _target_row(name: str, values: dict[str, list[float]], baseline_name: str | None, goal: float) -> dict[str, Any]:
     """A target from interleaved rounds (``values``: TFLOP/s by name): ``tuned``'s median over ``baseline_name``'s,
     with the per-round ratio's span (``ratio_range``)."""
@@ -197,7 +242,8 @@ def _target_row(name: str, values: dict[str, list[float]], baseline_name: str | 
     }
 
 
-def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int, threads: int) -> dict[str, Any]:
+def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int, threads: int,
+             finalists: int = 4, select_rounds: int = 5) -> dict[str, Any]:  # fmt: skip
     from objectives.triton_gemm import TritonGemm
     from tuner.fingerprint import device_info
 
@@ -207,14 +253,10 @@ def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int
     swept = _sweep(workload, device, gemm_candidates(precision, landscapes, top), threads)
     if not swept:
         return {"shape": shape, "precision": precision, "error": "no candidate ran", "target": None}
-    best = swept[0][1]
+    best, selection = _selected(workload, device, swept, finalists, select_rounds)
     fast = bool(best.get("FP8_FAST_ACCUM", True))
     baseline_name = "torch._scaled_mm" + (" (use_fast_accum)" if fast else "") if precision == "fp8" else "torch.matmul"
     measurers = {"tuned": _tuned(workload, device, best), "baseline": baseline_fn(m, n, k, precision, fast)}
-    twin = None
-    if best.get("kernel", "tutorial") != "tutorial":  # the same config with the stream-K tail flipped, side by side
-        twin = {**best, "STREAM_K": not best.get("STREAM_K", False)}
-        measurers["stream_k_flipped"] = _tuned(workload, device, twin)
     values = interleaved(measurers, rounds)
     row = _target_row(f"GEMM {precision} {shape} vs {baseline_name}", values, "baseline", 1.0)
     print(f"  {row}", flush=True)
@@ -223,15 +265,16 @@ def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int
         "precision": precision,
         "baseline": baseline_name,
         "sweep": [{"tflops": round(t, 1), "config": c} for t, c in swept],
+        "selection": selection,
         "winner": best,
-        "stream_k_flipped": twin,
         "interleaved_tflops": values,
         "seconds": round(time.time() - started, 1),
         "target": row,
     }
 
 
-def run_attention(shape: dict[str, Any], landscapes: Path, top: int, rounds: int, threads: int) -> dict[str, Any]:
+def run_attention(shape: dict[str, Any], landscapes: Path, top: int, rounds: int, threads: int,
+                  finalists: int = 4, select_rounds: int = 5) -> dict[str, Any]:  # fmt: skip
     from objectives.flash_attention import FlashAttention
     from tuner.fingerprint import device_info
 
@@ -241,7 +284,7 @@ def run_attention(shape: dict[str, Any], landscapes: Path, top: int, rounds: int
     label = f"S={shape['seq_len']} D={shape['head_dim']} {'causal' if shape['causal'] else 'full'}"
     if not swept:
         return {"shape": shape, "error": "no candidate ran", "target": None}
-    best = swept[0][1]
+    best, selection = _selected(workload, device, swept, finalists, select_rounds)
     measurers = {"tuned": _tuned(workload, device, best), **_sdpa_baselines(shape)}
     values = interleaved(measurers, rounds)
     libraries = {name: median(v) for name, v in values.items() if name != "tuned"}
@@ -252,6 +295,7 @@ def run_attention(shape: dict[str, Any], landscapes: Path, top: int, rounds: int
     return {
         "shape": shape,
         "sweep": [{"tflops": round(t, 1), "config": c} for t, c in swept],
+        "selection": selection,
         "winner": best,
         "interleaved_tflops": values,
         "fastest_library": fastest,
@@ -283,7 +327,9 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--only", choices=["gemm", "attention"], help="run one family of targets")
     parser.add_argument("--top", type=int, default=8, help="landscape configs tried per target")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of the winner and the library")
+    parser.add_argument("--finalists", type=int, default=4, help="the sweep's fastest configs re-measured to pick")
+    parser.add_argument("--select-rounds", type=int, default=5, help="interleaved rounds of the finalists")
     parser.add_argument("--threads", type=int, default=12, help="compile-ahead threads")
     parser.add_argument("--head-dims", type=int, nargs="*", default=[128, 64], help="attention head dims to run")
     parser.add_argument("--attention-top", type=int, default=6, help="landscape configs tried per attention target")
@@ -304,12 +350,18 @@ def main() -> None:
     if ns.only in (None, "gemm"):
         for shape, precision in gemm_targets:
             print(f"GEMM {precision} {shape}", flush=True)
-            result["gemm"].append(run_gemm(shape, precision, ns.landscapes, ns.top, ns.rounds, ns.threads))
+            result["gemm"].append(
+                run_gemm(shape, precision, ns.landscapes, ns.top, ns.rounds, ns.threads, ns.finalists, ns.select_rounds)
+            )
             save()
     if ns.only in (None, "attention"):
         for shape in [s for s in ATTENTION_SHAPES if s["head_dim"] in ns.head_dims]:
             print(f"attention {shape}", flush=True)
-            result["attention"].append(run_attention(shape, ns.landscapes, ns.attention_top, ns.rounds, ns.threads))
+            result["attention"].append(
+                run_attention(
+                    shape, ns.landscapes, ns.attention_top, ns.rounds, ns.threads, ns.finalists, ns.select_rounds
+                )
+            )
             save()
     save()
 

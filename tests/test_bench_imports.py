@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,39 @@ def test_kernel_variant_targets_pair_the_tuned_rounds_with_the_named_baseline() 
     assert row["ratio"] == pytest.approx(700 / 690, abs=1e-4) and row["verdict"] == "met"
     assert row["ratio_range"] == pytest.approx([690 / 700, 700 / 680], abs=1e-4)  # round pairs
     assert _target_row("no library", values, None, 1.0)["ratio_range"] is None
+
+
+def test_kernel_variants_picks_the_winner_by_medians_of_interleaved_rounds_not_the_sweeps_one_sample() -> None:
+    from bench.kernel_variants import select_finalist
+
+    calls: list[str] = []
+
+    def measurer(name: str, values: list[float]) -> Callable[[], float]:  # a stopwatch stand-in: one value a call
+        it = iter(values)
+        return lambda: calls.append(name) or next(it)
+
+    # "lucky" had the sweep's best single sample; over five rounds "steady" is faster, and "broken" never ran
+    nan = float("nan")
+    finalists = {"lucky": measurer("lucky", [760.0, 690.0, 692.0, 688.0, 691.0]),
+                 "steady": measurer("steady", [700.0, 702.0, 699.0, 705.0, 701.0]),
+                 "broken": measurer("broken", [nan] * 5)}  # fmt: skip
+    name, samples = select_finalist(finalists, rounds=5)
+    assert name == "steady" and samples["lucky"][0] == 760.0 and len(samples["broken"]) == 5
+    assert calls[:6] == ["lucky", "steady", "broken", "lucky", "steady", "broken"]  # interleaved, round by round
+    assert select_finalist({"only": measurer("only", [])}, rounds=5) == ("only", {})  # nothing to choose between
+    with pytest.raises(RuntimeError, match="no finalist gave a finite time"):
+        select_finalist({"a": measurer("a", [nan] * 3), "b": measurer("b", [nan] * 3)}, rounds=3)
+
+
+def test_kernel_variants_finalists_add_the_best_configs_stream_k_twin_once() -> None:
+    from bench.kernel_variants import _finalists
+
+    ws = {"BLOCK_M": 128, "BLOCK_N": 256, "kernel": "persistent_tma_ws"}
+    swept = [(737.0, {**ws, "STREAM_K": True}), (726.0, {**ws, "GROUP_M": 4}), (720.0, {**ws, "GROUP_M": 16})]
+    assert _finalists(swept, 2) == [swept[0][1], swept[1][1], {**ws, "STREAM_K": False}]
+    assert _finalists([(700.0, ws), (690.0, {**ws, "STREAM_K": True})], 4) == [ws, {**ws, "STREAM_K": True}]
+    tutorial = {"BLOCK_M": 128, "kernel": "tutorial"}  # no stream-K tail to flip
+    assert _finalists([(650.0, tutorial), *swept], 1) == [tutorial]
 
 
 def test_kernel_variants_takes_gemm_shapes_by_name_or_dimensions() -> None:
