@@ -228,14 +228,14 @@ STEPS: list[tuple[str, float, list[str]]] = [
         "bench/int4_ws.py --ms 1,64 --bits 4,8 --pdl --prior bench/results/int4-roofline-xtma-h200.json "
         "--out {out}.json".split(),
     ),
-    # issue 13's LLM-shape GEMMs: the standing two and four more Llama-8B projections at 8192-16384 tokens, each
-    # winner picked from the sweep's finalists by 5 interleaved rounds (227 s on an H100 before that selection)
+    # issue 13's bf16 / fp16 GEMMs: 8192^3, the standing two LLM shapes and three more Llama-8B projections (fused
+    # QKV, gate + up, 16384 tokens), each winner picked from the sweep's finalists by 5 interleaved rounds (282 s on
+    # an H100 with 8192 x 4096 x 14336 in place of 8192^3)
     (
         "gemm-llm-shapes",
-        330,
-        "bench/kernel_variants.py --only gemm --top 6 --rounds 15 --gemm-shapes 8192x14336x4096 8192x4096x4096 "
-        "8192x4096x14336 8192x6144x4096 8192x28672x4096 16384x14336x4096 --precisions bf16 fp16 "
-        "--out {out}.json".split(),
+        360,
+        "bench/kernel_variants.py --only gemm --top 6 --rounds 15 --gemm-shapes 8192^3 8192x14336x4096 8192x4096x4096 "
+        "8192x6144x4096 8192x28672x4096 16384x14336x4096 --precisions bf16 fp16 --out {out}.json".split(),
     ),
     (
         "int4-decode-prepared",
