@@ -16,10 +16,10 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
 - ``persistent``: the persistent grid's candidates (:data:`PERSISTENT_CONFIGS`) and the best one-tile config at
   every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``);
 - ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``, ``release``, ``single_vec``,
-  ``thread_arrive``, ``release3``, ``warp_arrive``, ``half_diag`` (causal shapes only), ``exp_poly``: the same per
-  shape for one variant's candidates beside the winners (``chain``, ``epilogue``, ``release``, ``single_vec``,
-  ``thread_arrive``, ``warp_arrive``, ``half_diag`` and ``exp_poly`` also re-measure the best config without the
-  variant; ``--head-dims`` keeps those head dims only).
+  ``thread_arrive``, ``release3``, ``warp_arrive``, ``half_diag`` (causal shapes only), ``exp_poly``, ``sum_mma``: the
+  same per shape for one variant's candidates beside the winners (``chain``, ``epilogue``, ``release``,
+  ``single_vec``, ``thread_arrive``, ``warp_arrive``, ``half_diag``, ``exp_poly`` and ``sum_mma`` also re-measure the
+  best config without the variant; ``--head-dims`` keeps those head dims only).
 """
 
 from __future__ import annotations
@@ -163,6 +163,7 @@ def _unusable(head_dim: int, config: dict[str, Any]) -> str | None:
         config.get("CONSUMERS", 2),
         config.get("CTAS_PER_SM", 1),
         config.get("EPILOGUE", 0),
+        bool(config.get("SUM_MMA", False)),
     )
 
 
@@ -355,6 +356,16 @@ EXP_POLY_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+#: The S <= 2048 winners' loops (two consumers; two stages with the vector epilogue, with and without ping-pong; three
+#: stages without it) with each row's sum of P by the threads or by a 64 x 8 wgmma against ones (``SUM_MMA``);
+#: ``sum_mma`` phase, contrast: the fastest config the other way.
+SUM_MMA_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": 2,
+     "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": True, "SUM_MMA": sums}
+    for (nb, pp, ep), sums in itertools.product(((2, False, 2), (2, True, 2), (3, False, 0)), (False, True))
+]  # fmt: skip
+
+
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,
               contrast: str | None = None, checked: bool = True, head_dims: list[int] | None = None,
               causal_only: bool = False) -> dict[str, Any]:  # fmt: skip
@@ -413,7 +424,7 @@ PER_SHAPE_PHASES: dict[str, tuple[list[dict[str, Any]], str | None]] = {
     "release": (RELEASE_CONFIGS, "RELEASE_K"), "single_vec": (SINGLE_VEC_CONFIGS, "CTAS_PER_SM"),
     "thread_arrive": (THREAD_ARRIVE_CONFIGS, "THREAD_ARRIVE"), "release3": (RELEASE3_CONFIGS, None),
     "warp_arrive": (WARP_ARRIVE_CONFIGS, "WARP_ARRIVE"), "half_diag": (HALF_DIAG_CONFIGS, "HALF_DIAG"),
-    "exp_poly": (EXP_POLY_CONFIGS, "EXP_POLY"),
+    "exp_poly": (EXP_POLY_CONFIGS, "EXP_POLY"), "sum_mma": (SUM_MMA_CONFIGS, "SUM_MMA"),
 }  # fmt: skip
 
 

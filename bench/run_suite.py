@@ -197,6 +197,18 @@ STEPS: list[tuple[str, float, list[str]]] = [
         90,
         "bench/attention_ws.py half_diag --seq 1024 2048 4096 --head-dims 64 --out {out}.json".split(),
     ),
+    # SUM_MMA (the rows' sums by a wgmma) beside the S <= 2048 winners (95 s on an H100 for the four S = 1024 shapes)
+    (
+        "gpu-tests-attention-sum-mma",
+        90,
+        "bench/gpu_tests.py --timeout 600 --out {out}.json --what attention-SUM_MMA "
+        "tests/test_attention_ws.py::test_gpu_row_sums_by_wgmma_match_fp32_attention".split(),
+    ),
+    (
+        "attention-sum-mma",
+        200,
+        "bench/attention_ws.py sum_mma --seq 1024 2048 --head-dims 64 128 --no-check --out {out}.json".split(),
+    ),
     (
         "attention-exp-poly",
         90,
@@ -256,6 +268,7 @@ AFTER: dict[str, str] = {
     "decode-fused-rows": "gpu-tests-partials",
     "decode-b64-fused16": "gpu-tests-partials",
     "decode-b64-seed1": "gpu-tests-partials",
+    "attention-sum-mma": "gpu-tests-attention-sum-mma",
 }
 
 

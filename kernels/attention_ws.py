@@ -76,13 +76,23 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   block the first consumer's rows see only the first 64 keys, so it folds in that half alone (a 64 x 64 score
   wgmma on the K slot's first half, P V on the V slot's) after its loop over the blocks before, instead of scores,
   exponentials and P V over 128 keys of which 64 are masked: a quarter of the diagonal block's work, 5.6% of a
-  causal tile's at S = 1024 (2.9% at 2048). Not yet measured on a GPU; not in the default search space.
+  causal tile's at S = 1024 (2.9% at 2048). On an H100 +2.6% at D = 64 S = 1024 causal, 1-2% slower at S = 2048
+  and 4096 (``kernel-variants-attention-ws-half-diag-h100.json``); not in the default search space.
 - ``EXP_POLY`` (0-4): FlashAttention-4's exponential. Each score costs one ``MUFU.EX2``, and the multi-function
   unit does 16 a clock an SM against the tensor cores' 4,096 bf16 FLOPs: at D = 64 a 128 x 128 block's
   exponentials (1,024 clocks) take as long as its two wgmmas, so the unit, not the tensor cores, sets the pace.
   ``EXP_POLY`` of every 8 scores instead get a degree-3 polynomial on the FMA pipe (128 a clock; about seven
-  instructions, :func:`kernels.attention_ws_steps.exp2_asm`), relative error 7.5e-5 against bf16's 3.9e-3. Not yet
-  measured on a GPU; not in the default search space.
+  instructions, :func:`kernels.attention_ws_steps.exp2_asm`), relative error 7.5e-5 against bf16's 3.9e-3. On an
+  H100 ``EXP_POLY`` 0 won all four D = 64 shapes measured, S = 1024 and 2048
+  (``kernel-variants-attention-ws-exp-poly-h100.json``): the loop is bound by its instruction issue, not by the
+  unit; not in the default search space.
+- ``SUM_MMA`` (one or two consumers, not ``CHAIN``): each row's sum of P by a 64 x 8 wgmma of P against a block of
+  ones (8 x ``BLOCK_N`` in shared memory, loaded once by the loader) beside P V, instead of an add a score and a
+  shuffle reduction a key block by every consumer thread (sm_90 SASS of the D = 64 winner: 272 -> 8 ``FADD``). The
+  sums are then those of P as rounded for P V. Triton copies a register operand before each wgmma, so the second
+  wgmma costs 32 moves a key block and the instruction count stays about the same; what it removes is the adds'
+  dependent chain. On an H100 at S = 1024: +0.5-1.4% (D = 128 causal and full, D = 64 full), even at D = 64 causal
+  (``bench/results/kernel-variants-attention-ws-sum-mma-h100.json``). In the search space.
 
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
 :mod:`kernels.attention_ws_steps`; this module holds the loader, the partitions, the kernel and its launch.
@@ -134,7 +144,9 @@ if gluon is not None:
         _consume_overlap,
         _num_items,
         _program_tile,
+        _row_sums,
         _store_tile,
+        _sum_layout,
         _tile_extent,
         _work_item,
     )
@@ -174,9 +186,14 @@ if gluon is not None:
     @gluon.jit
     def _loader(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, SEQ_LEN,
                 BH, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
-                HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr):  # fmt: skip
-        """One warp: the program's tile (or, persistent, each of its tiles in turn): Q, then its K/V blocks."""
+                HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, desc_ones, ones_smem,
+                ones_bar, SUM_MMA: gl.constexpr):  # fmt: skip
+        """One warp: the program's tile (or, persistent, each of its tiles in turn): Q, then its K/V blocks; with
+        ``SUM_MMA`` first the block of ones the consumers' row-sum wgmmas read."""
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
+        if SUM_MMA:
+            mbarrier.expect(ones_bar.index(0), desc_ones.block_type.nbytes)
+            _tma_load(desc_ones, [0, 0], ones_bar.index(0), ones_smem)
         if PERSISTENT:
             num_m = gl.cdiv(SEQ_LEN, BLOCK_M)
             base = 0
@@ -205,7 +222,8 @@ if gluon is not None:
                      HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
                      OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
                      CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, EPILOGUE: gl.constexpr,
-                     ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr, EXP_POLY: gl.constexpr):  # fmt: skip
+                     ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr, EXP_POLY: gl.constexpr, ones_t,
+                     SUM_MMA: gl.constexpr):  # fmt: skip
         """Consumer ``c`` on one tile: query rows ``start_m * 64 * CONSUMERS + c * 64 + [0, 64)`` over all its key
         blocks (``HALF_DIAG``, causal: the first consumer takes only the first 64 keys of the diagonal block, the
         rest of which its rows never see).
@@ -222,7 +240,10 @@ if gluon is not None:
         rows = start_m * (64 * CONSUMERS) + c * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([64, HEAD_DIM], gl.float32, o_layout)
         m_i = gl.full([64], MASKED_SCORE, gl.float32, gl.SliceLayout(1, s_layout))
-        l_i = gl.full([64], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
+        if SUM_MMA:  # the rows' sums in a 64 x 8 wgmma accumulator (steps._pv)
+            l_i = gl.zeros([64, 8], gl.float32, _sum_layout())
+        else:
+            l_i = gl.full([64], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
         mbarrier.wait(q_bar.index(c), q_phase)
         q = q_smem.index(c)
         their_turn = turn.index((c + 1) % CONSUMERS)  # with PINGPONG the consumers take turns round the program
@@ -233,36 +254,39 @@ if gluon is not None:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base, qk_scale,
                     SEQ_LEN, n_full, q_empty.index(c), False, turn.index(c), their_turn, turns, BLOCK_N, NUM_BUFFERS,
-                    False, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY,
+                    False, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY, ones_t, SUM_MMA,
                 )  # fmt: skip
             acc, m_i, l_i = _consume_half(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full,
                                           base, qk_scale, SEQ_LEN, q_empty.index(c), NUM_BUFFERS, CAUSAL, p_layout,
-                                          ARRIVE_AT, EXP_POLY)  # fmt: skip
+                                          ARRIVE_AT, EXP_POLY, SUM_MMA)  # fmt: skip
         elif OVERLAP:
             if ONE_LOOP or first_hi > 0:  # ONE_LOOP: n_blocks >= 1
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
                     SEQ_LEN, n_full, q_empty.index(c), n_blocks == first_hi, turn.index(c), their_turn, turns,
                     BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY,
+                    ones_t, SUM_MMA,
                 )  # fmt: skip
             if not ONE_LOOP and n_blocks > n_full:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
                     qk_scale, SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
-                    NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY,
+                    NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY, ones_t, SUM_MMA,
                 )  # fmt: skip
         else:
             acc, m_i, l_i = _consume(
                 q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
                 SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, ARRIVE_AT, EXP_POLY,
+                ones_t, SUM_MMA,
             )  # fmt: skip
             if not ONE_LOOP:
                 acc, m_i, l_i = _consume(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
                     qk_scale, SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, ARRIVE_AT,
-                    EXP_POLY,
+                    EXP_POLY, ones_t, SUM_MMA,
                 )  # fmt: skip
             mbarrier.arrive(q_empty.index(c), count=1)
+        l_i = _row_sums(l_i, gl.SliceLayout(1, s_layout), SUM_MMA)
         _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)
         return turns
 
@@ -273,8 +297,13 @@ if gluon is not None:
                   HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
                   CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr,
                   EPILOGUE: gl.constexpr, ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr,
-                  EXP_POLY: gl.constexpr):  # fmt: skip
+                  EXP_POLY: gl.constexpr, ones_smem, ones_bar, SUM_MMA: gl.constexpr):  # fmt: skip
         """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn."""
+        if SUM_MMA:  # the block of ones (8 x BLOCK_N), as the row sums' B operand (BLOCK_N x 8)
+            mbarrier.wait(ones_bar.index(0), 0)
+            ones_t = ones_smem.permute((1, 0))
+        else:
+            ones_t = ones_smem
         if CHAIN:
             _consume_chained(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, qk_scale,
                              c, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, STORE_LSE,
@@ -293,7 +322,7 @@ if gluon is not None:
                                          kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
                                          turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
                                          OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
-                                         ARRIVE_AT, HALF_DIAG, EXP_POLY)  # fmt: skip
+                                         ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA)  # fmt: skip
                     base += n_blocks
                     i += 1
         else:
@@ -302,17 +331,17 @@ if gluon is not None:
             _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
                          off_hz * SEQ_LEN, n_full, n_blocks, 0, 0, gl.program_id(0) * 0, qk_scale, c, SEQ_LEN,
                          HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS,
-                         ONE_LOOP, EPILOGUE, ARRIVE_AT, HALF_DIAG, EXP_POLY)  # fmt: skip
+                         ONE_LOOP, EPILOGUE, ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA)  # fmt: skip
 
     @gluon.jit
-    def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, sm_scale, SEQ_LEN, BH,
+    def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, desc_ones, sm_scale, SEQ_LEN, BH,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
                                 PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
                                 ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr,
                                 EPILOGUE: gl.constexpr, RELEASE_K: gl.constexpr, HALF_DIAG: gl.constexpr,
-                                EXP_POLY: gl.constexpr,
+                                EXP_POLY: gl.constexpr, SUM_MMA: gl.constexpr,
                                 ARRIVE_AT: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
@@ -343,6 +372,13 @@ if gluon is not None:
             128 if ARRIVE_AT == ARRIVE_EVERY_THREAD else 4)
         for i in gl.static_range(EMPTIES):
             mbarrier.init(kv_empty.index(i), count=CONSUMERS * ARRIVALS)
+        if SUM_MMA:  # 8 x BLOCK_N ones, loaded once (desc_ones), and their barrier
+            ones_smem = gl.allocate_shared_memory(dtype, [8, BLOCK_N], desc_ones.layout)
+            ones_bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+            mbarrier.init(ones_bar.index(0), count=1)
+        else:  # not read
+            ones_smem = q_smem
+            ones_bar = q_bar
 
         if CONSUMERS == 1:
             gl.warp_specialize(
@@ -350,10 +386,10 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
-                               CONSUMERS)),
+                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA)),
                 ],
                 [1],
                 [24],
@@ -364,18 +400,18 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 2, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
-                               CONSUMERS)),
+                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA)),
                 ],
                 [4, 4, 1],
                 [CONSUMER_REGS, CONSUMER_REGS, 24],
@@ -386,30 +422,45 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
-                               CONSUMERS)),
+                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA)),
                 ],
                 [4, 1],
                 [CONSUMER_REGS, 24],
             )  # fmt: skip
 
 
-def _descriptors(q: Any, k: Any, v: Any, rows: int, head_dim: int, block_n: int) -> tuple[Any, Any, Any]:
+def _descriptors(q: Any, k: Any, v: Any, ones: Any, rows: int, head_dim: int,
+                 block_n: int) -> tuple[Any, Any, Any, Any]:  # fmt: skip
+    """TMA descriptors of Q, K and V (``[rows, head_dim]``) and of ``ones`` (``[8, block_n]``, ``SUM_MMA``'s B)."""
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout = gl.NVMMASharedLayout.get_default_for([SUB_M, head_dim], dtype)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
+    ones_layout = gl.NVMMASharedLayout.get_default_for([8, block_n], dtype)
     shape, strides = [rows, head_dim], [head_dim, 1]
     return (
         TensorDescriptor(q, shape, strides, [SUB_M, head_dim], q_layout),
         TensorDescriptor(k, shape, strides, [block_n, head_dim], kv_layout),
         TensorDescriptor(v, shape, strides, [block_n, head_dim], kv_layout),
+        TensorDescriptor(ones, [8, block_n], [block_n, 1], [8, block_n], ones_layout),
     )
+
+
+_ONES: dict[tuple[Any, torch.dtype, int], torch.Tensor] = {}
+
+
+def _ones(device: torch.device, dtype: torch.dtype, block_n: int) -> torch.Tensor:
+    """The ``[8, block_n]`` ones ``SUM_MMA``'s row-sum wgmmas multiply P by, one per device, dtype and width."""
+    key = (device, dtype, block_n)
+    if key not in _ONES:
+        _ONES[key] = torch.ones(8, block_n, dtype=dtype, device=device)
+    return _ONES[key]
 
 
 def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[str, Any]:
@@ -470,7 +521,7 @@ def attention_ws(
     block's K slot once its scores are done, not with its V after P V; ``THREAD_ARRIVE``: every consumer thread
     arrives on the slots' empty barriers; ``WARP_ARRIVE``: one lane a warp, in inline PTX; ``HALF_DIAG``: causal, the
     first consumer takes half the diagonal block; ``EXP_POLY``: 0-4 of every 8 exponentials by a polynomial on the
-    FMA pipe). Launches asynchronously
+    FMA pipe; ``SUM_MMA``: the rows' sums of P by a wgmma). Launches asynchronously
     on the current stream.
     """
     out = check_operands(q, k, v, out, lse)
@@ -481,8 +532,8 @@ def attention_ws(
     _check(head_dim, precision, knobs)
     meta = _meta(head_dim, causal, lse is not None, **knobs)
     rows = batch * heads * seq_len
-    descs = _descriptors(q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim), rows, head_dim,
-                         meta["BLOCK_N"])  # fmt: skip
+    descs = _descriptors(q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim),
+                         _ones(q.device, q.dtype, meta["BLOCK_N"]), rows, head_dim, meta["BLOCK_N"])  # fmt: skip
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     grid = _grid(batch * heads, seq_len, meta, torch.cuda.get_device_properties(q.device).multi_processor_count)
     args = (out, lse, *descs, scale, seq_len, batch * heads)
@@ -499,7 +550,7 @@ def _mock_args(batch: int, heads: int, seq_len: int, head_dim: int, precision: s
     rows = batch * heads * seq_len
     flat = [MockTensor(dtype, [rows, head_dim]) for _ in range(3)]
     out = MockTensor(dtype, [batch, heads, seq_len, head_dim])
-    descs = _descriptors(*flat, rows, head_dim, block_n)
+    descs = _descriptors(*flat, MockTensor(dtype, [8, block_n]), rows, head_dim, block_n)
     return (out, None, *descs, 1.0 / math.sqrt(head_dim), seq_len, batch * heads)
 
 

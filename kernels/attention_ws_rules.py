@@ -41,7 +41,7 @@ KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
     "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False, "CTAS_PER_SM": 1,
     "EPILOGUE": 0, "RELEASE_K": False, "THREAD_ARRIVE": False, "WARP_ARRIVE": False, "HALF_DIAG": False,
-    "EXP_POLY": 0,
+    "EXP_POLY": 0, "SUM_MMA": False,
 }  # fmt: skip
 
 #: Knobs that work only beside others: what each needs, and why.
@@ -51,11 +51,12 @@ _NEEDS: dict[str, tuple[dict[str, Any], str]] = {
     "HALF_DIAG": ({"OVERLAP": True, "PINGPONG": False, "CHAIN": False, "CONSUMERS": 2, "BLOCK_N": 128},
                   "HALF_DIAG gives the first consumer of a 128-row tile the first half of the 128-key diagonal block "
                   "after its OVERLAP loop"),
+    "SUM_MMA": ({"CHAIN": False}, "SUM_MMA adds a row-sum wgmma to the tile loops, which CHAIN's stream has not"),
 }  # fmt: skip
 
 
 def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, consumers: int = 2,
-                 ctas_per_sm: int = 1, epilogue: int = 0) -> str | None:  # fmt: skip
+                 ctas_per_sm: int = 1, epilogue: int = 0, sum_mma: bool = False) -> str | None:  # fmt: skip
     """Why the kernel cannot run this config (None when it can): head dims, key blocks, consumers, programs per
     SM, epilogue, shared memory (``EPILOGUE`` 1 adds the layout conversion's scratch, bounded by one 64 x D tile
     a consumer: sm_90 compiles took 16 KiB with two consumers at D = 64 and 128; ``EPILOGUE`` 2 a 512-byte exchange
@@ -83,10 +84,11 @@ def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, 
     block_m = SUB_M * consumers
     shared = 2 * (block_m * head_dim + 2 * num_buffers * block_n * head_dim) + 1024
     shared += {0: 0, 1: 2 * block_m * head_dim, 2: EPILOGUE_SHUFFLE_SCRATCH * consumers}[epilogue]
+    shared += (2 * 8 * block_n + 8) if sum_mma else 0  # SUM_MMA's 8 x BLOCK_N ones and their barrier
     if ctas_per_sm * (shared + 1024) > SM_SHARED_BYTES:  # one program: shared <= 227 KiB
         return (
             f"shared memory {shared} B (Q {block_m}x{head_dim}, {num_buffers} K/V stages of {block_n}x{head_dim}"
-            f"{', the epilogue scratch' if epilogue else ''}) "
+            f"{', the epilogue scratch' if epilogue else ''}{', the ones of SUM_MMA' if sum_mma else ''}) "
             f"for {ctas_per_sm} program(s) per SM exceeds the 228 KiB of an H100/H200 multiprocessor (227 KiB a "
             "program, 1 KiB each reserved)"
         )
@@ -108,6 +110,9 @@ def knob_conflict(knobs: dict[str, Any]) -> str | None:
     if exp_poly not in EXP_POLY_CHOICES or isinstance(exp_poly, bool):
         return (f"EXP_POLY (how many of every {EXP_PACK} exponentials a polynomial takes) must be one of "
                 f"{EXP_POLY_CHOICES}, got {exp_poly!r}")  # fmt: skip
+    if given["SUM_MMA"] and given["CONSUMERS"] == 3:
+        return ("SUM_MMA keeps a second copy of P for its row-sum wgmma, which three consumers' 160 registers do not "
+                "hold (sm_90: spills, serialized wgmmas): it needs CONSUMERS=1 or 2")  # fmt: skip
     for knob, (needs, why) in _NEEDS.items():
         wrong = [f"{name}={_word(given[name])}" for name, value in needs.items() if given[name] != value]
         if given[knob] and wrong:
@@ -146,7 +151,7 @@ def check_knobs(head_dim: int, precision: str, knobs: dict[str, Any]) -> str | N
     given = {**KNOBS, **knobs}
     consumers, ctas = given["CONSUMERS"], given["CTAS_PER_SM"]
     reason = check_config(head_dim, given["BLOCK_N"], given["NUM_BUFFERS"], precision, consumers, ctas,
-                          given["EPILOGUE"])  # fmt: skip
+                          given["EPILOGUE"], bool(given["SUM_MMA"]))  # fmt: skip
     if reason:
         return reason
     regs, limit = given["CONSUMER_REGS"], consumer_regs_limit(consumers, ctas)

@@ -204,18 +204,61 @@ if gluon is not None:
 
     @gluon.jit
     def _online_softmax(s, m_i, l_i, keys, rows, qk_scale, SEQ_LEN, mask_now, MASK: gl.constexpr,
-                        CAUSAL: gl.constexpr, EXP_POLY: gl.constexpr = 0):  # fmt: skip
+                        CAUSAL: gl.constexpr, EXP_POLY: gl.constexpr = 0, SUM_MMA: gl.constexpr = False):  # fmt: skip
         """One block's step of the online softmax: P, the rescale of what came before, the new max and sum.
 
         The row maximum is taken over the raw scores and scaled once per row (``qk_scale > 0``), so each score
         costs one fused multiply-add before its ``exp2`` instead of a multiply and a subtraction. ``EXP_POLY``:
-        how many of every ``EXP_PACK`` scores' exponentials a polynomial computes (:func:`_exp2`)."""
+        how many of every ``EXP_PACK`` scores' exponentials a polynomial computes (:func:`_exp2`). ``SUM_MMA``:
+        the sum is the tensor cores' (:func:`_pv`), so ``l_i`` comes back untouched."""
         s = _masked(s, keys, rows, SEQ_LEN, mask_now, MASK, CAUSAL)
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
         alpha = gl.exp2(m_i - m_new)
         p = _exp2(s * qk_scale - gl.expand_dims(m_new, 1), EXP_POLY)
-        l_i = l_i * alpha + gl.sum(p, 1)
+        if not SUM_MMA:
+            l_i = l_i * alpha + gl.sum(p, 1)
         return p, alpha, m_new, l_i
+
+    @gluon.constexpr_function
+    def _sum_layout():
+        """``SUM_MMA``'s accumulator of the rows' sums: a 64 x 8 wgmma tile (every column the same sum)."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 16])
+
+    @gluon.jit
+    def _pv(p_op, v, acc, l_i, ones_t, SUM_MMA: gl.constexpr):
+        """Issue acc += P V and, with ``SUM_MMA``, l_i += P 1 (``ones_t``: a BLOCK_N x 8 block of ones in shared
+        memory), both asynchronous: the tensor cores add up each row's probabilities, which otherwise cost every
+        thread an add a score and a shuffle reduction a block. The sums are of P as rounded for P V."""
+        acc = warpgroup_mma(p_op, v, acc, is_async=True)
+        if SUM_MMA:
+            l_i = warpgroup_mma(p_op, ones_t, l_i, is_async=True)
+        return acc, l_i
+
+    @gluon.jit
+    def _pv_wait(acc, l_i, p_op, v, SUM_MMA: gl.constexpr):
+        """Wait for :func:`_pv`'s wgmmas (and all before them)."""
+        if SUM_MMA:
+            acc, l_i, p_op, v = warpgroup_mma_wait(0, deps=(acc, l_i, p_op, v))
+        else:
+            acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+        return acc, l_i, p_op, v
+
+    @gluon.jit
+    def _rescale(acc, l_i, alpha, SUM_MMA: gl.constexpr):
+        """The accumulator (and ``SUM_MMA``'s row sums; else the softmax rescaled them) times the rows' alpha."""
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+        if SUM_MMA:
+            l_i = l_i * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, l_i.type.layout)), 1)
+        return acc, l_i
+
+    @gluon.jit
+    def _row_sums(l_i, row_layout: gl.constexpr, SUM_MMA: gl.constexpr):
+        """The rows' sums as a vector in ``row_layout``: ``SUM_MMA``'s 64 x 8 tile has the sum in every column."""
+        if SUM_MMA:
+            sums = gl.convert_layout(gl.max(l_i, 1), row_layout)
+        else:
+            sums = gl.convert_layout(l_i, row_layout)
+        return sums
 
     @gluon.jit
     def _release(kv_empty, slot, ARRIVE_AT: gl.constexpr):
@@ -246,7 +289,8 @@ if gluon is not None:
     def _consume(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base, qk_scale,
                  SEQ_LEN, mask_from, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr,
                  CAUSAL: gl.constexpr, s_layout: gl.constexpr, p_layout: gl.constexpr,
-                 ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD, EXP_POLY: gl.constexpr = 0):  # fmt: skip
+                 ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD, EXP_POLY: gl.constexpr = 0, ones_t=None,
+                 SUM_MMA: gl.constexpr = False):  # fmt: skip
         """Fold key blocks ``lo .. hi-1`` into (acc, m_i, l_i): S = Q K^T, online softmax, acc += P V; with
         ``MASK`` the blocks from ``mask_from`` on are masked.
 
@@ -265,14 +309,14 @@ if gluon is not None:
             if V_EMPTY > 0:
                 _release(kv_empty, stage, ARRIVE_AT)
             p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
-                                                   j >= mask_from, MASK, CAUSAL, EXP_POLY)  # fmt: skip
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+                                                   j >= mask_from, MASK, CAUSAL, EXP_POLY, SUM_MMA)  # fmt: skip
+            acc, l_i = _rescale(acc, l_i, alpha, SUM_MMA)
             p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
             mbarrier.wait(v_ready.index(stage), phase)
             v = v_smem.index(stage)
-            acc = warpgroup_mma(p_op, v, acc, is_async=True)
+            acc, l_i = _pv(p_op, v, acc, l_i, ones_t, SUM_MMA)
             # Wait before the next block: the in-flight wgmma reads P from registers.
-            acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+            acc, l_i, p_op, v = _pv_wait(acc, l_i, p_op, v, SUM_MMA)
             _release(kv_empty, V_EMPTY + stage, ARRIVE_AT)
             m_i = m_new
         return acc, m_i, l_i
@@ -282,13 +326,14 @@ if gluon is not None:
                          SEQ_LEN, mask_from, q_free, release_q, my_turn, their_turn, turns, BLOCK_N: gl.constexpr,
                          NUM_BUFFERS: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr, s_layout: gl.constexpr,
                          p_layout: gl.constexpr, c: gl.constexpr, PINGPONG: gl.constexpr,
-                         ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD, EXP_POLY: gl.constexpr = 0):  # fmt: skip
+                         ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD, EXP_POLY: gl.constexpr = 0, ones_t=None,
+                         SUM_MMA: gl.constexpr = False):  # fmt: skip
         """As :func:`_consume` (blocks from ``mask_from`` on masked with ``MASK``), with the scores of block j+1 in
         flight while P_j V_j and the softmax of j+1 run.
 
-        Per step: issue S_{j+1} = Q K_{j+1}^T and acc += P_j V_j (both async), wait for S_{j+1} only
-        (one wgmma left in flight), compute P_{j+1} while P_j V_j runs, then wait for it, release
-        stage j and rescale. Needs ``hi > lo``.
+        Per step: issue S_{j+1} = Q K_{j+1}^T and acc += P_j V_j (both async; with ``SUM_MMA`` also the row
+        sums' wgmma), wait for S_{j+1} only (P_j's wgmmas left in flight), compute P_{j+1} while P_j V_j runs,
+        then wait for it, release stage j and rescale. Needs ``hi > lo``.
         """
         V_EMPTY: gl.constexpr = kv_empty.shape[0] - NUM_BUFFERS  # RELEASE_K: V's empty barriers' offset
         offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -302,8 +347,8 @@ if gluon is not None:
         if V_EMPTY > 0:
             _release(kv_empty, stage, ARRIVE_AT)
         p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, lo * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
-                                               lo >= mask_from, MASK, CAUSAL, EXP_POLY)  # fmt: skip
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+                                               lo >= mask_from, MASK, CAUSAL, EXP_POLY, SUM_MMA)  # fmt: skip
+        acc, l_i = _rescale(acc, l_i, alpha, SUM_MMA)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
         m_i = m_new
         for j in range(lo + 1, hi):
@@ -316,18 +361,21 @@ if gluon is not None:
             k_t = k_smem.index(nstage).permute((1, 0))
             s = warpgroup_mma(q, k_t, zero, use_acc=False, is_async=True)
             v = v_smem.index(stage)
-            acc = warpgroup_mma(p_op, v, acc, is_async=True)
+            acc, l_i = _pv(p_op, v, acc, l_i, ones_t, SUM_MMA)
             if PINGPONG:
                 mbarrier.arrive(their_turn, count=1)
                 turns += 1
-            s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
+            if SUM_MMA:  # P_j's two wgmmas stay in flight
+                s, q, k_t = warpgroup_mma_wait(2, deps=(s, q, k_t))
+            else:
+                s, q, k_t = warpgroup_mma_wait(1, deps=(s, q, k_t))
             if V_EMPTY > 0:
                 _release(kv_empty, nstage, ARRIVE_AT)
             p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i, j * BLOCK_N + offs_n, rows, qk_scale, SEQ_LEN,
-                                                   j >= mask_from, MASK, CAUSAL, EXP_POLY)  # fmt: skip
-            acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+                                                   j >= mask_from, MASK, CAUSAL, EXP_POLY, SUM_MMA)  # fmt: skip
+            acc, l_i, p_op, v = _pv_wait(acc, l_i, p_op, v, SUM_MMA)
             _release(kv_empty, V_EMPTY + stage, ARRIVE_AT)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+            acc, l_i = _rescale(acc, l_i, alpha, SUM_MMA)
             p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
             m_i = m_new
             stage = nstage
@@ -336,15 +384,16 @@ if gluon is not None:
             mbarrier.arrive(q_free, count=1)
         mbarrier.wait(v_ready.index(stage), phase)
         v = v_smem.index(stage)
-        acc = warpgroup_mma(p_op, v, acc, is_async=True)
-        acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
+        acc, l_i = _pv(p_op, v, acc, l_i, ones_t, SUM_MMA)
+        acc, l_i, p_op, v = _pv_wait(acc, l_i, p_op, v, SUM_MMA)
         _release(kv_empty, V_EMPTY + stage, ARRIVE_AT)
         return acc, m_i, l_i, turns
 
     @gluon.jit
     def _consume_half(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, j, base, qk_scale, SEQ_LEN,
                       q_free, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr, p_layout: gl.constexpr,
-                      ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD, EXP_POLY: gl.constexpr = 0):  # fmt: skip
+                      ARRIVE_AT: gl.constexpr = ARRIVE_ONE_THREAD, EXP_POLY: gl.constexpr = 0,
+                      SUM_MMA: gl.constexpr = False):  # fmt: skip
         """Fold the first 64 keys of key block ``j`` (128 keys) into (acc, m_i, l_i), masked: the diagonal block of
         the first consumer of a causal 128-row tile, whose rows see none of the block's last 64 keys (``HALF_DIAG``).
         The scores are a 64 x 64 wgmma on the first half of the K slot, P V one on the first half of the V slot; Q is
@@ -363,18 +412,26 @@ if gluon is not None:
         if V_EMPTY > 0:
             _release(kv_empty, stage, ARRIVE_AT)
         keys = j * k_smem.shape[1] + gl.arange(0, 64, layout=gl.SliceLayout(0, s_layout))
-        p, alpha, m_new, l_new = _online_softmax(s, gl.convert_layout(m_i, row_layout),
-                                                 gl.convert_layout(l_i, row_layout), keys,
+        # SUM_MMA: this half block's sums by the threads (from 0: P's row sums), added to the tensor cores' tile
+        if SUM_MMA:
+            l_row = gl.zeros([64], gl.float32, row_layout)
+        else:
+            l_row = gl.convert_layout(l_i, row_layout)
+        p, alpha, m_new, l_new = _online_softmax(s, gl.convert_layout(m_i, row_layout), l_row, keys,
                                                  gl.convert_layout(rows, row_layout), qk_scale, SEQ_LEN, True, True,
                                                  CAUSAL, EXP_POLY)  # fmt: skip
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout)), 1)
+        acc, l_i = _rescale(acc, l_i, alpha, SUM_MMA)
+        if SUM_MMA:
+            l_new = l_i + gl.expand_dims(gl.convert_layout(l_new, gl.SliceLayout(1, l_i.type.layout)), 1)
+        else:
+            l_new = gl.convert_layout(l_new, l_i.type.layout)
         p_op = gl.convert_layout(p.to(k_smem.dtype), p_layout)
         mbarrier.wait(v_ready.index(stage), phase)
         v = v_smem.index(stage).slice(0, 64, dim=0)
         acc = warpgroup_mma(p_op, v, acc, is_async=True)
         acc, p_op, v = warpgroup_mma_wait(0, deps=(acc, p_op, v))
         _release(kv_empty, V_EMPTY + stage, ARRIVE_AT)
-        return acc, gl.convert_layout(m_new, m_i.type.layout), gl.convert_layout(l_new, l_i.type.layout)
+        return acc, gl.convert_layout(m_new, m_i.type.layout), l_new
 
     @gluon.constexpr_function
     def _quad_vector_layout(head_dim):

@@ -233,7 +233,7 @@ def test_default_space_seeds_and_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     raw = load_space_file(fa.FlashAttention.space_file)
     assert raw["workloads"] == [fa.FlashAttention.name]
     space = compile_space(raw)
-    gluon_knobs = {"OVERLAP", "PERSISTENT", "PINGPONG", "CONSUMERS", "ONE_LOOP", "EPILOGUE", "RELEASE_K"}
+    gluon_knobs = {"OVERLAP", "PERSISTENT", "PINGPONG", "CONSUMERS", "ONE_LOOP", "EPILOGUE", "RELEASE_K", "SUM_MMA"}
     assert set(space.params) == {*fa.TILE_PARAMS, "precision", "use_tma", "kernel", "SPLIT_M", *gluon_knobs}
     assert len(space.seeds) == len(raw["seeds"]) >= 4  # every seed is a point of the space
     device = H200.to_dict()

@@ -99,8 +99,10 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     assert exported["function"] == "kernels.attention_ws.attention_ws"
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
                                   "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False,
-                                  "EPILOGUE": 0, "RELEASE_K": False, "HALF_DIAG": False, "EXP_POLY": 0}  # fmt: skip
+                                  "EPILOGUE": 0, "RELEASE_K": False, "HALF_DIAG": False, "EXP_POLY": 0,
+                                  "SUM_MMA": False}  # fmt: skip
     assert workload.export_config(_config(persistent=True, EXP_POLY=2))["kwargs"]["EXP_POLY"] == 2
+    assert workload.export_config(_config(persistent=True, SUM_MMA=True))["kwargs"]["SUM_MMA"] is True
     source = workload.export_python(_config(persistent=True))
     tree = ast.parse(source)
     namespace: dict[str, Any] = {}
@@ -127,6 +129,7 @@ for job in json.loads(sys.argv[1]):
                       "warpgroup_barriers": len(re.findall(r"bar\\.sync\\s+\\d+, 128;", ptx)),
                       "thread_arrives": ptx.count("cp.async.mbarrier.arrive.noinc"),
                       "scores_64_keys": len(re.findall(r"mma_async\\.\\S+\\.m64n64k16\\.\\S+ \\{[^}]*\\}, %rd", ptx)),
+                      "row_sum_wgmmas": ptx.count("m64n8k16"), "fp32_adds": len(re.findall(r"\\badd\\.f32\\b", ptx)),
                       "warp_arrives": ptx.count("mov.u32 l, %laneid; setp.eq.u32 p, l, 0;")}),
           flush=True)
 """
@@ -187,6 +190,27 @@ def test_early_k_release_compiles_with_its_own_empty_barriers(aot_child: Any) ->
         assert released["shared"] == held["shared"] + 8 * 2, (held, released)
         assert released["arrives"] > held["arrives"], (held, released)
         assert released["wgmma"] == held["wgmma"] and released["tma"], released
+
+
+@pytest.mark.timeout(300)
+def test_row_sums_by_wgmma_replace_the_threads_adds(aot_child: Any) -> None:
+    """``SUM_MMA`` (sm_90 PTX, no GPU): a 64 x 8 wgmma of P against the ones beside every P V (``BLOCK_N`` / 16 a key
+    block), far fewer fp32 adds (the threads no longer sum P), 2 KiB of ones and a barrier more shared memory, in the
+    plain, overlapped, ping-pong and persistent one-loop consumers."""
+    jobs = []
+    for d, extra in ((64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True}),
+                     (128, {"OVERLAP": True, "PINGPONG": True}), (128, {"OVERLAP": False})):  # fmt: skip
+        for on in (False, True):
+            config = {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2, **extra, "SUM_MMA": on}
+            jobs.append({"shape": [2, 16, 1024, d], "config": config})
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
+    assert len(lines) == len(jobs), lines
+    for off, on in zip(lines[::2], lines[1::2], strict=True):
+        assert off["row_sum_wgmmas"] == 0 and on["row_sum_wgmmas"] > 0, on
+        assert on["row_sum_wgmmas"] % (128 // 16) == 0, on  # a whole key block's K steps at a time
+        assert on["wgmma"] == off["wgmma"] + on["row_sum_wgmmas"], (off, on)
+        assert on["fp32_adds"] < off["fp32_adds"] / 4, (off["fp32_adds"], on["fp32_adds"])
+        assert 2 * 8 * 128 + 8 <= on["shared"] - off["shared"] <= 2 * 8 * 128 + 8 + 1024, (off, on)
 
 
 #: Consumer loops the arrival-mode PTX tests compile (head dim, knobs): overlapped, ping-pong with the quad epilogue,
@@ -250,6 +274,27 @@ def test_gpu_half_diagonal_matches_fp32_attention(shape: tuple[int, int, int, in
     base = {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True}
     for knobs in variants:
         _assert_matches_fp32(q, k, v, expected, expected_lse, True, **{**base, **knobs, "HALF_DIAG": True})
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 16, 1024, 64)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_row_sums_by_wgmma_match_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
+    """``SUM_MMA`` (each row's sum of P by a 64 x 8 wgmma against a block of ones, not by the threads): outputs and
+    log-sum-exp against fp32 math in every loop the sums pass through: plain, overlapped, ping-pong, persistent with
+    one loop (two and, at D = 64, three stages) and, causal, ``HALF_DIAG``'s half block (summed by the threads)."""
+    q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 17)
+    persistent = {"PERSISTENT": True, "ONE_LOOP": True, "RELEASE_K": True, "EPILOGUE": 2}
+    variants = [{"OVERLAP": False}, {}, {"PINGPONG": True}, persistent]
+    if shape[3] == 64:  # three stages beside the ones fit at D = 64 only
+        variants.append({**persistent, "NUM_BUFFERS": 3})
+    if causal:
+        variants.append({**persistent, "HALF_DIAG": True})
+    base = {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True}
+    for knobs in variants:
+        _assert_matches_fp32(q, k, v, expected, expected_lse, causal, **{**base, **knobs, "SUM_MMA": True})
 
 
 def _run_exp2_ptx(asm: str, x: Any) -> Any:
@@ -618,11 +663,29 @@ def test_the_kernel_and_the_workload_refuse_a_knob_combination_with_the_same_rea
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     workload = FlashAttention(batch=2, heads=16, seq_len=4096, head_dim=128, causal=True)
     for knobs in ({"OVERLAP": False, "PINGPONG": True}, {"PERSISTENT": True, "ONE_LOOP": False, "CHAIN": True},
-                  {"HALF_DIAG": True, "PINGPONG": True}, {"HALF_DIAG": True, "BLOCK_N": 64}, {"EXP_POLY": 7}):
+                  {"HALF_DIAG": True, "PINGPONG": True}, {"HALF_DIAG": True, "BLOCK_N": 64}, {"EXP_POLY": 7},
+                  {"SUM_MMA": True, "PERSISTENT": True, "ONE_LOOP": True, "CHAIN": True}):
         config = {**_config(stages=2, block_n=knobs.get("BLOCK_N", 128)), **knobs}
         with pytest.raises(ValueError) as refused:
             _check(128, "bf16", {"NUM_BUFFERS": 2, "OVERLAP": True, **knobs})
         assert workload.static_check(config, H200) == str(refused.value), knobs
+
+
+@pytest.mark.timeout(60)
+def test_row_sums_by_wgmma_are_checked_before_compiling() -> None:
+    """``SUM_MMA`` takes 2 KiB of ones beside the K/V ring (three stages at D = 128 no longer fit with the vector
+    epilogue), a second copy of P that three consumers cannot hold, and the tile loops, not ``CHAIN``'s stream."""
+    from kernels.attention_ws import _check
+    from kernels.attention_ws_rules import check_config
+
+    assert check_config(128, 128, 2, "bf16", 2, 1, 2, sum_mma=True) is None
+    assert check_config(64, 128, 3, "bf16", 2, 1, 2, sum_mma=True) is None
+    assert check_config(128, 128, 3, "bf16", 2, 1, 0, sum_mma=False) is None
+    assert "the ones of SUM_MMA" in (check_config(128, 128, 3, "bf16", 2, 1, 2, sum_mma=True) or "")
+    with pytest.raises(ValueError, match="it needs CONSUMERS=1 or 2"):
+        _check(64, "bf16", {"CONSUMERS": 3, "NUM_BUFFERS": 3, "SUM_MMA": True})
+    with pytest.raises(ValueError, match="SUM_MMA adds a row-sum wgmma to the tile loops"):
+        _check(64, "bf16", {"SUM_MMA": True, "PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "CHAIN": True})
 
 
 @pytest.mark.timeout(60)
@@ -646,12 +709,13 @@ def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memor
 
 
 @pytest.mark.parametrize("phase, knob, values", [("half_diag", "HALF_DIAG", [False, True]),
-                                                 ("exp_poly", "EXP_POLY", [0, 1, 2, 3, 4])])  # fmt: skip
+                                                 ("exp_poly", "EXP_POLY", [0, 1, 2, 3, 4]),
+                                                 ("sum_mma", "SUM_MMA", [False, True])])  # fmt: skip
 def test_knob_phases_offer_each_loop_with_every_value_of_the_knob_within_the_rules(phase: str, knob: str,
                                                                                    values: list) -> None:  # fmt: skip
-    """``bench/attention_ws.py half_diag`` and ``exp_poly``: every candidate loop comes with every value of the
-    phase's knob (without it: the contrast the phase re-measures), all pass the kernel's knob rules, and at each head
-    dim some fit the shared memory with the knob off and on."""
+    """``bench/attention_ws.py half_diag``, ``exp_poly`` and ``sum_mma``: every candidate loop comes with every value
+    of the phase's knob (without it: the contrast the phase re-measures), all pass the kernel's knob rules, and at
+    each head dim some fit the shared memory with the knob off and on."""
     from bench.attention_ws import PER_SHAPE_PHASES, _unusable
     from kernels.attention_ws import _check
 
