@@ -356,13 +356,15 @@ EXP_POLY_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
-#: The S <= 2048 winners' loops (two consumers; two stages with the vector epilogue, with and without ping-pong; three
-#: stages without it) with each row's sum of P by the threads or by a 64 x 8 wgmma against ones (``SUM_MMA``);
-#: ``sum_mma`` phase, contrast: the fastest config the other way.
+#: The S <= 2048 winners' loops (two consumers; two stages with the vector epilogue, with and without ping-pong, and
+#: without it with ``HALF_DIAG``, which changes only causal kernels; three stages without it) with each row's sum of P
+#: by the threads or by a 64 x 8 wgmma against ones (``SUM_MMA``); ``sum_mma`` phase, contrast: the fastest config the
+#: other way.
 SUM_MMA_CONFIGS: list[dict[str, Any]] = [
     {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": 2,
-     "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": True, "SUM_MMA": sums}
-    for (nb, pp, ep), sums in itertools.product(((2, False, 2), (2, True, 2), (3, False, 0)), (False, True))
+     "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": True, "HALF_DIAG": half, "SUM_MMA": sums}
+    for (nb, pp, ep, half), sums in itertools.product(((2, False, 2, False), (2, True, 2, False), (2, False, 2, True),
+                                                       (3, False, 0, False)), (False, True))
 ]  # fmt: skip
 
 

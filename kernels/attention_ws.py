@@ -91,8 +91,8 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   shuffle reduction a key block by every consumer thread (sm_90 SASS of the D = 64 winner: 272 -> 8 ``FADD``). The
   sums are then those of P as rounded for P V. Triton copies a register operand before each wgmma, so the second
   wgmma costs 32 moves a key block and the instruction count stays about the same; what it removes is the adds'
-  dependent chain. On an H100 at S = 1024: +0.5-1.4% (D = 128 causal and full, D = 64 full), even at D = 64 causal
-  (``bench/results/kernel-variants-attention-ws-sum-mma-h100.json``). In the search space.
+  dependent chain. On an H100 at S = 1024: +0.5-1.4% (D = 128 causal and full, D = 64 full), 0-2% slower at D = 64
+  causal (``bench/results/kernel-variants-attention-ws-sum-mma*-h100.json``). In the search space.
 
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
 :mod:`kernels.attention_ws_steps`; this module holds the loader, the partitions, the kernel and its launch.
