@@ -438,17 +438,23 @@ if gluon is not None:
 
 def _descriptors(q: Any, k: Any, v: Any, ones: Any, rows: int, head_dim: int,
                  block_n: int) -> tuple[Any, Any, Any, Any]:  # fmt: skip
-    """TMA descriptors of Q, K and V (``[rows, head_dim]``) and of ``ones`` (``[8, block_n]``, ``SUM_MMA``'s B)."""
+    """TMA descriptors of Q, K and V (``[rows, head_dim]``) and of ``ones`` (``[8, block_n]``, ``SUM_MMA``'s B; None
+    without ``SUM_MMA``: Q's descriptor stands in for it, which the kernel then never reads)."""
     dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     q_layout = gl.NVMMASharedLayout.get_default_for([SUB_M, head_dim], dtype)
     kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
-    ones_layout = gl.NVMMASharedLayout.get_default_for([8, block_n], dtype)
     shape, strides = [rows, head_dim], [head_dim, 1]
+    desc_q = TensorDescriptor(q, shape, strides, [SUB_M, head_dim], q_layout)
+    if ones is None:
+        desc_ones = desc_q
+    else:
+        ones_layout = gl.NVMMASharedLayout.get_default_for([8, block_n], dtype)
+        desc_ones = TensorDescriptor(ones, [8, block_n], [block_n, 1], [8, block_n], ones_layout)
     return (
-        TensorDescriptor(q, shape, strides, [SUB_M, head_dim], q_layout),
+        desc_q,
         TensorDescriptor(k, shape, strides, [block_n, head_dim], kv_layout),
         TensorDescriptor(v, shape, strides, [block_n, head_dim], kv_layout),
-        TensorDescriptor(ones, [8, block_n], [block_n, 1], [8, block_n], ones_layout),
+        desc_ones,
     )
 
 
@@ -532,8 +538,9 @@ def attention_ws(
     _check(head_dim, precision, knobs)
     meta = _meta(head_dim, causal, lse is not None, **knobs)
     rows = batch * heads * seq_len
-    descs = _descriptors(q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim),
-                         _ones(q.device, q.dtype, meta["BLOCK_N"]), rows, head_dim, meta["BLOCK_N"])  # fmt: skip
+    ones = _ones(q.device, q.dtype, meta["BLOCK_N"]) if meta["SUM_MMA"] else None
+    descs = _descriptors(q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim), ones, rows,
+                         head_dim, meta["BLOCK_N"])  # fmt: skip
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     grid = _grid(batch * heads, seq_len, meta, torch.cuda.get_device_properties(q.device).multi_processor_count)
     args = (out, lse, *descs, scale, seq_len, batch * heads)
@@ -544,13 +551,14 @@ def attention_ws(
     return out
 
 
-def _mock_args(batch: int, heads: int, seq_len: int, head_dim: int, precision: str, block_n: int) -> tuple:
+def _mock_args(batch: int, heads: int, seq_len: int, head_dim: int, precision: str, block_n: int,
+               sum_mma: bool = False) -> tuple:  # fmt: skip
     MockTensor = mock_tensor_class()
     dtype = DTYPES[precision]
     rows = batch * heads * seq_len
     flat = [MockTensor(dtype, [rows, head_dim]) for _ in range(3)]
     out = MockTensor(dtype, [batch, heads, seq_len, head_dim])
-    descs = _descriptors(*flat, MockTensor(dtype, [8, block_n]), rows, head_dim, block_n)
+    descs = _descriptors(*flat, MockTensor(dtype, [8, block_n]) if sum_mma else None, rows, head_dim, block_n)
     return (out, None, *descs, 1.0 / math.sqrt(head_dim), seq_len, batch * heads)
 
 
@@ -563,7 +571,7 @@ def compile_only(
         return None
     _check(head_dim, precision, knobs)
     meta = _meta(head_dim, causal, False, **knobs)
-    args = _mock_args(batch, heads, seq_len, head_dim, precision, meta["BLOCK_N"])
+    args = _mock_args(batch, heads, seq_len, head_dim, precision, meta["BLOCK_N"], meta["SUM_MMA"])
     num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return attention_fwd_ws_kernel.warmup(*args, **meta, grid=_grid(batch * heads, seq_len, meta, num_sms))
 
@@ -577,7 +585,7 @@ def compile_for_target(
 
     _check(head_dim, precision, knobs)
     kwargs = _meta(head_dim, causal, False, **knobs)
-    args = _mock_args(batch, heads, seq_len, head_dim, precision, kwargs["BLOCK_N"])
+    args = _mock_args(batch, heads, seq_len, head_dim, precision, kwargs["BLOCK_N"], kwargs["SUM_MMA"])
     if kwargs["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
         kwargs = _place_warp_arrivals(kwargs, lambda m: compile_jit_for_target(attention_fwd_ws_kernel, args, m,
                                                                                 capability),
