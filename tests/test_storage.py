@@ -183,3 +183,11 @@ def test_a_database_of_an_earlier_version_gains_the_new_columns_and_keeps_its_ro
     with pytest.raises(IntegrityError):  # the key stays unique (a unique index on the added column)
         db.create_study(name="again", workload="noop", spec={}, space={}, space_hash="h", idempotency_key="key-1")
     db.dispose()
+
+
+def test_a_study_reference_past_a_64_bit_id_finds_nothing(db_url: str) -> None:
+    """An all-digit reference too large for an integer column is no study, not a database error."""
+    db = StudyDB(db_url)
+    db.create_tables()
+    assert db.find_study("9223372036854775808") is None
+    assert db.find_study(str(2**70)) is None

@@ -222,7 +222,7 @@ class StudyDB:
         """A study by name, or by id when ``ref`` is all digits and no study has that name."""
         with self.Session() as s:
             row = s.scalar(select(StudyRow).where(StudyRow.name == str(ref)))
-            if row is None and str(ref).isdigit():
+            if row is None and str(ref).isdigit() and int(ref) < 2**63:  # past a 64-bit id: no such study
                 row = s.get(StudyRow, int(ref))
             return row
 
