@@ -196,25 +196,27 @@ def select_finalist(measurers: dict[str, Any], rounds: int) -> tuple[str, dict[s
     return max(finite, key=lambda name: medians[name]), samples  # type: ignore[arg-type, return-value]
 
 
-def _finalists(swept: list[tuple[float, dict]], count: int) -> list[dict[str, Any]]:
-    """The sweep's ``count`` fastest configs and, for a persistent kernel, the fastest one's twin with the stream-K
-    tail flipped (a knob whose effect is within the sweep's noise at most shapes)."""
+def _finalists(swept: list[tuple[float, dict]], count: int, stream_k_twin: bool) -> list[dict[str, Any]]:
+    """The sweep's ``count`` fastest configs and, with ``stream_k_twin`` (the GEMM workload, whose persistent kernels
+    have a ``STREAM_K`` knob), the fastest one's twin with the stream-K tail flipped (a knob whose effect is within
+    the sweep's noise at most shapes)."""
 
     def tail(config: dict[str, Any]) -> dict[str, Any]:  # STREAM_K absent means off
         return {**config, "STREAM_K": bool(config.get("STREAM_K", False))}
 
     chosen = [config for _, config in swept[:count]]
-    if chosen[0].get("kernel", "tutorial") != "tutorial":
+    if stream_k_twin and chosen[0].get("kernel", "tutorial") != "tutorial":
         twin = {**chosen[0], "STREAM_K": not chosen[0].get("STREAM_K", False)}
         if tail(twin) not in [tail(c) for c in chosen]:
             chosen.append(twin)
     return chosen
 
 
-def _selected(workload: Any, device: Any, swept: list[tuple[float, dict]], count: int,
-              rounds: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
-    """The winner among the sweep's finalists by medians of interleaved re-measurement, and the record of it."""
-    finalists = _finalists(swept, count)
+def _selected(workload: Any, device: Any, swept: list[tuple[float, dict]], count: int, rounds: int,
+              stream_k_twin: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+    """The winner among the sweep's finalists (:func:`_finalists`) by medians of interleaved re-measurement, and the
+    record of it."""
+    finalists = _finalists(swept, count, stream_k_twin)
     name, samples = select_finalist({str(i): _tuned(workload, device, c) for i, c in enumerate(finalists)}, rounds)
     record = []
     for i, config in enumerate(finalists):
@@ -253,7 +255,7 @@ def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int
     swept = _sweep(workload, device, gemm_candidates(precision, landscapes, top), threads)
     if not swept:
         return {"shape": shape, "precision": precision, "error": "no candidate ran", "target": None}
-    best, selection = _selected(workload, device, swept, finalists, select_rounds)
+    best, selection = _selected(workload, device, swept, finalists, select_rounds, stream_k_twin=True)
     fast = bool(best.get("FP8_FAST_ACCUM", True))
     baseline_name = "torch._scaled_mm" + (" (use_fast_accum)" if fast else "") if precision == "fp8" else "torch.matmul"
     measurers = {"tuned": _tuned(workload, device, best), "baseline": baseline_fn(m, n, k, precision, fast)}

@@ -166,15 +166,17 @@ def test_kernel_variants_picks_the_winner_by_medians_of_interleaved_rounds_not_t
         select_finalist({"a": measurer("a", [nan] * 3), "b": measurer("b", [nan] * 3)}, rounds=3)
 
 
-def test_kernel_variants_finalists_add_the_best_configs_stream_k_twin_once() -> None:
+def test_kernel_variants_finalists_add_the_best_gemm_configs_stream_k_twin_once() -> None:
     from bench.kernel_variants import _finalists
 
     ws = {"BLOCK_M": 128, "BLOCK_N": 256, "kernel": "persistent_tma_ws"}
     swept = [(737.0, {**ws, "STREAM_K": True}), (726.0, {**ws, "GROUP_M": 4}), (720.0, {**ws, "GROUP_M": 16})]
-    assert _finalists(swept, 2) == [swept[0][1], swept[1][1], {**ws, "STREAM_K": False}]
-    assert _finalists([(700.0, ws), (690.0, {**ws, "STREAM_K": True})], 4) == [ws, {**ws, "STREAM_K": True}]
+    assert _finalists(swept, 2, True) == [swept[0][1], swept[1][1], {**ws, "STREAM_K": False}]
+    assert _finalists([(700.0, ws), (690.0, {**ws, "STREAM_K": True})], 4, True) == [ws, {**ws, "STREAM_K": True}]
     tutorial = {"BLOCK_M": 128, "kernel": "tutorial"}  # no stream-K tail to flip
-    assert _finalists([(650.0, tutorial), *swept], 1) == [tutorial]
+    assert _finalists([(650.0, tutorial), *swept], 1, True) == [tutorial]
+    attention = {"BLOCK_M": 128, "kernel": "persistent_tma"}  # attention's persistent kernels have no STREAM_K knob
+    assert _finalists([(500.0, attention), (490.0, {**attention, "SPLIT_M": True})], 1, False) == [attention]
 
 
 def test_kernel_variants_takes_gemm_shapes_by_name_or_dimensions() -> None:
