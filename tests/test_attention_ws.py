@@ -197,15 +197,9 @@ def test_row_sums_by_wgmma_replace_the_threads_adds(aot_child: Any) -> None:
     """``SUM_MMA`` (sm_90 PTX, no GPU): a 64 x 8 wgmma of P against the ones beside every P V (``BLOCK_N`` / 16 a key
     block), far fewer fp32 adds (the threads no longer sum P), 2 KiB of ones and a barrier more shared memory, in the
     plain, overlapped, ping-pong and persistent one-loop consumers."""
-    jobs = []
-    for d, extra in ((64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True}),
-                     (128, {"OVERLAP": True, "PINGPONG": True}), (128, {"OVERLAP": False})):  # fmt: skip
-        for on in (False, True):
-            config = {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2, **extra, "SUM_MMA": on}
-            jobs.append({"shape": [2, 16, 1024, d], "config": config})
-    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
-    assert len(lines) == len(jobs), lines
-    for off, on in zip(lines[::2], lines[1::2], strict=True):
+    loops = ((64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "EPILOGUE": 2}),
+             (128, {"OVERLAP": True, "PINGPONG": True}), (128, {"OVERLAP": False}))  # fmt: skip
+    for off, on in _without_and_with(aot_child, "SUM_MMA", loops):
         assert off["row_sum_wgmmas"] == 0 and on["row_sum_wgmmas"] > 0, on
         assert on["row_sum_wgmmas"] % (128 // 16) == 0, on  # a whole key block's K steps at a time
         assert on["wgmma"] == off["wgmma"] + on["row_sum_wgmmas"], (off, on)
