@@ -16,10 +16,10 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
 - ``persistent``: the persistent grid's candidates (:data:`PERSISTENT_CONFIGS`) and the best one-tile config at
   every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``);
 - ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``, ``release``, ``single_vec``,
-  ``thread_arrive``, ``release3``, ``warp_arrive``, ``half_diag`` (causal shapes only), ``exp_poly``, ``sum_mma``: the
-  same per shape for one variant's candidates beside the winners (``chain``, ``epilogue``, ``release``,
-  ``single_vec``, ``thread_arrive``, ``warp_arrive``, ``half_diag``, ``exp_poly`` and ``sum_mma`` also re-measure the
-  best config without the variant; ``--head-dims`` keeps those head dims only).
+  ``thread_arrive``, ``release3``, ``warp_arrive``, ``half_diag`` (causal shapes only), ``exp_poly``, ``sum_mma``,
+  ``stream_kv``: the same per shape for one variant's candidates beside the winners (``chain``, ``epilogue``,
+  ``release``, ``single_vec``, ``thread_arrive``, ``warp_arrive``, ``half_diag``, ``exp_poly``, ``sum_mma`` and
+  ``stream_kv`` also re-measure the best config without the variant; ``--head-dims`` keeps those head dims only).
 """
 
 from __future__ import annotations
@@ -368,6 +368,18 @@ SUM_MMA_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+#: The S <= 2048 winners' loops (two consumers, two stages with the vector epilogue with and without ping-pong, three
+#: stages without; three consumers with 64-key blocks at D = 64) with the persistent grid's last round dealt out by
+#: tiles or by key blocks (``STREAM_KV``); ``stream_kv`` phase, contrast: the fastest config the other way.
+STREAM_KV_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": bn, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": c,
+     "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": True, "STREAM_KV": stream}
+    for (bn, nb, pp, c, ep), stream in itertools.product(((128, 2, False, 2, 2), (128, 2, True, 2, 2),
+                                                          (128, 3, False, 2, 0), (64, 2, False, 3, 0)),
+                                                         (False, True))
+]  # fmt: skip
+
+
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,
               contrast: str | None = None, checked: bool = True, head_dims: list[int] | None = None,
               causal_only: bool = False) -> dict[str, Any]:  # fmt: skip
@@ -427,6 +439,7 @@ PER_SHAPE_PHASES: dict[str, tuple[list[dict[str, Any]], str | None]] = {
     "thread_arrive": (THREAD_ARRIVE_CONFIGS, "THREAD_ARRIVE"), "release3": (RELEASE3_CONFIGS, None),
     "warp_arrive": (WARP_ARRIVE_CONFIGS, "WARP_ARRIVE"), "half_diag": (HALF_DIAG_CONFIGS, "HALF_DIAG"),
     "exp_poly": (EXP_POLY_CONFIGS, "EXP_POLY"), "sum_mma": (SUM_MMA_CONFIGS, "SUM_MMA"),
+    "stream_kv": (STREAM_KV_CONFIGS, "STREAM_KV"),
 }  # fmt: skip
 
 

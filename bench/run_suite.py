@@ -209,6 +209,18 @@ STEPS: list[tuple[str, float, list[str]]] = [
         200,
         "bench/attention_ws.py sum_mma --seq 1024 2048 --head-dims 64 128 --no-check --out {out}.json".split(),
     ),
+    # STREAM_KV (the persistent grid's last round dealt out by key blocks) beside the S <= 2048 winners
+    (
+        "gpu-tests-attention-stream-kv",
+        120,
+        "bench/gpu_tests.py --timeout 300 --out {out}.json --what attention-STREAM_KV "
+        "tests/test_attention_ws.py::test_gpu_streamed_last_round_matches_fp32_attention".split(),
+    ),
+    (
+        "attention-stream-kv",
+        220,
+        "bench/attention_ws.py stream_kv --seq 1024 2048 --head-dims 64 128 --no-check --out {out}.json".split(),
+    ),
     (
         "attention-exp-poly",
         90,
@@ -269,6 +281,7 @@ AFTER: dict[str, str] = {
     "decode-b64-fused16": "gpu-tests-partials",
     "decode-b64-seed1": "gpu-tests-partials",
     "attention-sum-mma": "gpu-tests-attention-sum-mma",
+    "attention-stream-kv": "gpu-tests-attention-stream-kv",
 }
 
 

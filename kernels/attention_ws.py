@@ -93,6 +93,13 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   wgmma costs 32 moves a key block and the instruction count stays about the same; what it removes is the adds'
   dependent chain. On an H100 at S = 1024: +0.5-1.4% (D = 128 causal and full, D = 64 full), 0-2% slower at D = 64
   causal (``bench/results/kernel-variants-attention-ws-sum-mma*-h100.json``). In the search space.
+- ``STREAM_KV`` (with ``PERSISTENT``, ``OVERLAP`` and ``ONE_LOOP``; ``BLOCK_N`` dividing the tile's rows): the items
+  of the whole rounds as before, then the last round's key blocks dealt out evenly to every program (stream-K). A
+  share that starts inside a tile publishes that part (unnormalized output, row max and sum) to a global fp32 slot
+  and raises a flag (release); the program holding the tile's first blocks acquires the flags of every share that
+  starts inside it, folds the parts in and stores. Right on an H100 (GPU test), but 1-9% slower than without it:
+  the split parts cost more than the SMs that idle through a partial last round
+  (``bench/results/kernel-variants-attention-waves-stream-h100.json``); not in the default search space.
 
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
 :mod:`kernels.attention_ws_steps`; this module holds the loader, the partitions, the kernel and its launch.
@@ -110,7 +117,16 @@ from typing import Any
 import torch
 
 from kernels.attention import DTYPES, check_operands, mock_tensor_class
-from kernels.attention_ws_rules import KNOBS, SUB_M, _maxnreg, check_knobs, consumer_regs_limit, query_tiles, work_items
+from kernels.attention_ws_rules import (
+    KNOBS,
+    SUB_M,
+    _maxnreg,
+    check_knobs,
+    consumer_regs_limit,
+    query_tiles,
+    stream_slot_floats,
+    work_items,
+)
 from kernels.attention_ws_steps import (
     ARRIVE_EVERY_THREAD,
     ARRIVE_ONE_THREAD,
@@ -142,27 +158,32 @@ if gluon is not None:
         _consume_chained,
         _consume_half,
         _consume_overlap,
-        _num_items,
+        _locate,
+        _merge,
         _program_tile,
+        _publish,
+        _round_items,
         _row_sums,
         _store_tile,
         _sum_layout,
+        _tail_share,
         _tile_extent,
         _work_item,
     )
 
     @gluon.jit
     def _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
-                   q_row, kv_row, n_blocks, base, q_free_phase, BLOCK_N: gl.constexpr,
+                   q_row, kv_row, lo, hi, base, q_free_phase, BLOCK_N: gl.constexpr,
                    NUM_BUFFERS: gl.constexpr, CONSUMERS: gl.constexpr):  # fmt: skip
-        """A tile's loads: K_0 and V_0 into ring slot ``base`` (its stage frees while the previous tile runs), the
-        consumers' 64-row Q tiles (once each consumer freed its buffer), then K_j and V_j into slot base + j."""
-        _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, 0, base, BLOCK_N, NUM_BUFFERS)
+        """A tile's loads of its key blocks lo .. hi-1: K_lo and V_lo into ring slot ``base + lo`` (its stage frees
+        while the previous tile runs), the consumers' 64-row Q tiles (once each consumer freed its buffer), then K_j
+        and V_j into slot base + j."""
+        _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, lo, base, BLOCK_N, NUM_BUFFERS)
         for c in gl.static_range(CONSUMERS):
             mbarrier.wait(q_empty.index(c), q_free_phase)
             mbarrier.expect(q_bar.index(c), desc_q.block_type.nbytes)
             _tma_load(desc_q, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
-        for j in range(1, n_blocks):
+        for j in range(lo + 1, hi):
             _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, j, base, BLOCK_N, NUM_BUFFERS)
 
     @gluon.jit
@@ -187,9 +208,10 @@ if gluon is not None:
     def _loader(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, SEQ_LEN,
                 BH, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
                 HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, desc_ones, ones_smem,
-                ones_bar, SUM_MMA: gl.constexpr):  # fmt: skip
-        """One warp: the program's tile (or, persistent, each of its tiles in turn): Q, then its K/V blocks; with
-        ``SUM_MMA`` first the block of ones the consumers' row-sum wgmmas read."""
+                ones_bar, SUM_MMA: gl.constexpr, STREAM_KV: gl.constexpr):  # fmt: skip
+        """One warp: the program's tile (or, persistent, each of its tiles in turn, and with ``STREAM_KV`` then its
+        share of the last round's key blocks): Q, then its K/V blocks; with ``SUM_MMA`` first the block of ones the
+        consumers' row-sum wgmmas read."""
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         if SUM_MMA:
             mbarrier.expect(ones_bar.index(0), desc_ones.block_type.nbytes)
@@ -198,23 +220,36 @@ if gluon is not None:
             num_m = gl.cdiv(SEQ_LEN, BLOCK_M)
             base = 0
             i = 0
-            for item in range(gl.program_id(0), _num_items(num_m, BH, CAUSAL), gl.num_programs(0)):
+            for item in range(gl.program_id(0), _round_items(num_m, BH, CAUSAL, STREAM_KV), gl.num_programs(0)):
                 off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
                 row0 = off_hz * SEQ_LEN
                 for h in range(tiles):
                     start_m = first + h * (second - first)
                     _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                     _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                               kv_empty, row0 + start_m * BLOCK_M, row0, n_blocks, base, (i & 1) ^ 1, BLOCK_N,
+                               kv_empty, row0 + start_m * BLOCK_M, row0, 0, n_blocks, base, (i & 1) ^ 1, BLOCK_N,
                                NUM_BUFFERS, CONSUMERS)  # fmt: skip
                     base += n_blocks
+                    i += 1
+            if STREAM_KV:
+                g, g_end = _tail_share(gl.program_id(0), num_m, BH, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                while g < g_end:
+                    off_hz, start_m, kb = _locate(g, num_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                    _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                    hi = gl.minimum(n_blocks, kb + (g_end - g))
+                    row0 = off_hz * SEQ_LEN
+                    _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                               kv_empty, row0 + start_m * BLOCK_M, row0, kb, hi, base - kb, (i & 1) ^ 1, BLOCK_N,
+                               NUM_BUFFERS, CONSUMERS)  # fmt: skip
+                    base += hi - kb
+                    g += hi - kb
                     i += 1
         else:
             off_hz, start_m = _program_tile(SEQ_LEN, CAUSAL, HEAD_MAJOR, CONSUMERS)
             _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
             row0 = off_hz * SEQ_LEN
             _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
-                       row0 + start_m * BLOCK_M, row0, n_blocks, 0, 1, BLOCK_N, NUM_BUFFERS, CONSUMERS)  # fmt: skip
+                       row0 + start_m * BLOCK_M, row0, 0, n_blocks, 0, 1, BLOCK_N, NUM_BUFFERS, CONSUMERS)  # fmt: skip
 
     @gluon.jit
     def _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
@@ -223,7 +258,8 @@ if gluon is not None:
                      OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr, PINGPONG: gl.constexpr,
                      CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, EPILOGUE: gl.constexpr,
                      ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr, EXP_POLY: gl.constexpr, ones_t,
-                     SUM_MMA: gl.constexpr):  # fmt: skip
+                     SUM_MMA: gl.constexpr, Partials=None, Flags=None, BH=0, lo=0, hi=0, tile_end=0,
+                     STREAM_KV: gl.constexpr = False):  # fmt: skip
         """Consumer ``c`` on one tile: query rows ``start_m * 64 * CONSUMERS + c * 64 + [0, 64)`` over all its key
         blocks (``HALF_DIAG``, causal: the first consumer takes only the first 64 keys of the diagonal block, the
         rest of which its rows never see).
@@ -231,7 +267,11 @@ if gluon is not None:
         Frees its Q buffer (``q_empty``) as soon as the last wgmma that reads it is done (with ``OVERLAP`` before
         the last P V), so the loader fetches the next tile's Q while this one finishes and stores. The key blocks
         that cross the diagonal (causal) or the end run in a loop of their own after the others, or with
-        ``ONE_LOOP`` in the same loop, masked behind a branch (one pipeline drain a tile, and half the code)."""
+        ``ONE_LOOP`` in the same loop, masked behind a branch (one pipeline drain a tile, and half the code).
+
+        ``STREAM_KV`` (with ``OVERLAP`` and ``ONE_LOOP``): only key blocks ``lo .. hi-1``, the tile's blocks ending at
+        block ``tile_end`` of all tiles' (:func:`_locate`). A part that starts inside the tile is published for the
+        program that holds the tile's first blocks, which merges every such part before it stores."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])  # fmt: skip
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -249,7 +289,13 @@ if gluon is not None:
         their_turn = turn.index((c + 1) % CONSUMERS)  # with PINGPONG the consumers take turns round the program
         # ONE_LOOP: every key block in the first loop, masked from n_full on; else the masked ones in a second.
         first_hi = n_blocks if ONE_LOOP else n_full
-        if HALF_DIAG and CAUSAL and c == 0:  # 128-row tiles, 128-key blocks: the diagonal block is block n_full
+        if STREAM_KV:  # key blocks lo .. hi-1; ring slots counted from lo
+            acc, m_i, l_i, turns = _consume_overlap(
+                q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base - lo, qk_scale,
+                SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N, NUM_BUFFERS,
+                True, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY, ones_t, SUM_MMA,
+            )  # fmt: skip
+        elif HALF_DIAG and CAUSAL and c == 0:  # 128-row tiles, 128-key blocks: the diagonal block is block n_full
             if n_full > 0:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base, qk_scale,
@@ -287,7 +333,22 @@ if gluon is not None:
                 )  # fmt: skip
             mbarrier.arrive(q_empty.index(c), count=1)
         l_i = _row_sums(l_i, gl.SliceLayout(1, s_layout), SUM_MMA)
-        _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)
+        if STREAM_KV:
+            if lo > 0:  # the tile's later blocks: the program with its first blocks finishes it
+                _publish(Partials, Flags, gl.program_id(0), acc, m_i, l_i, c, CONSUMERS, HEAD_DIM)
+            else:
+                if hi < n_blocks:  # the programs whose shares start inside the tile hold its other blocks
+                    num_m = gl.cdiv(SEQ_LEN, 64 * CONSUMERS)
+                    rank = gl.program_id(0) + 1
+                    start, end = _tail_share(rank, num_m, BH, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                    while (rank < gl.num_programs(0)) & (start < tile_end):
+                        if end > start:
+                            acc, m_i, l_i = _merge(Partials, Flags, rank, acc, m_i, l_i, c, CONSUMERS, HEAD_DIM)
+                        rank += 1
+                        start, end = _tail_share(rank, num_m, BH, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)
+        else:
+            _store_tile(Out, Lse, acc, m_i, l_i, rows, row0, SEQ_LEN, HEAD_DIM, STORE_LSE, EPILOGUE)
         return turns
 
     @gluon.jit
@@ -297,8 +358,10 @@ if gluon is not None:
                   HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr,
                   CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr,
                   EPILOGUE: gl.constexpr, ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr,
-                  EXP_POLY: gl.constexpr, ones_smem, ones_bar, SUM_MMA: gl.constexpr):  # fmt: skip
-        """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn."""
+                  EXP_POLY: gl.constexpr, ones_smem, ones_bar, SUM_MMA: gl.constexpr, Partials, Flags,
+                  STREAM_KV: gl.constexpr):  # fmt: skip
+        """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn (with
+        ``STREAM_KV`` those of the whole rounds, then its share of the last round's key blocks)."""
         if SUM_MMA:  # the block of ones (8 x BLOCK_N), as the row sums' B operand (BLOCK_N x 8)
             mbarrier.wait(ones_bar.index(0), 0)
             ones_t = ones_smem.permute((1, 0))
@@ -313,7 +376,7 @@ if gluon is not None:
             base = 0
             i = 0
             turns = gl.program_id(0) * 0  # a tensor: the loop carries it
-            for item in range(gl.program_id(0), _num_items(num_m, BH, CAUSAL), gl.num_programs(0)):
+            for item in range(gl.program_id(0), _round_items(num_m, BH, CAUSAL, STREAM_KV), gl.num_programs(0)):
                 off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
                 for h in range(tiles):
                     start_m = first + h * (second - first)
@@ -325,6 +388,21 @@ if gluon is not None:
                                          ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA)  # fmt: skip
                     base += n_blocks
                     i += 1
+            if STREAM_KV:
+                g, g_end = _tail_share(gl.program_id(0), num_m, BH, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                while g < g_end:
+                    off_hz, start_m, kb = _locate(g, num_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                    n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                    hi = gl.minimum(n_blocks, kb + (g_end - g))
+                    turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                                         kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
+                                         turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
+                                         OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
+                                         ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA, Partials, Flags, BH, kb,
+                                         hi, g - kb + n_blocks, STREAM_KV)  # fmt: skip
+                    base += hi - kb
+                    g += hi - kb
+                    i += 1
         else:
             off_hz, start_m = _program_tile(SEQ_LEN, CAUSAL, HEAD_MAJOR, CONSUMERS)
             n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
@@ -334,14 +412,14 @@ if gluon is not None:
                          ONE_LOOP, EPILOGUE, ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA)  # fmt: skip
 
     @gluon.jit
-    def attention_fwd_ws_kernel(Out, Lse, desc_q, desc_k, desc_v, desc_ones, sm_scale, SEQ_LEN, BH,
+    def attention_fwd_ws_kernel(Out, Lse, Partials, Flags, desc_q, desc_k, desc_v, desc_ones, sm_scale, SEQ_LEN, BH,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
                                 PERSISTENT: gl.constexpr, PINGPONG: gl.constexpr, CONSUMERS: gl.constexpr,
                                 ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr,
                                 EPILOGUE: gl.constexpr, RELEASE_K: gl.constexpr, HALF_DIAG: gl.constexpr,
-                                EXP_POLY: gl.constexpr, SUM_MMA: gl.constexpr,
+                                EXP_POLY: gl.constexpr, SUM_MMA: gl.constexpr, STREAM_KV: gl.constexpr,
                                 ARRIVE_AT: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
@@ -386,10 +464,11 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
+                                 Flags, STREAM_KV)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
-                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA)),
+                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA, STREAM_KV)),
                 ],
                 [1],
                 [24],
@@ -400,18 +479,21 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
+                                 Flags, STREAM_KV)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
+                                 Flags, STREAM_KV)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 2, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
+                                 Flags, STREAM_KV)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
-                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA)),
+                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA, STREAM_KV)),
                 ],
                 [4, 4, 1],
                 [CONSUMER_REGS, CONSUMER_REGS, 24],
@@ -422,14 +504,16 @@ if gluon is not None:
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
+                                 Flags, STREAM_KV)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
-                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA)),
+                                 ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
+                                 Flags, STREAM_KV)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
-                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA)),
+                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA, STREAM_KV)),
                 ],
                 [4, 1],
                 [CONSUMER_REGS, 24],
@@ -493,10 +577,27 @@ def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[st
 
 
 def _grid(bh: int, seq_len: int, meta: dict[str, Any], num_sms: int) -> tuple[int, ...]:
+    if meta.get("STREAM_KV"):  # every SM: the last round's key blocks go to all of them
+        return (num_sms * meta.get("CTAS_PER_SM", 1),)
     if meta["PERSISTENT"]:
         return (min(work_items(bh, seq_len, meta["CONSUMERS"], meta["CAUSAL"]), num_sms * meta.get("CTAS_PER_SM", 1)),)
     tiles = query_tiles(seq_len, meta["CONSUMERS"])
     return (tiles, bh) if meta["HEAD_MAJOR"] else (bh, tiles)
+
+
+#: (device, programs, consumers, head_dim) -> ``STREAM_KV``'s fp32 slots and int32 flags (left zero by launches).
+_STREAM_BUFFERS: dict[tuple[Any, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def stream_buffers(device: torch.device, programs: int, consumers: int,
+                   head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``STREAM_KV``'s partial slots (one a program) and their flags, cached per device and shape: a launch leaves
+    every flag zero, so launches on one device must not overlap."""
+    key = (device, programs, consumers, head_dim)
+    if key not in _STREAM_BUFFERS:
+        slots = torch.empty(programs * stream_slot_floats(consumers, head_dim), device=device, dtype=torch.float32)
+        _STREAM_BUFFERS[key] = (slots, torch.zeros(programs * consumers, device=device, dtype=torch.int32))
+    return _STREAM_BUFFERS[key]
 
 
 def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
@@ -543,7 +644,8 @@ def attention_ws(
                          head_dim, meta["BLOCK_N"])  # fmt: skip
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     grid = _grid(batch * heads, seq_len, meta, torch.cuda.get_device_properties(q.device).multi_processor_count)
-    args = (out, lse, *descs, scale, seq_len, batch * heads)
+    slots, flags = stream_buffers(q.device, grid[0], meta["CONSUMERS"], head_dim) if meta["STREAM_KV"] else (None, None)
+    args = (out, lse, slots, flags, *descs, scale, seq_len, batch * heads)
     if meta["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
         target = (q.dtype, torch.cuda.get_device_capability(q.device))
         meta = _place_warp_arrivals(meta, lambda m: attention_fwd_ws_kernel.warmup(*args, grid=grid, **m), target)
@@ -552,14 +654,15 @@ def attention_ws(
 
 
 def _mock_args(batch: int, heads: int, seq_len: int, head_dim: int, precision: str, block_n: int,
-               sum_mma: bool = False) -> tuple:  # fmt: skip
+               sum_mma: bool = False, stream_kv: bool = False) -> tuple:  # fmt: skip
     MockTensor = mock_tensor_class()
     dtype = DTYPES[precision]
     rows = batch * heads * seq_len
     flat = [MockTensor(dtype, [rows, head_dim]) for _ in range(3)]
     out = MockTensor(dtype, [batch, heads, seq_len, head_dim])
     descs = _descriptors(*flat, MockTensor(dtype, [8, block_n]) if sum_mma else None, rows, head_dim, block_n)
-    return (out, None, *descs, 1.0 / math.sqrt(head_dim), seq_len, batch * heads)
+    slots, flags = (MockTensor(torch.float32, [1]), MockTensor(torch.int32, [1])) if stream_kv else (None, None)
+    return (out, None, slots, flags, *descs, 1.0 / math.sqrt(head_dim), seq_len, batch * heads)
 
 
 def compile_only(
@@ -571,7 +674,7 @@ def compile_only(
         return None
     _check(head_dim, precision, knobs)
     meta = _meta(head_dim, causal, False, **knobs)
-    args = _mock_args(batch, heads, seq_len, head_dim, precision, meta["BLOCK_N"], meta["SUM_MMA"])
+    args = _mock_args(batch, heads, seq_len, head_dim, precision, meta["BLOCK_N"], meta["SUM_MMA"], meta["STREAM_KV"])
     num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return attention_fwd_ws_kernel.warmup(*args, **meta, grid=_grid(batch * heads, seq_len, meta, num_sms))
 
@@ -585,7 +688,8 @@ def compile_for_target(
 
     _check(head_dim, precision, knobs)
     kwargs = _meta(head_dim, causal, False, **knobs)
-    args = _mock_args(batch, heads, seq_len, head_dim, precision, kwargs["BLOCK_N"], kwargs["SUM_MMA"])
+    args = _mock_args(batch, heads, seq_len, head_dim, precision, kwargs["BLOCK_N"], kwargs["SUM_MMA"],
+                      kwargs["STREAM_KV"])
     if kwargs["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
         kwargs = _place_warp_arrivals(kwargs, lambda m: compile_jit_for_target(attention_fwd_ws_kernel, args, m,
                                                                                 capability),

@@ -41,7 +41,7 @@ KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
     "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False, "CTAS_PER_SM": 1,
     "EPILOGUE": 0, "RELEASE_K": False, "THREAD_ARRIVE": False, "WARP_ARRIVE": False, "HALF_DIAG": False,
-    "EXP_POLY": 0, "SUM_MMA": False,
+    "EXP_POLY": 0, "SUM_MMA": False, "STREAM_KV": False,
 }  # fmt: skip
 
 #: Knobs that work only beside others: what each needs, and why.
@@ -52,6 +52,9 @@ _NEEDS: dict[str, tuple[dict[str, Any], str]] = {
                   "HALF_DIAG gives the first consumer of a 128-row tile the first half of the 128-key diagonal block "
                   "after its OVERLAP loop"),
     "SUM_MMA": ({"CHAIN": False}, "SUM_MMA adds a row-sum wgmma to the tile loops, which CHAIN's stream has not"),
+    "STREAM_KV": ({"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "HALF_DIAG": False, "CHAIN": False},
+                  "STREAM_KV deals the persistent grid's last round out by key blocks, each part an OVERLAP loop of "
+                  "ONE_LOOP tiles"),
 }  # fmt: skip
 
 
@@ -113,6 +116,10 @@ def knob_conflict(knobs: dict[str, Any]) -> str | None:
     if given["SUM_MMA"] and given["CONSUMERS"] == 3:
         return ("SUM_MMA keeps a second copy of P for its row-sum wgmma, which three consumers' 160 registers do not "
                 "hold (sm_90: spills, serialized wgmmas): it needs CONSUMERS=1 or 2")  # fmt: skip
+    if given["STREAM_KV"] and (SUB_M * given["CONSUMERS"]) % given["BLOCK_N"]:
+        return (f"STREAM_KV finds a key block's tile by the blocks a tile reads, which needs BLOCK_N to divide the "
+                f"tile's {SUB_M * given['CONSUMERS']} rows: got BLOCK_N={given['BLOCK_N']} with "
+                f"CONSUMERS={given['CONSUMERS']}")  # fmt: skip
     for knob, (needs, why) in _NEEDS.items():
         wrong = [f"{name}={_word(given[name])}" for name, value in needs.items() if given[name] != value]
         if given[knob] and wrong:
@@ -163,6 +170,12 @@ def check_knobs(head_dim: int, precision: str, knobs: dict[str, Any]) -> str | N
 def query_tiles(seq_len: int, consumers: int) -> int:
     """Query tiles of one (batch, head): ``SUB_M`` rows a consumer warpgroup."""
     return -(-seq_len // (SUB_M * consumers))
+
+
+def stream_slot_floats(consumers: int, head_dim: int) -> int:
+    """``STREAM_KV``'s fp32 slot a program: each consumer's 64 x D accumulator and its rows' max and sum as two
+    64 x 8 tiles."""
+    return consumers * SUB_M * (head_dim + 16)
 
 
 def work_items(bh: int, seq_len: int, consumers: int, causal: bool) -> int:

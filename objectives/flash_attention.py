@@ -10,7 +10,8 @@ consumer warpgroups (CONSUMERS; three at head_dim 64 only), sm_90 only: BLOCK_M 
 num_stages its K/V stages, OVERLAP its intra-warpgroup overlap, ONE_LOOP its key blocks in one loop, CHAIN a
 persistent program's tiles as one overlapped stream, EPILOGUE how its output tile is stored, RELEASE_K a K slot
 freed after its scores, HALF_DIAG the first consumer's half of a causal tile's diagonal key block, EXP_POLY how
-many of every 8 exponentials a polynomial on the FMA pipe takes, SUM_MMA each row's sum of P by a wgmma), BLOCK_M,
+many of every 8 exponentials a polynomial on the FMA pipe takes, SUM_MMA each row's sum of P by a wgmma, STREAM_KV
+the persistent grid's last round dealt out to every SM by key blocks), BLOCK_M,
 BLOCK_N, num_warps, num_stages, precision (bf16, fp16), use_tma (the tutorial kernel's Q/K/V tiles through tensor
 descriptors, Hopper and newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
@@ -269,7 +270,8 @@ class FlashAttention(KernelWorkload):
         for knob in ("use_tma", "SPLIT_M"):
             if config.get(knob, False):
                 return f"{knob} belongs to the Triton kernels; gluon_ws always loads through TMA, 64 rows per consumer"
-        for knob in ("OVERLAP", "PERSISTENT", "PINGPONG", "ONE_LOOP", "CHAIN", "RELEASE_K", "HALF_DIAG", "SUM_MMA"):
+        for knob in ("OVERLAP", "PERSISTENT", "PINGPONG", "ONE_LOOP", "CHAIN", "RELEASE_K", "HALF_DIAG", "SUM_MMA",
+                     "STREAM_KV"):
             if not isinstance(config.get(knob, False), bool):
                 return f"{knob} must be true or false, got {config.get(knob)!r}"
         epilogue = config.get("EPILOGUE", 0)
@@ -481,6 +483,7 @@ class FlashAttention(KernelWorkload):
             "HALF_DIAG": bool(config.get("HALF_DIAG", False)),
             "EXP_POLY": int(config.get("EXP_POLY", 0)),
             "SUM_MMA": bool(config.get("SUM_MMA", False)),
+            "STREAM_KV": bool(config.get("STREAM_KV", False)),
         }
 
     @classmethod

@@ -100,7 +100,7 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
                                   "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False,
                                   "EPILOGUE": 0, "RELEASE_K": False, "HALF_DIAG": False, "EXP_POLY": 0,
-                                  "SUM_MMA": False}  # fmt: skip
+                                  "SUM_MMA": False, "STREAM_KV": False}  # fmt: skip
     assert workload.export_config(_config(persistent=True, EXP_POLY=2))["kwargs"]["EXP_POLY"] == 2
     assert workload.export_config(_config(persistent=True, SUM_MMA=True))["kwargs"]["SUM_MMA"] is True
     source = workload.export_python(_config(persistent=True))
@@ -130,7 +130,8 @@ for job in json.loads(sys.argv[1]):
                       "thread_arrives": ptx.count("cp.async.mbarrier.arrive.noinc"),
                       "scores_64_keys": len(re.findall(r"mma_async\\.\\S+\\.m64n64k16\\.\\S+ \\{[^}]*\\}, %rd", ptx)),
                       "row_sum_wgmmas": ptx.count("m64n8k16"), "fp32_adds": len(re.findall(r"\\badd\\.f32\\b", ptx)),
-                      "warp_arrives": ptx.count("mov.u32 l, %laneid; setp.eq.u32 p, l, 0;")}),
+                      "warp_arrives": ptx.count("mov.u32 l, %laneid; setp.eq.u32 p, l, 0;"),
+                      "flag_releases": ptx.count("release.exch"), "flag_acquires": ptx.count("acquire.gpu.cas")}),
           flush=True)
 """
 
@@ -289,6 +290,51 @@ def test_gpu_row_sums_by_wgmma_match_fp32_attention(shape: tuple[int, int, int, 
     base = {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True}
     for knobs in variants:
         _assert_matches_fp32(q, k, v, expected, expected_lse, causal, **{**base, **knobs, "SUM_MMA": True})
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 16, 1024, 64), (3, 5, 777, 64)],
+                         ids=lambda s: "x".join(map(str, s)))  # fmt: skip
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_streamed_last_round_matches_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
+    """``STREAM_KV`` (the persistent grid's last round dealt out by key blocks, a tile's parts merged by the program
+    holding its first blocks): outputs and log-sum-exp against fp32 math. The shapes leave a partial last round on
+    any 132-SM GPU: 1000 and 777 rows (ragged tiles) put fewer key blocks than programs in the round, so tiles are
+    cut into one-block parts over many programs, some shares empty; (2, 16, 1024) cuts tiles in two or three. Two
+    consumers (with and without ping-pong and SUM_MMA, two and three stages), and at D = 64 three consumers and one
+    consumer with two programs an SM (64-key blocks). Each config runs twice: a launch must leave its flags reset."""
+    q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 29)
+    base = {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "RELEASE_K": True, "STREAM_KV": True}
+    variants = [{"BLOCK_N": 128, "NUM_BUFFERS": 2, "EPILOGUE": 2}, {"BLOCK_N": 64, "NUM_BUFFERS": 2, "PINGPONG": True},
+                {"BLOCK_N": 128, "NUM_BUFFERS": 2, "EPILOGUE": 2, "SUM_MMA": True}]  # fmt: skip
+    if shape[3] == 64:
+        variants += [{"BLOCK_N": 128, "NUM_BUFFERS": 3}, {"BLOCK_N": 64, "NUM_BUFFERS": 2, "CONSUMERS": 3},
+                     {"BLOCK_N": 64, "NUM_BUFFERS": 2, "CONSUMERS": 1, "CTAS_PER_SM": 2}]  # fmt: skip
+    failures = []
+    for knobs in variants:
+        for launch in range(2):
+            try:
+                _assert_matches_fp32(q, k, v, expected, expected_lse, causal, **{**base, **knobs})
+            except AssertionError as exc:
+                failures.append(f"{knobs} launch {launch}: {_where_wrong(q, k, v, expected, causal, base, knobs)}"
+                                f" ({str(exc)[-200:]})")  # fmt: skip
+    assert not failures, "\n".join(failures)
+
+
+def _where_wrong(q: Any, k: Any, v: Any, expected: Any, causal: bool, base: dict, knobs: dict) -> str:
+    """Which rows of a failing launch are unwritten (NaN) or wrong: counts, and the first few (batch*head, row)."""
+    import torch
+
+    from kernels.attention_ws import attention_ws
+
+    out = torch.full_like(q, float("nan"))
+    attention_ws(q, k, v, causal=causal, out=out, **{**base, **knobs})
+    rows = out.float().flatten(0, 1)
+    nan = rows.isnan().any(-1).nonzero().tolist()
+    wrong = ((rows - expected.flatten(0, 1)).abs().amax(-1) > 1e-2 * expected.abs().max()).nonzero().tolist()
+    return f"{len(nan)} NaN rows {nan[:6]}, {len(wrong)} wrong rows {wrong[:6]}"
 
 
 def _run_exp2_ptx(asm: str, x: Any) -> Any:
@@ -682,6 +728,42 @@ def test_row_sums_by_wgmma_are_checked_before_compiling() -> None:
         _check(64, "bf16", {"SUM_MMA": True, "PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "CHAIN": True})
 
 
+@pytest.mark.timeout(300)
+def test_streamed_last_round_publishes_and_merges_parts_under_flags(aot_child: Any) -> None:
+    """``STREAM_KV`` (sm_90 PTX, no GPU): each consumer publishes a part behind one flag (a release exchange) and
+    merges parts after acquiring their flags (a compare-and-swap before and inside its wait loop), in two- and
+    three-consumer persistent loops and with ``SUM_MMA``; without the knob no flag is touched. The slots are in
+    global memory: shared memory grows by a few words at most (a flag's value crosses the warps through one)."""
+    loops = ((64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "EPILOGUE": 2}),
+             (128, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "PINGPONG": True, "SUM_MMA": True}),
+             (64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "CONSUMERS": 3, "BLOCK_N": 64}))  # fmt: skip
+    for (d, extra), (off, on) in zip(loops, _without_and_with(aot_child, "STREAM_KV", loops), strict=True):
+        consumers = extra.get("CONSUMERS", 2)
+        assert off["flag_releases"] == off["flag_acquires"] == 0, off
+        assert on["flag_releases"] == consumers and on["flag_acquires"] == 2 * consumers, on
+        assert 0 <= on["shared"] - off["shared"] <= 128, (d, off["shared"], on["shared"])
+
+
+@pytest.mark.timeout(60)
+def test_streamed_last_round_is_checked_before_compiling() -> None:
+    """``STREAM_KV`` needs the persistent grid's one-loop, overlapped tiles (each part of a tile is such a loop over
+    some of its key blocks), not ``HALF_DIAG`` or ``CHAIN``, and key blocks that divide a tile's rows (a key block's
+    tile is found from the blocks a tile reads); its grid is every SM."""
+    from kernels.attention_ws import _check, _grid
+
+    stream = {"STREAM_KV": True, "PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}
+    _check(64, "bf16", stream)
+    _check(64, "bf16", {**stream, "CONSUMERS": 3, "BLOCK_N": 64})
+    with pytest.raises(ValueError, match="it needs PERSISTENT=true, OVERLAP=true, ONE_LOOP=true"):
+        _check(64, "bf16", {**stream, "ONE_LOOP": False})
+    with pytest.raises(ValueError, match="HALF_DIAG=false"):
+        _check(64, "bf16", {**stream, "HALF_DIAG": True})
+    with pytest.raises(ValueError, match="BLOCK_N to divide the tile's 192 rows: got BLOCK_N=128"):
+        _check(64, "bf16", {**stream, "CONSUMERS": 3})
+    meta = {"PERSISTENT": True, "STREAM_KV": True, "CONSUMERS": 2, "CAUSAL": True, "CTAS_PER_SM": 1}
+    assert _grid(2, 1024, meta, 132) == (132,)  # 8 items: their key blocks still go to every SM
+
+
 @pytest.mark.timeout(60)
 def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memory() -> None:
     """One consumer warpgroup a program (64 query rows) with two programs an SM: 128 registers a thread at launch,
@@ -704,7 +786,8 @@ def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memor
 
 @pytest.mark.parametrize("phase, knob, values", [("half_diag", "HALF_DIAG", [False, True]),
                                                  ("exp_poly", "EXP_POLY", [0, 1, 2, 3, 4]),
-                                                 ("sum_mma", "SUM_MMA", [False, True])])  # fmt: skip
+                                                 ("sum_mma", "SUM_MMA", [False, True]),
+                                                 ("stream_kv", "STREAM_KV", [False, True])])  # fmt: skip
 def test_knob_phases_offer_each_loop_with_every_value_of_the_knob_within_the_rules(phase: str, knob: str,
                                                                                    values: list) -> None:  # fmt: skip
     """``bench/attention_ws.py half_diag``, ``exp_poly`` and ``sum_mma``: every candidate loop comes with every value
