@@ -17,9 +17,10 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
   every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``);
 - ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``, ``release``, ``single_vec``,
   ``thread_arrive``, ``release3``, ``warp_arrive``, ``half_diag`` (causal shapes only), ``exp_poly``, ``sum_mma``,
-  ``stream_kv``: the same per shape for one variant's candidates beside the winners (``chain``, ``epilogue``,
-  ``release``, ``single_vec``, ``thread_arrive``, ``warp_arrive``, ``half_diag``, ``exp_poly``, ``sum_mma`` and
-  ``stream_kv`` also re-measure the best config without the variant; ``--head-dims`` keeps those head dims only).
+  ``stream_kv``, ``q_buffers``: the same per shape for one variant's candidates beside the winners (``chain``,
+  ``epilogue``, ``release``, ``single_vec``, ``thread_arrive``, ``warp_arrive``, ``half_diag``, ``exp_poly``,
+  ``sum_mma``, ``stream_kv`` and ``q_buffers`` also re-measure the best config without the variant; ``--head-dims``
+  keeps those head dims only).
 """
 
 from __future__ import annotations
@@ -164,6 +165,7 @@ def _unusable(head_dim: int, config: dict[str, Any]) -> str | None:
         config.get("CTAS_PER_SM", 1),
         config.get("EPILOGUE", 0),
         bool(config.get("SUM_MMA", False)),
+        config.get("Q_BUFFERS", 1),
     )
 
 
@@ -380,6 +382,16 @@ STREAM_KV_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+#: The S <= 2048 winners' loops (two consumers: two stages with the vector epilogue, with and without ping-pong, and
+#: at D = 64 three stages) with one or two Q buffers a consumer (``Q_BUFFERS``); ``q_buffers`` phase, contrast: the
+#: fastest config the other way.
+Q_BUFFERS_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": 2,
+     "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": True, "Q_BUFFERS": qb}
+    for (nb, pp, ep), qb in itertools.product(((2, False, 2), (2, True, 2), (3, False, 0)), (1, 2))
+]  # fmt: skip
+
+
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,
               contrast: str | None = None, checked: bool = True, head_dims: list[int] | None = None,
               causal_only: bool = False) -> dict[str, Any]:  # fmt: skip
@@ -439,7 +451,7 @@ PER_SHAPE_PHASES: dict[str, tuple[list[dict[str, Any]], str | None]] = {
     "thread_arrive": (THREAD_ARRIVE_CONFIGS, "THREAD_ARRIVE"), "release3": (RELEASE3_CONFIGS, None),
     "warp_arrive": (WARP_ARRIVE_CONFIGS, "WARP_ARRIVE"), "half_diag": (HALF_DIAG_CONFIGS, "HALF_DIAG"),
     "exp_poly": (EXP_POLY_CONFIGS, "EXP_POLY"), "sum_mma": (SUM_MMA_CONFIGS, "SUM_MMA"),
-    "stream_kv": (STREAM_KV_CONFIGS, "STREAM_KV"),
+    "stream_kv": (STREAM_KV_CONFIGS, "STREAM_KV"), "q_buffers": (Q_BUFFERS_CONFIGS, "Q_BUFFERS"),
 }  # fmt: skip
 
 

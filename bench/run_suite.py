@@ -221,6 +221,18 @@ STEPS: list[tuple[str, float, list[str]]] = [
         220,
         "bench/attention_ws.py stream_kv --seq 1024 2048 --head-dims 64 128 --no-check --out {out}.json".split(),
     ),
+    # Q_BUFFERS=2 (the next tile's Q loaded while this one runs) beside the S <= 2048 winners
+    (
+        "gpu-tests-attention-q-buffers",
+        120,
+        "bench/gpu_tests.py --timeout 300 --out {out}.json --what attention-Q_BUFFERS "
+        "tests/test_attention_ws.py::test_gpu_double_buffered_q_matches_fp32_attention".split(),
+    ),
+    (
+        "attention-q-buffers",
+        200,
+        "bench/attention_ws.py q_buffers --seq 1024 2048 --head-dims 64 128 --no-check --out {out}.json".split(),
+    ),
     (
         "attention-exp-poly",
         90,
@@ -282,6 +294,7 @@ AFTER: dict[str, str] = {
     "decode-b64-seed1": "gpu-tests-partials",
     "attention-sum-mma": "gpu-tests-attention-sum-mma",
     "attention-stream-kv": "gpu-tests-attention-stream-kv",
+    "attention-q-buffers": "gpu-tests-attention-q-buffers",
 }
 
 

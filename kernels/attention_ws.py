@@ -174,15 +174,16 @@ if gluon is not None:
     @gluon.jit
     def _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
                    q_row, kv_row, lo, hi, base, q_free_phase, BLOCK_N: gl.constexpr,
-                   NUM_BUFFERS: gl.constexpr, CONSUMERS: gl.constexpr):  # fmt: skip
+                   NUM_BUFFERS: gl.constexpr, CONSUMERS: gl.constexpr, qb=0):  # fmt: skip
         """A tile's loads of its key blocks lo .. hi-1: K_lo and V_lo into ring slot ``base + lo`` (its stage frees
         while the previous tile runs), the consumers' 64-row Q tiles (once each consumer freed its buffer), then K_j
-        and V_j into slot base + j."""
+        and V_j into slot base + j. ``qb``: which of the consumers' Q buffers (``Q_BUFFERS``) the tile's Q goes to."""
         _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, lo, base, BLOCK_N, NUM_BUFFERS)
         for c in gl.static_range(CONSUMERS):
-            mbarrier.wait(q_empty.index(c), q_free_phase)
-            mbarrier.expect(q_bar.index(c), desc_q.block_type.nbytes)
-            _tma_load(desc_q, [q_row + c * 64, 0], q_bar.index(c), q_smem.index(c))
+            qs = qb * CONSUMERS + c
+            mbarrier.wait(q_empty.index(qs), q_free_phase)
+            mbarrier.expect(q_bar.index(qs), desc_q.block_type.nbytes)
+            _tma_load(desc_q, [q_row + c * 64, 0], q_bar.index(qs), q_smem.index(qs))
         for j in range(lo + 1, hi):
             _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, j, base, BLOCK_N, NUM_BUFFERS)
 
@@ -213,6 +214,7 @@ if gluon is not None:
         share of the last round's key blocks): Q, then its K/V blocks; with ``SUM_MMA`` first the block of ones the
         consumers' row-sum wgmmas read."""
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
+        QB: gl.constexpr = q_smem.shape[0] // CONSUMERS  # Q_BUFFERS: tile i's Q in buffer i % QB
         if SUM_MMA:
             mbarrier.expect(ones_bar.index(0), desc_ones.block_type.nbytes)
             _tma_load(desc_ones, [0, 0], ones_bar.index(0), ones_smem)
@@ -227,8 +229,8 @@ if gluon is not None:
                     start_m = first + h * (second - first)
                     _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                     _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                               kv_empty, row0 + start_m * BLOCK_M, row0, 0, n_blocks, base, (i & 1) ^ 1, BLOCK_N,
-                               NUM_BUFFERS, CONSUMERS)  # fmt: skip
+                               kv_empty, row0 + start_m * BLOCK_M, row0, 0, n_blocks, base, ((i // QB) & 1) ^ 1,
+                               BLOCK_N, NUM_BUFFERS, CONSUMERS, i % QB)  # fmt: skip
                     base += n_blocks
                     i += 1
             if STREAM_KV:
@@ -239,8 +241,8 @@ if gluon is not None:
                     hi = gl.minimum(n_blocks, kb + (g_end - g))
                     row0 = off_hz * SEQ_LEN
                     _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                               kv_empty, row0 + start_m * BLOCK_M, row0, kb, hi, base - kb, (i & 1) ^ 1, BLOCK_N,
-                               NUM_BUFFERS, CONSUMERS)  # fmt: skip
+                               kv_empty, row0 + start_m * BLOCK_M, row0, kb, hi, base - kb, ((i // QB) & 1) ^ 1,
+                               BLOCK_N, NUM_BUFFERS, CONSUMERS, i % QB)  # fmt: skip
                     base += hi - kb
                     g += hi - kb
                     i += 1
@@ -259,7 +261,7 @@ if gluon is not None:
                      CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, EPILOGUE: gl.constexpr,
                      ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr, EXP_POLY: gl.constexpr, ones_t,
                      SUM_MMA: gl.constexpr, Partials=None, Flags=None, BH=0, lo=0, hi=0, tile_end=0,
-                     STREAM_KV: gl.constexpr = False):  # fmt: skip
+                     STREAM_KV: gl.constexpr = False, qb=0):  # fmt: skip
         """Consumer ``c`` on one tile: query rows ``start_m * 64 * CONSUMERS + c * 64 + [0, 64)`` over all its key
         blocks (``HALF_DIAG``, causal: the first consumer takes only the first 64 keys of the diagonal block, the
         rest of which its rows never see).
@@ -271,7 +273,9 @@ if gluon is not None:
 
         ``STREAM_KV`` (with ``OVERLAP`` and ``ONE_LOOP``): only key blocks ``lo .. hi-1``, the tile's blocks ending at
         block ``tile_end`` of all tiles' (:func:`_locate`). A part that starts inside the tile is published for the
-        program that holds the tile's first blocks, which merges every such part before it stores."""
+        program that holds the tile's first blocks, which merges every such part before it stores.
+
+        ``qb``: the consumer's Q buffer the tile's Q is in (``Q_BUFFERS``; ``q_phase`` its phase)."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BLOCK_N, 16])  # fmt: skip
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -284,39 +288,40 @@ if gluon is not None:
             l_i = gl.zeros([64, 8], gl.float32, _sum_layout())
         else:
             l_i = gl.full([64], 0.0, gl.float32, gl.SliceLayout(1, s_layout))
-        mbarrier.wait(q_bar.index(c), q_phase)
-        q = q_smem.index(c)
+        qs = qb * CONSUMERS + c
+        mbarrier.wait(q_bar.index(qs), q_phase)
+        q = q_smem.index(qs)
         their_turn = turn.index((c + 1) % CONSUMERS)  # with PINGPONG the consumers take turns round the program
         # ONE_LOOP: every key block in the first loop, masked from n_full on; else the masked ones in a second.
         first_hi = n_blocks if ONE_LOOP else n_full
         if STREAM_KV:  # key blocks lo .. hi-1; ring slots counted from lo
             acc, m_i, l_i, turns = _consume_overlap(
                 q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, lo, hi, base - lo, qk_scale,
-                SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N, NUM_BUFFERS,
+                SEQ_LEN, n_full, q_empty.index(qs), True, turn.index(c), their_turn, turns, BLOCK_N, NUM_BUFFERS,
                 True, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY, ones_t, SUM_MMA,
             )  # fmt: skip
         elif HALF_DIAG and CAUSAL and c == 0:  # 128-row tiles, 128-key blocks: the diagonal block is block n_full
             if n_full > 0:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, n_full, base, qk_scale,
-                    SEQ_LEN, n_full, q_empty.index(c), False, turn.index(c), their_turn, turns, BLOCK_N, NUM_BUFFERS,
+                    SEQ_LEN, n_full, q_empty.index(qs), False, turn.index(c), their_turn, turns, BLOCK_N, NUM_BUFFERS,
                     False, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY, ones_t, SUM_MMA,
                 )  # fmt: skip
             acc, m_i, l_i = _consume_half(q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full,
-                                          base, qk_scale, SEQ_LEN, q_empty.index(c), NUM_BUFFERS, CAUSAL, p_layout,
+                                          base, qk_scale, SEQ_LEN, q_empty.index(qs), NUM_BUFFERS, CAUSAL, p_layout,
                                           ARRIVE_AT, EXP_POLY, SUM_MMA)  # fmt: skip
         elif OVERLAP:
             if ONE_LOOP or first_hi > 0:  # ONE_LOOP: n_blocks >= 1
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, 0, first_hi, base, qk_scale,
-                    SEQ_LEN, n_full, q_empty.index(c), n_blocks == first_hi, turn.index(c), their_turn, turns,
+                    SEQ_LEN, n_full, q_empty.index(qs), n_blocks == first_hi, turn.index(c), their_turn, turns,
                     BLOCK_N, NUM_BUFFERS, ONE_LOOP, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY,
                     ones_t, SUM_MMA,
                 )  # fmt: skip
             if not ONE_LOOP and n_blocks > n_full:
                 acc, m_i, l_i, turns = _consume_overlap(
                     q, k_smem, v_smem, k_ready, v_ready, kv_empty, acc, m_i, l_i, rows, n_full, n_blocks, base,
-                    qk_scale, SEQ_LEN, n_full, q_empty.index(c), True, turn.index(c), their_turn, turns, BLOCK_N,
+                    qk_scale, SEQ_LEN, n_full, q_empty.index(qs), True, turn.index(c), their_turn, turns, BLOCK_N,
                     NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, c, PINGPONG, ARRIVE_AT, EXP_POLY, ones_t, SUM_MMA,
                 )  # fmt: skip
         else:
@@ -331,7 +336,7 @@ if gluon is not None:
                     qk_scale, SEQ_LEN, n_full, BLOCK_N, NUM_BUFFERS, True, CAUSAL, s_layout, p_layout, ARRIVE_AT,
                     EXP_POLY, ones_t, SUM_MMA,
                 )  # fmt: skip
-            mbarrier.arrive(q_empty.index(c), count=1)
+            mbarrier.arrive(q_empty.index(qs), count=1)
         l_i = _row_sums(l_i, gl.SliceLayout(1, s_layout), SUM_MMA)
         if STREAM_KV:
             if lo > 0:  # the tile's later blocks: the program with its first blocks finishes it
@@ -362,6 +367,7 @@ if gluon is not None:
                   STREAM_KV: gl.constexpr):  # fmt: skip
         """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn (with
         ``STREAM_KV`` those of the whole rounds, then its share of the last round's key blocks)."""
+        QB: gl.constexpr = q_smem.shape[0] // CONSUMERS  # Q_BUFFERS: tile i's Q in buffer i % QB
         if SUM_MMA:  # the block of ones (8 x BLOCK_N), as the row sums' B operand (BLOCK_N x 8)
             mbarrier.wait(ones_bar.index(0), 0)
             ones_t = ones_smem.permute((1, 0))
@@ -382,10 +388,10 @@ if gluon is not None:
                     start_m = first + h * (second - first)
                     n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                     turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                                         kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
-                                         turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
-                                         OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
-                                         ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA)  # fmt: skip
+                                         kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base,
+                                         (i // QB) & 1, turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS,
+                                         CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
+                                         ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA, qb=i % QB)  # fmt: skip
                     base += n_blocks
                     i += 1
             if STREAM_KV:
@@ -395,11 +401,11 @@ if gluon is not None:
                     n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                     hi = gl.minimum(n_blocks, kb + (g_end - g))
                     turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                                         kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base, i & 1,
-                                         turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL,
-                                         OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
+                                         kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base,
+                                         (i // QB) & 1, turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS,
+                                         CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
                                          ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA, Partials, Flags, BH, kb,
-                                         hi, g - kb + n_blocks, STREAM_KV)  # fmt: skip
+                                         hi, g - kb + n_blocks, STREAM_KV, i % QB)  # fmt: skip
                     base += hi - kb
                     g += hi - kb
                     i += 1
@@ -420,18 +426,19 @@ if gluon is not None:
                                 ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr,
                                 EPILOGUE: gl.constexpr, RELEASE_K: gl.constexpr, HALF_DIAG: gl.constexpr,
                                 EXP_POLY: gl.constexpr, SUM_MMA: gl.constexpr, STREAM_KV: gl.constexpr,
-                                ARRIVE_AT: gl.constexpr):  # fmt: skip
+                                Q_BUFFERS: gl.constexpr, ARRIVE_AT: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
         in L2), or, ``PERSISTENT``, a grid of at most one program per SM striding over work items
         (:func:`_work_item`) with the K/V ring and the Q buffers carried from tile to tile."""
         qk_scale = sm_scale * 1.4426950408889634  # log2(e)
         dtype: gl.constexpr = desc_q.dtype
-        q_smem = gl.allocate_shared_memory(dtype, [CONSUMERS, 64, HEAD_DIM], desc_q.layout)
+        # Q_BUFFERS buffers a consumer, buffer-major (buffer b of consumer c at b * CONSUMERS + c)
+        q_smem = gl.allocate_shared_memory(dtype, [Q_BUFFERS * CONSUMERS, 64, HEAD_DIM], desc_q.layout)
         k_smem = gl.allocate_shared_memory(dtype, [NUM_BUFFERS, BLOCK_N, HEAD_DIM], desc_k.layout)
         v_smem = gl.allocate_shared_memory(dtype, [NUM_BUFFERS, BLOCK_N, HEAD_DIM], desc_v.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-        q_empty = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_bar = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS * CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS * CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUFFERS, 1], mbarrier.MBarrierLayout())
         # RELEASE_K: a K slot's empty barrier and, after them, a V slot's (a consumer frees K after its scores)
@@ -439,9 +446,10 @@ if gluon is not None:
         kv_empty = gl.allocate_shared_memory(gl.int64, [EMPTIES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(CONSUMERS):
-            mbarrier.init(q_bar.index(c), count=1)
-            mbarrier.init(q_empty.index(c), count=1)
             mbarrier.init(turn.index(c), count=1)
+        for b in gl.static_range(Q_BUFFERS * CONSUMERS):
+            mbarrier.init(q_bar.index(b), count=1)
+            mbarrier.init(q_empty.index(b), count=1)
         for i in gl.static_range(NUM_BUFFERS):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)

@@ -41,7 +41,7 @@ KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
     "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False, "CTAS_PER_SM": 1,
     "EPILOGUE": 0, "RELEASE_K": False, "THREAD_ARRIVE": False, "WARP_ARRIVE": False, "HALF_DIAG": False,
-    "EXP_POLY": 0, "SUM_MMA": False, "STREAM_KV": False,
+    "EXP_POLY": 0, "SUM_MMA": False, "STREAM_KV": False, "Q_BUFFERS": 1,
 }  # fmt: skip
 
 #: Knobs that work only beside others: what each needs, and why.
@@ -56,10 +56,13 @@ _NEEDS: dict[str, tuple[dict[str, Any], str]] = {
                   "STREAM_KV deals the persistent grid's last round out by key blocks, each part an OVERLAP loop of "
                   "ONE_LOOP tiles"),
 }  # fmt: skip
+#: ``Q_BUFFERS`` values: a consumer's Q tiles in shared memory (2: the next tile's Q loads while this one runs).
+Q_BUFFER_COUNTS = (1, 2)
 
 
 def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, consumers: int = 2,
-                 ctas_per_sm: int = 1, epilogue: int = 0, sum_mma: bool = False) -> str | None:  # fmt: skip
+                 ctas_per_sm: int = 1, epilogue: int = 0, sum_mma: bool = False,
+                 q_buffers: int = 1) -> str | None:  # fmt: skip
     """Why the kernel cannot run this config (None when it can): head dims, key blocks, consumers, programs per
     SM, epilogue, shared memory (``EPILOGUE`` 1 adds the layout conversion's scratch, bounded by one 64 x D tile
     a consumer: sm_90 compiles took 16 KiB with two consumers at D = 64 and 128; ``EPILOGUE`` 2 a 512-byte exchange
@@ -78,6 +81,8 @@ def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, 
         return f"CTAS_PER_SM must be one of {CTAS_PER_SM}, got {ctas_per_sm}"
     if epilogue not in EPILOGUES:
         return f"EPILOGUE must be one of {EPILOGUES}, got {epilogue!r}"
+    if q_buffers not in Q_BUFFER_COUNTS or isinstance(q_buffers, bool):
+        return f"Q_BUFFERS must be one of {Q_BUFFER_COUNTS}, got {q_buffers!r}"
     regs = consumer_regs_limit(consumers, ctas_per_sm)
     if (consumers == 3 or regs < 200) and head_dim != 64:
         return (
@@ -85,12 +90,13 @@ def check_config(head_dim: int, block_n: int, num_buffers: int, precision: str, 
             f"64x{head_dim} fp32 accumulator beside the scores does not fit (head_dim 64 only)"
         )
     block_m = SUB_M * consumers
-    shared = 2 * (block_m * head_dim + 2 * num_buffers * block_n * head_dim) + 1024
+    shared = 2 * (q_buffers * block_m * head_dim + 2 * num_buffers * block_n * head_dim) + 1024
     shared += {0: 0, 1: 2 * block_m * head_dim, 2: EPILOGUE_SHUFFLE_SCRATCH * consumers}[epilogue]
     shared += (2 * 8 * block_n + 8) if sum_mma else 0  # SUM_MMA's 8 x BLOCK_N ones and their barrier
     if ctas_per_sm * (shared + 1024) > SM_SHARED_BYTES:  # one program: shared <= 227 KiB
         return (
-            f"shared memory {shared} B (Q {block_m}x{head_dim}, {num_buffers} K/V stages of {block_n}x{head_dim}"
+            f"shared memory {shared} B ({q_buffers} x Q {block_m}x{head_dim}, {num_buffers} K/V stages of "
+            f"{block_n}x{head_dim}"
             f"{', the epilogue scratch' if epilogue else ''}{', the ones of SUM_MMA' if sum_mma else ''}) "
             f"for {ctas_per_sm} program(s) per SM exceeds the 228 KiB of an H100/H200 multiprocessor (227 KiB a "
             "program, 1 KiB each reserved)"
@@ -116,6 +122,9 @@ def knob_conflict(knobs: dict[str, Any]) -> str | None:
     if given["SUM_MMA"] and given["CONSUMERS"] == 3:
         return ("SUM_MMA keeps a second copy of P for its row-sum wgmma, which three consumers' 160 registers do not "
                 "hold (sm_90: spills, serialized wgmmas): it needs CONSUMERS=1 or 2")  # fmt: skip
+    if given["Q_BUFFERS"] == 2 and (not given["PERSISTENT"] or given["CHAIN"]):
+        return ("Q_BUFFERS=2 loads a persistent program's next tile's Q while it runs this one (CHAIN has its own "
+                "stream): it needs PERSISTENT=true, CHAIN=false")  # fmt: skip
     if given["STREAM_KV"] and (SUB_M * given["CONSUMERS"]) % given["BLOCK_N"]:
         return (f"STREAM_KV finds a key block's tile by the blocks a tile reads, which needs BLOCK_N to divide the "
                 f"tile's {SUB_M * given['CONSUMERS']} rows: got BLOCK_N={given['BLOCK_N']} with "
@@ -158,7 +167,7 @@ def check_knobs(head_dim: int, precision: str, knobs: dict[str, Any]) -> str | N
     given = {**KNOBS, **knobs}
     consumers, ctas = given["CONSUMERS"], given["CTAS_PER_SM"]
     reason = check_config(head_dim, given["BLOCK_N"], given["NUM_BUFFERS"], precision, consumers, ctas,
-                          given["EPILOGUE"], bool(given["SUM_MMA"]))  # fmt: skip
+                          given["EPILOGUE"], bool(given["SUM_MMA"]), given["Q_BUFFERS"])  # fmt: skip
     if reason:
         return reason
     regs, limit = given["CONSUMER_REGS"], consumer_regs_limit(consumers, ctas)

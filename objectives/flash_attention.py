@@ -11,7 +11,8 @@ num_stages its K/V stages, OVERLAP its intra-warpgroup overlap, ONE_LOOP its key
 persistent program's tiles as one overlapped stream, EPILOGUE how its output tile is stored, RELEASE_K a K slot
 freed after its scores, HALF_DIAG the first consumer's half of a causal tile's diagonal key block, EXP_POLY how
 many of every 8 exponentials a polynomial on the FMA pipe takes, SUM_MMA each row's sum of P by a wgmma, STREAM_KV
-the persistent grid's last round dealt out to every SM by key blocks), BLOCK_M,
+the persistent grid's last round dealt out to every SM by key blocks, Q_BUFFERS a consumer's Q tiles in shared
+memory), BLOCK_M,
 BLOCK_N, num_warps, num_stages, precision (bf16, fp16), use_tma (the tutorial kernel's Q/K/V tiles through tensor
 descriptors, Hopper and newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
@@ -300,7 +301,8 @@ class FlashAttention(KernelWorkload):
         if not available():
             return "gluon_ws needs Triton's Gluon (triton.experimental.gluon, Triton >= 3.6)"
         return check_config(self.head_dim, tile["BLOCK_N"], tile["num_stages"], config["precision"], consumers,
-                            epilogue=epilogue, sum_mma=bool(config.get("SUM_MMA", False)))  # fmt: skip
+                            epilogue=epilogue, sum_mma=bool(config.get("SUM_MMA", False)),
+                            q_buffers=config.get("Q_BUFFERS", 1))  # fmt: skip
 
     @staticmethod
     def _variant_check(config: dict[str, Any], kernel: Any) -> str | None:
@@ -484,6 +486,7 @@ class FlashAttention(KernelWorkload):
             "EXP_POLY": int(config.get("EXP_POLY", 0)),
             "SUM_MMA": bool(config.get("SUM_MMA", False)),
             "STREAM_KV": bool(config.get("STREAM_KV", False)),
+            "Q_BUFFERS": int(config.get("Q_BUFFERS", 1)),
         }
 
     @classmethod

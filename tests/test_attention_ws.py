@@ -100,7 +100,7 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
                                   "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False,
                                   "EPILOGUE": 0, "RELEASE_K": False, "HALF_DIAG": False, "EXP_POLY": 0,
-                                  "SUM_MMA": False, "STREAM_KV": False}  # fmt: skip
+                                  "SUM_MMA": False, "STREAM_KV": False, "Q_BUFFERS": 1}  # fmt: skip
     assert workload.export_config(_config(persistent=True, EXP_POLY=2))["kwargs"]["EXP_POLY"] == 2
     assert workload.export_config(_config(persistent=True, SUM_MMA=True))["kwargs"]["SUM_MMA"] is True
     source = workload.export_python(_config(persistent=True))
@@ -320,6 +320,34 @@ def test_gpu_streamed_last_round_matches_fp32_attention(shape: tuple[int, int, i
             except AssertionError as exc:
                 failures.append(f"{knobs} launch {launch}: {_where_wrong(q, k, v, expected, causal, base, knobs)}"
                                 f" ({str(exc)[-200:]})")  # fmt: skip
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 16, 1024, 64)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_double_buffered_q_matches_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
+    """``Q_BUFFERS=2`` (each consumer's tiles alternate between two Q buffers, so the loader fetches the next tile's
+    Q while this one runs): outputs and log-sum-exp against fp32 math in the persistent loops it changes: one loop
+    with the vector epilogue, ping-pong, ``SUM_MMA``, ``STREAM_KV`` and, causal, ``HALF_DIAG``; at D = 64 three
+    stages and three consumers. Every program runs several tiles at these shapes, so both buffers and both phases
+    of each are used."""
+    q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 31)
+    base = {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True,
+            "RELEASE_K": True, "Q_BUFFERS": 2}  # fmt: skip
+    variants = [{"EPILOGUE": 2}, {"PINGPONG": True, "EPILOGUE": 2}, {"SUM_MMA": True}, {"STREAM_KV": True}]
+    if causal:
+        variants.append({"HALF_DIAG": True, "EPILOGUE": 2})
+    if shape[3] == 64:
+        variants += [{"NUM_BUFFERS": 3}, {"CONSUMERS": 3, "BLOCK_N": 64}]
+    failures = []
+    for knobs in variants:
+        try:
+            _assert_matches_fp32(q, k, v, expected, expected_lse, causal, **{**base, **knobs})
+        except AssertionError as exc:
+            failures.append(f"{knobs}: {_where_wrong(q, k, v, expected, causal, base, knobs)} ({str(exc)[-200:]})")
     assert not failures, "\n".join(failures)
 
 
@@ -764,6 +792,35 @@ def test_streamed_last_round_is_checked_before_compiling() -> None:
     assert _grid(2, 1024, meta, 132) == (132,)  # 8 items: their key blocks still go to every SM
 
 
+@pytest.mark.timeout(300)
+def test_double_buffered_q_takes_a_second_q_tile_of_shared_memory(aot_child: Any) -> None:
+    """``Q_BUFFERS=2`` (sm_90 PTX, no GPU): a second 64 x D Q tile a consumer in shared memory and its two barriers,
+    the same wgmmas, in the persistent one-loop, ping-pong and three-consumer loops; the static check counts it (two
+    buffers and three K/V stages do not fit at D = 128) and refuses it outside the persistent grid and with CHAIN."""
+    from kernels.attention_ws import _check
+    from kernels.attention_ws_rules import check_config
+
+    loops = ((64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "EPILOGUE": 2}),
+             (128, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "PINGPONG": True}),
+             (64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "CONSUMERS": 3, "BLOCK_N": 64}))  # fmt: skip
+    jobs = [{"shape": [2, 16, 1024, d], "config": {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2,
+                                                   "RELEASE_K": True, **extra, "Q_BUFFERS": qb}}
+            for d, extra in loops for qb in (1, 2)]  # fmt: skip
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
+    assert len(lines) == len(jobs), lines
+    for (d, extra), one, two in zip(loops, lines[::2], lines[1::2], strict=True):
+        q_tiles = 2 * 64 * d * extra.get("CONSUMERS", 2)
+        assert q_tiles <= two["shared"] - one["shared"] <= q_tiles + 1024, (d, one["shared"], two["shared"])
+        assert two["wgmma"] == one["wgmma"], (one, two)
+    assert check_config(128, 128, 2, "bf16", 2, 1, 2, q_buffers=2) is None
+    assert "2 x Q 128x128" in (check_config(128, 128, 3, "bf16", 2, 1, 0, q_buffers=2) or "")
+    assert "Q_BUFFERS must be one of" in (check_config(64, 128, 2, "bf16", q_buffers=3) or "")
+    with pytest.raises(ValueError, match="it needs PERSISTENT=true, CHAIN=false"):
+        _check(64, "bf16", {"Q_BUFFERS": 2, "OVERLAP": True})
+    with pytest.raises(ValueError, match="it needs PERSISTENT=true, CHAIN=false"):
+        _check(64, "bf16", {"Q_BUFFERS": 2, "PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "CHAIN": True})
+
+
 @pytest.mark.timeout(60)
 def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memory() -> None:
     """One consumer warpgroup a program (64 query rows) with two programs an SM: 128 registers a thread at launch,
@@ -787,7 +844,8 @@ def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memor
 @pytest.mark.parametrize("phase, knob, values", [("half_diag", "HALF_DIAG", [False, True]),
                                                  ("exp_poly", "EXP_POLY", [0, 1, 2, 3, 4]),
                                                  ("sum_mma", "SUM_MMA", [False, True]),
-                                                 ("stream_kv", "STREAM_KV", [False, True])])  # fmt: skip
+                                                 ("stream_kv", "STREAM_KV", [False, True]),
+                                                 ("q_buffers", "Q_BUFFERS", [1, 2])])  # fmt: skip
 def test_knob_phases_offer_each_loop_with_every_value_of_the_knob_within_the_rules(phase: str, knob: str,
                                                                                    values: list) -> None:  # fmt: skip
     """``bench/attention_ws.py half_diag``, ``exp_poly`` and ``sum_mma``: every candidate loop comes with every value
@@ -805,7 +863,7 @@ def test_knob_phases_offer_each_loop_with_every_value_of_the_knob_within_the_rul
         _check(64, "bf16", dict(config))  # raises naming the knob it refuses
     for d in (64, 128):
         usable = [c for c in configs if _unusable(d, c) is None]
-        assert {bool(c[knob]) for c in usable} == {False, True}, d
+        assert {c[knob] != values[0] for c in usable} == {False, True}, d
 
 
 def test_persistent_grid_counts_its_work_items_once() -> None:
