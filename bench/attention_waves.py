@@ -11,7 +11,8 @@ ratio to cuDNN rises with whole rounds, the tail is the loss, and a finer-graine
 ``--stream`` measures that fix beside the winner: the same config with ``STREAM_KV`` (the last round dealt out
 to every SM by key blocks) as ``ws1``. At a batch of whole rounds both run the same tiles the same way (no
 key block is left for the stream), so any difference there is the knob's cost in code, not its tail.
-``--winners`` reads the winners from another target run.
+``--variant KNOB=VALUE`` does the same for another knob (ws0: the winner with the knob at its default, ws1: at
+VALUE). ``--winners`` reads the winners from another target run.
 
     PYTHONPATH=. python bench/attention_waves.py --out bench/results/kernel-variants-attention-waves-h200.json
 """
@@ -45,13 +46,19 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[16, 32, 33])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[128, 64])
     parser.add_argument("--stream", action="store_true", help="also the winner with STREAM_KV (ws1)")
+    parser.add_argument("--variant", help="KNOB=VALUE: the winner with the knob at its default (ws0), at VALUE (ws1)")
     parser.add_argument("--winners", type=Path, default=WINNERS_FILE, help="target run to take the winners from")
     ns = parser.parse_args()
     import torch
 
-    from kernels.attention_ws_rules import work_items
+    from kernels.attention_ws_rules import KNOBS, work_items
 
     configs = winners(ns.winners)
+    variant = {"STREAM_KV": True} if ns.stream else {}
+    if ns.variant:
+        knob, value = ns.variant.split("=")
+        variant = {knob: json.loads(value)}
+    default = {knob: KNOBS[knob] for knob in variant}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows: list[dict[str, Any]] = []
     for d in ns.head_dims:
@@ -59,8 +66,8 @@ def main() -> None:
         for causal in (True, False):
             for batch in ns.batches:
                 shape = {"batch": batch, "heads": heads, "seq_len": 1024, "head_dim": d, "causal": causal}
-                config = configs[(d, causal)]
-                measurers = _measurers(shape, [config, {**config, "STREAM_KV": True}] if ns.stream else [config])
+                config = {**configs[(d, causal)], **default}
+                measurers = _measurers(shape, [config, {**config, **variant}] if variant else [config])
                 medians = {n: median(v) for n, v in interleaved(measurers, ns.rounds).items()}
                 n_items = work_items(batch * heads, 1024, config["CONSUMERS"], causal)
                 lib = max((n for n in ("cudnn", "flash") if medians.get(n)), key=lambda n: medians[n])
@@ -68,8 +75,10 @@ def main() -> None:
                        "last_round_filled": round((n_items / sms) % 1 or 1.0, 3),
                        "tflops": {n: round(m, 1) for n, m in medians.items() if m},
                        "ratio_to_" + lib: round(medians["ws0"] / medians[lib], 4)}  # fmt: skip
-                if ns.stream:
-                    row["stream_over_winner"] = round(medians["ws1"] / medians["ws0"], 4)
+                if variant:
+                    row["variant"] = variant
+                    row["stream_over_winner" if ns.stream else "variant_over_winner"] = round(
+                        medians["ws1"] / medians["ws0"], 4)
                 rows.append(row)
                 print(f"  D={d} {'causal' if causal else 'full'} B={batch}: {n_items} items "
                       f"({row['rounds_of_items']} rounds) {row['tflops']} ratio {row['ratio_to_' + lib]}",

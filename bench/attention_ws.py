@@ -392,6 +392,14 @@ Q_BUFFERS_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+def _knob_on(config: dict[str, Any], knob: str) -> bool:
+    """Whether ``config`` sets ``knob`` away from the kernel's default (a contrast phase's two sides: for
+    ``Q_BUFFERS`` and ``CTAS_PER_SM``, whose default is 1, 2 is the variant, not any value but 0)."""
+    from kernels.attention_ws_rules import KNOBS
+
+    return config.get(knob, KNOBS[knob]) != KNOBS[knob]
+
+
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,
               contrast: str | None = None, checked: bool = True, head_dims: list[int] | None = None,
               causal_only: bool = False) -> dict[str, Any]:  # fmt: skip
@@ -418,8 +426,8 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
         best = max(first, key=lambda n: first[n] or 0.0)
         timed = [best, "cudnn", "flash"]
         if contrast:
-            knob = bool(usable[int(best[2:])].get(contrast))
-            others = [n for n in first if first[n] and bool(usable[int(n[2:])].get(contrast)) != knob]
+            others = [n for n in first if first[n] and _knob_on(usable[int(n[2:])], contrast)
+                      != _knob_on(usable[int(best[2:])], contrast)]  # fmt: skip
             timed += [max(others, key=lambda n: first[n])] if others else []
         values = interleaved({n: measurers[n] for n in timed if n in measurers}, rounds)
         medians = {name: median(v) for name, v in values.items()}

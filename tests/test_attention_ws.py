@@ -866,6 +866,18 @@ def test_knob_phases_offer_each_loop_with_every_value_of_the_knob_within_the_rul
         assert {c[knob] != values[0] for c in usable} == {False, True}, d
 
 
+def test_contrast_sides_are_the_knob_at_its_default_and_away_from_it() -> None:
+    """A per-shape phase re-measures the fastest config on the other side of its contrast knob: for knobs whose
+    default is 1 (``Q_BUFFERS``, ``CTAS_PER_SM``) the sides are 1 and not 1, not truthy and falsy (1 and 2 were both
+    on one side, so the q_buffers phase re-measured no contrast)."""
+    from bench.attention_ws import _knob_on
+
+    assert not _knob_on({"Q_BUFFERS": 1}, "Q_BUFFERS") and _knob_on({"Q_BUFFERS": 2}, "Q_BUFFERS")
+    assert not _knob_on({}, "CTAS_PER_SM") and _knob_on({"CTAS_PER_SM": 2}, "CTAS_PER_SM")
+    assert not _knob_on({"SUM_MMA": False}, "SUM_MMA") and _knob_on({"SUM_MMA": True}, "SUM_MMA")
+    assert not _knob_on({"EXP_POLY": 0}, "EXP_POLY") and _knob_on({"EXP_POLY": 3}, "EXP_POLY")
+
+
 def test_persistent_grid_counts_its_work_items_once() -> None:
     """The persistent grid and the wave benchmark count work items with one function: 128-row tiles (two
     consumers) or 192-row ones (three), causal items pairing two tiles; the grid is capped at the SMs."""
