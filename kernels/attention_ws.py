@@ -100,6 +100,11 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   starts inside it, folds the parts in and stores. Right on an H100 (GPU test), but 1-9% slower than without it:
   the split parts cost more than the SMs that idle through a partial last round
   (``bench/results/kernel-variants-attention-waves-stream-h100.json``); not in the default search space.
+- ``Q_BUFFERS=2`` (with ``PERSISTENT``, not ``CHAIN``): each consumer's tiles alternate between two Q buffers (tile i
+  in buffer i % 2, its barriers' phase from i // 2), so the loader fetches a tile's Q while the tile before it runs
+  instead of after that tile's last Q K^T. Right on an H100 (GPU test); no interleaved A/B yet (the first rounds of
+  ``kernel-variants-attention-ws-q-buffers-h100.json`` favour it at 6 of 8 shapes by single samples); not in the
+  default search space.
 
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
 :mod:`kernels.attention_ws_steps`; this module holds the loader, the partitions, the kernel and its launch.
