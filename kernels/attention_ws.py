@@ -641,8 +641,9 @@ def attention_ws(
     block's K slot once its scores are done, not with its V after P V; ``THREAD_ARRIVE``: every consumer thread
     arrives on the slots' empty barriers; ``WARP_ARRIVE``: one lane a warp, in inline PTX; ``HALF_DIAG``: causal, the
     first consumer takes half the diagonal block; ``EXP_POLY``: 0-4 of every 8 exponentials by a polynomial on the
-    FMA pipe; ``SUM_MMA``: the rows' sums of P by a wgmma). Launches asynchronously
-    on the current stream.
+    FMA pipe; ``SUM_MMA``: the rows' sums of P by a wgmma; ``STREAM_KV``: the persistent grid's last round dealt out
+    by key blocks, with partial slots and flags cached per device (:func:`stream_buffers`); ``Q_BUFFERS``: 1 or 2 Q
+    buffers a consumer). Launches asynchronously on the current stream.
     """
     out = check_operands(q, k, v, out, lse)
     if not available():
