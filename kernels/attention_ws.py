@@ -34,80 +34,13 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   a tile, so the next tile's Q and first K/V stages load while it normalizes and stores. On an H200 this
   gave up to 1.2x at short sequences (S = 1024, 2048), where one program per tile waits for its first
   loads and its stores every few key blocks.
-- ``CONSUMERS=1`` with ``CTAS_PER_SM=2``: cuDNN's tile at these shapes, 64 query rows and one consumer warpgroup a
-  program, two programs an SM (registers and the K/V ring sized for two), so one program's loads, drain and stores
-  overlap the other's wgmmas. Right on an H200, but 2-10% slower than two consumers at S = 1024 / 2048 (not in the
-  default search space; ``bench/results/kernel-variants-attention-ws-single-h200.json``).
-- ``EPILOGUE=1``: a consumer moves its normalized output tile (in Out's dtype) from the wgmma accumulator's layout,
-  where each thread holds two columns of every 8-column group (4-byte stores), to a row-major one of 8 columns a
-  thread (16-byte stores, a warp writing whole rows), through the compiler's shared-memory scratch (16 KiB more a
-  program on sm_90). On an H200 it gained 3-8% at D = 64 with three K/V stages (S 1024-2048); at D = 128 it
-  leaves room for two stages only, which lose to three without it
-  (``bench/results/kernel-variants-attention-ws-epilogue-h200.json``).
-- ``EPILOGUE=2``: the same 16-byte stores, 8 adjacent columns a thread, with the accumulator layout's rows kept:
-  only each row's four lanes exchange pieces (:func:`kernels.attention_ws_steps._quad_vector_layout`). The
-  compiler does the exchange through 512 bytes of shared memory a warp, so it costs 4 KiB instead of 16 with two
-  consumers.
-- ``RELEASE_K``: K and V slots of the ring freed by their own empty barriers, a K slot as soon as the scores
-  that read it are done (FlashAttention-3's separate K and V pipelines). Without it a block's K slot is held until
-  its P V is done, one step longer than needed, so the loader's next K waits for it: two stages then act as
-  fewer. On an H200 at S = 1024 it lifted two-stage configs by 4-14% (D = 128 full 505 -> 571 TFLOP/s with
-  ``PINGPONG`` and ``EPILOGUE=2``), past three stages without it, and left three stages unchanged; with two stages
-  the 64 KiB saved at D = 128 make room for either epilogue
-  (``bench/results/kernel-variants-attention-ws-release-h200.json``).
-- ``CHAIN`` (with ``PERSISTENT``, ``OVERLAP`` and ``ONE_LOOP``, without ``PINGPONG``): a program's tiles as one
-  stream of key blocks, a tile's first scores and softmax under the previous tile's last P V. Right on an H200
-  (GPU test), but 1-5% slower than the same config without it at S = 1024 (not in the default search space).
-- ``THREAD_ARRIVE``: every consumer thread frees a K/V slot (``cp.async.mbarrier.arrive.noinc``, the empty
-  barriers counting 128 arrivals a consumer) instead of one thread, for which Triton brackets the arrival with
-  warpgroup barriers (3 -> 2 ``bar.sync`` a key block in the overlapped loop under Triton 3.6). ncu put a third of
-  the D = 64 S = 1024 winner's stall cycles at those barriers; right on an H200 (GPU test), but the 128 arrivals
-  cost more than the barriers saved: 2.6% slower (median of 56 pairs, 16 shapes; not in the default search space;
-  ``bench/results/kernel-variants-attention-ws-thread-arrive-h200.json``).
-- ``WARP_ARRIVE``: lane 0 of each consumer warp frees a slot (4 arrivals a consumer) in inline PTX at kv_empty's
-  shared-memory offset, which a first compile's barrier inits give (``attention_ws_steps._place_warp_arrivals``;
-  the second compile must place the barriers at the same offset, or the launch fails). Triton sees no arrival, so
-  the overlapped loop keeps 1 of its 3 warpgroup barriers a key block. Right on an H200 (GPU test), and neutral:
-  1.001x the same config without it (median of 56 pairs, 16 shapes;
-  ``kernel-variants-attention-ws-warp-arrive-h200.json``): the warps that no longer wait at the barriers wait for
-  each other at the next wgmma. Not in the search space.
-
-- ``HALF_DIAG`` (causal, two consumers, 128-key blocks, ``OVERLAP`` without ``PINGPONG``): in a tile's diagonal key
-  block the first consumer's rows see only the first 64 keys, so it folds in that half alone (a 64 x 64 score
-  wgmma on the K slot's first half, P V on the V slot's) after its loop over the blocks before, instead of scores,
-  exponentials and P V over 128 keys of which 64 are masked: a quarter of the diagonal block's work, 5.6% of a
-  causal tile's at S = 1024 (2.9% at 2048). On an H100 +2.6% at D = 64 S = 1024 causal, 1-2% slower at S = 2048
-  and 4096 (``kernel-variants-attention-ws-half-diag-h100.json``); not in the default search space.
-- ``EXP_POLY`` (0-4): FlashAttention-4's exponential. Each score costs one ``MUFU.EX2``, and the multi-function
-  unit does 16 a clock an SM against the tensor cores' 4,096 bf16 FLOPs: at D = 64 a 128 x 128 block's
-  exponentials (1,024 clocks) take as long as its two wgmmas, so the unit, not the tensor cores, sets the pace.
-  ``EXP_POLY`` of every 8 scores instead get a degree-3 polynomial on the FMA pipe (128 a clock; about seven
-  instructions, :func:`kernels.attention_ws_steps.exp2_asm`), relative error 7.5e-5 against bf16's 3.9e-3. On an
-  H100 ``EXP_POLY`` 0 won all four D = 64 shapes measured, S = 1024 and 2048
-  (``kernel-variants-attention-ws-exp-poly-h100.json``): the loop is bound by its instruction issue, not by the
-  unit; not in the default search space.
-- ``SUM_MMA`` (one or two consumers, not ``CHAIN``): each row's sum of P by a 64 x 8 wgmma of P against a block of
-  ones (8 x ``BLOCK_N`` in shared memory, loaded once by the loader) beside P V, instead of an add a score and a
-  shuffle reduction a key block by every consumer thread (sm_90 SASS of the D = 64 winner: 272 -> 8 ``FADD``). The
-  sums are then those of P as rounded for P V. Triton copies a register operand before each wgmma, so the second
-  wgmma costs 32 moves a key block and the instruction count stays about the same; what it removes is the adds'
-  dependent chain. On an H100 at S = 1024: +0.5-1.4% (D = 128 causal and full, D = 64 full), 0-2% slower at D = 64
-  causal (``bench/results/kernel-variants-attention-ws-sum-mma*-h100.json``). In the search space.
-- ``STREAM_KV`` (with ``PERSISTENT``, ``OVERLAP`` and ``ONE_LOOP``; ``BLOCK_N`` dividing the tile's rows): the items
-  of the whole rounds as before, then the last round's key blocks dealt out evenly to every program (stream-K). A
-  share that starts inside a tile publishes that part (unnormalized output, row max and sum) to a global fp32 slot
-  and raises a flag (release); the program holding the tile's first blocks acquires the flags of every share that
-  starts inside it, folds the parts in and stores. Right on an H100 (GPU test), but 1-9% slower than without it:
-  the split parts cost more than the SMs that idle through a partial last round
-  (``bench/results/kernel-variants-attention-waves-stream-h100.json``); not in the default search space.
-- ``Q_BUFFERS=2`` (with ``PERSISTENT``, not ``CHAIN``): each consumer's tiles alternate between two Q buffers (tile i
-  in buffer i % 2, its barriers' phase from i // 2), so the loader fetches a tile's Q while the tile before it runs
-  instead of after that tile's last Q K^T. Right on an H100 (GPU test); no interleaved A/B yet (the first rounds of
-  ``kernel-variants-attention-ws-q-buffers-h100.json`` favour it at 6 of 8 shapes by single samples); not in the
-  default search space.
+- The other knobs (``CONSUMERS=1`` with ``CTAS_PER_SM=2``, ``EPILOGUE``, ``RELEASE_K``, ``CHAIN``, the arrival
+  modes, ``HALF_DIAG``, ``EXP_POLY``, ``SUM_MMA``, ``STREAM_KV``, ``Q_BUFFERS``), what each does and what it
+  measured, are described in :mod:`kernels.attention_ws_rules` beside their defaults.
 
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
-:mod:`kernels.attention_ws_steps`; this module holds the loader, the partitions, the kernel and its launch.
+:mod:`kernels.attention_ws_steps`, ``STREAM_KV``'s schedule and merge in :mod:`kernels.attention_ws_stream`; this
+module holds the loader, the partitions, the kernel and its launch.
 
 Rows past ``SEQ_LEN`` (a ragged last block) read the next head's rows through the 2-D descriptors and
 are never stored; keys past it are masked. ``Lse`` (base-2 log-sum-exp, ``[B*H*S]`` fp32) is stored
@@ -163,18 +96,14 @@ if gluon is not None:
         _consume_chained,
         _consume_half,
         _consume_overlap,
-        _locate,
-        _merge,
         _program_tile,
-        _publish,
-        _round_items,
         _row_sums,
         _store_tile,
         _sum_layout,
-        _tail_share,
         _tile_extent,
         _work_item,
     )
+    from kernels.attention_ws_stream import _merge, _publish, _round_items, _tail_part, _tail_share
 
     @gluon.jit
     def _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
@@ -241,9 +170,8 @@ if gluon is not None:
             if STREAM_KV:
                 g, g_end = _tail_share(gl.program_id(0), num_m, BH, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                 while g < g_end:
-                    off_hz, start_m, kb = _locate(g, num_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
-                    _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
-                    hi = gl.minimum(n_blocks, kb + (g_end - g))
+                    off_hz, start_m, _, n_blocks, kb, hi = _tail_part(g, g_end, num_m, SEQ_LEN, BLOCK_N, CAUSAL,
+                                                                     CONSUMERS)  # fmt: skip
                     row0 = off_hz * SEQ_LEN
                     _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, row0 + start_m * BLOCK_M, row0, kb, hi, base - kb, ((i // QB) & 1) ^ 1,
@@ -277,8 +205,8 @@ if gluon is not None:
         ``ONE_LOOP`` in the same loop, masked behind a branch (one pipeline drain a tile, and half the code).
 
         ``STREAM_KV`` (with ``OVERLAP`` and ``ONE_LOOP``): only key blocks ``lo .. hi-1``, the tile's blocks ending at
-        block ``tile_end`` of all tiles' (:func:`_locate`). A part that starts inside the tile is published for the
-        program that holds the tile's first blocks, which merges every such part before it stores.
+        block ``tile_end`` of all tiles' (:mod:`kernels.attention_ws_stream`). A part that starts inside the tile is
+        published for the program that holds the tile's first blocks, which merges every such part before it stores.
 
         ``qb``: the consumer's Q buffer the tile's Q is in (``Q_BUFFERS``; ``q_phase`` its phase)."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -402,9 +330,8 @@ if gluon is not None:
             if STREAM_KV:
                 g, g_end = _tail_share(gl.program_id(0), num_m, BH, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                 while g < g_end:
-                    off_hz, start_m, kb = _locate(g, num_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
-                    n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
-                    hi = gl.minimum(n_blocks, kb + (g_end - g))
+                    off_hz, start_m, n_full, n_blocks, kb, hi = _tail_part(g, g_end, num_m, SEQ_LEN, BLOCK_N, CAUSAL,
+                                                                          CONSUMERS)  # fmt: skip
                     turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                          kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base,
                                          (i // QB) & 1, turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS,
