@@ -191,3 +191,4 @@ def test_a_study_reference_past_a_64_bit_id_finds_nothing(db_url: str) -> None:
     db.create_tables()
     assert db.find_study("9223372036854775808") is None
     assert db.find_study(str(2**70)) is None
+    db.dispose()
