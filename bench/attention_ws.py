@@ -383,12 +383,13 @@ STREAM_KV_CONFIGS: list[dict[str, Any]] = [
 
 
 #: The S <= 2048 winners' loops (two consumers: two stages with the vector epilogue, with and without ping-pong, and
-#: at D = 64 three stages) with one or two Q buffers a consumer (``Q_BUFFERS``); ``q_buffers`` phase, contrast: the
-#: fastest config the other way.
+#: at D = 64 three stages with and without it: with two Q buffers, 132 KiB of shared memory, cuDNN's footprint at
+#: D = 64) with one or two Q buffers a consumer (``Q_BUFFERS``); ``q_buffers`` phase, contrast: the fastest config
+#: the other way.
 Q_BUFFERS_CONFIGS: list[dict[str, Any]] = [
     {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": 2,
      "ONE_LOOP": True, "EPILOGUE": ep, "RELEASE_K": True, "Q_BUFFERS": qb}
-    for (nb, pp, ep), qb in itertools.product(((2, False, 2), (2, True, 2), (3, False, 0)), (1, 2))
+    for (nb, pp, ep), qb in itertools.product(((2, False, 2), (2, True, 2), (3, False, 0), (3, False, 2)), (1, 2))
 ]  # fmt: skip
 
 

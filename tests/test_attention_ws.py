@@ -332,8 +332,8 @@ def test_gpu_double_buffered_q_matches_fp32_attention(shape: tuple[int, int, int
     """``Q_BUFFERS=2`` (each consumer's tiles alternate between two Q buffers, so the loader fetches the next tile's
     Q while this one runs): outputs and log-sum-exp against fp32 math in the persistent loops it changes: one loop
     with the vector epilogue, ping-pong, ``SUM_MMA``, ``STREAM_KV`` and, causal, ``HALF_DIAG``; at D = 64 three
-    stages and three consumers. Every program runs several tiles at these shapes, so both buffers and both phases
-    of each are used."""
+    stages (with and without the vector epilogue) and three consumers. Every program runs several tiles at these
+    shapes, so both buffers and both phases of each are used."""
     q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 31)
     base = {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True,
             "RELEASE_K": True, "Q_BUFFERS": 2}  # fmt: skip
@@ -341,7 +341,7 @@ def test_gpu_double_buffered_q_matches_fp32_attention(shape: tuple[int, int, int
     if causal:
         variants.append({"HALF_DIAG": True, "EPILOGUE": 2})
     if shape[3] == 64:
-        variants += [{"NUM_BUFFERS": 3}, {"CONSUMERS": 3, "BLOCK_N": 64}]
+        variants += [{"NUM_BUFFERS": 3}, {"NUM_BUFFERS": 3, "EPILOGUE": 2}, {"CONSUMERS": 3, "BLOCK_N": 64}]
     failures = []
     for knobs in variants:
         try:
