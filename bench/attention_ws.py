@@ -17,10 +17,10 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
   every target shape; the fastest of one round re-measured interleaved with SDPA (``--rounds``);
 - ``pingpong``, ``consumers``, ``oneloop``, ``chain``, ``single``, ``epilogue``, ``release``, ``single_vec``,
   ``thread_arrive``, ``release3``, ``warp_arrive``, ``half_diag`` (causal shapes only), ``exp_poly``, ``sum_mma``,
-  ``stream_kv``, ``q_buffers``: the same per shape for one variant's candidates beside the winners (``chain``,
-  ``epilogue``, ``release``, ``single_vec``, ``thread_arrive``, ``warp_arrive``, ``half_diag``, ``exp_poly``,
-  ``sum_mma``, ``stream_kv`` and ``q_buffers`` also re-measure the best config without the variant; ``--head-dims``
-  keeps those head dims only).
+  ``stream_kv``, ``q_buffers``, ``lpt`` (causal shapes only): the same per shape for one variant's candidates beside
+  the winners (``chain``, ``epilogue``, ``release``, ``single_vec``, ``thread_arrive``, ``warp_arrive``,
+  ``half_diag``, ``exp_poly``, ``sum_mma``, ``stream_kv``, ``q_buffers`` and ``lpt`` also re-measure the best config
+  without the variant; ``--head-dims`` keeps those head dims only).
 """
 
 from __future__ import annotations
@@ -393,6 +393,17 @@ Q_BUFFERS_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+#: The causal S <= 2048 winners' loops (two consumers: two stages with the vector epilogue, with and without ping-pong,
+#: and at D = 64 three stages) with the persistent grid's items in turn (causal pairs) or each program's tiles from a
+#: longest-first table by groups of 32 or 64 heads (``LPT_HEADS``); ``lpt`` phase (causal shapes only: full
+#: attention's tiles are all the same work), contrast: the fastest config the other way.
+LPT_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": pp, "CONSUMERS": 2,
+     "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True, "LPT_HEADS": heads}
+    for (nb, pp), heads in itertools.product(((2, False), (2, True), (3, False)), (0, 32, 64))
+]  # fmt: skip
+
+
 def _knob_on(config: dict[str, Any], knob: str) -> bool:
     """Whether ``config`` sets ``knob`` away from the kernel's default (a contrast phase's two sides: for
     ``Q_BUFFERS`` and ``CTAS_PER_SM``, whose default is 1, 2 is the variant, not any value but 0)."""
@@ -461,6 +472,7 @@ PER_SHAPE_PHASES: dict[str, tuple[list[dict[str, Any]], str | None]] = {
     "warp_arrive": (WARP_ARRIVE_CONFIGS, "WARP_ARRIVE"), "half_diag": (HALF_DIAG_CONFIGS, "HALF_DIAG"),
     "exp_poly": (EXP_POLY_CONFIGS, "EXP_POLY"), "sum_mma": (SUM_MMA_CONFIGS, "SUM_MMA"),
     "stream_kv": (STREAM_KV_CONFIGS, "STREAM_KV"), "q_buffers": (Q_BUFFERS_CONFIGS, "Q_BUFFERS"),
+    "lpt": (LPT_CONFIGS, "LPT_HEADS"),
 }  # fmt: skip
 
 
@@ -482,7 +494,7 @@ def main() -> None:
     elif ns.phase in PER_SHAPE_PHASES:
         configs, contrast = PER_SHAPE_PHASES[ns.phase]
         result = per_shape(configs, ns.rounds, ns.out, ns.seq, contrast, not ns.no_check, ns.head_dims,
-                           causal_only=ns.phase == "half_diag")  # HALF_DIAG changes nothing without the mask
+                           causal_only=ns.phase in ("half_diag", "lpt"))  # both change nothing without the mask
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
     write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)

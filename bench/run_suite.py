@@ -234,6 +234,18 @@ STEPS: list[tuple[str, float, list[str]]] = [
         240,
         "bench/attention_ws.py q_buffers --seq 1024 2048 --head-dims 64 128 --no-check --out {out}.json".split(),
     ),
+    # LPT_HEADS (each persistent program's tiles from a longest-first table) beside the causal S <= 2048 winners
+    (
+        "gpu-tests-attention-lpt",
+        150,
+        "bench/gpu_tests.py --timeout 400 --out {out}.json --what attention-LPT_HEADS "
+        "tests/test_attention_ws.py::test_gpu_longest_first_schedule_matches_fp32_attention".split(),
+    ),
+    (
+        "attention-lpt",
+        200,
+        "bench/attention_ws.py lpt --seq 1024 2048 --head-dims 64 128 --no-check --out {out}.json".split(),
+    ),
     (
         "attention-exp-poly",
         90,
@@ -296,6 +308,7 @@ AFTER: dict[str, str] = {
     "attention-sum-mma": "gpu-tests-attention-sum-mma",
     "attention-stream-kv": "gpu-tests-attention-stream-kv",
     "attention-q-buffers": "gpu-tests-attention-q-buffers",
+    "attention-lpt": "gpu-tests-attention-lpt",
 }
 
 

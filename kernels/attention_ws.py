@@ -61,6 +61,7 @@ from kernels.attention_ws_rules import (
     _maxnreg,
     check_knobs,
     consumer_regs_limit,
+    lpt_schedule,
     query_tiles,
     stream_slot_floats,
     work_items,
@@ -143,10 +144,10 @@ if gluon is not None:
     def _loader(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, SEQ_LEN,
                 BH, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
                 HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, desc_ones, ones_smem,
-                ones_bar, SUM_MMA: gl.constexpr, STREAM_KV: gl.constexpr):  # fmt: skip
-        """One warp: the program's tile (or, persistent, each of its tiles in turn, and with ``STREAM_KV`` then its
-        share of the last round's key blocks): Q, then its K/V blocks; with ``SUM_MMA`` first the block of ones the
-        consumers' row-sum wgmmas read."""
+                ones_bar, SUM_MMA: gl.constexpr, STREAM_KV: gl.constexpr, Sched, LPT: gl.constexpr):  # fmt: skip
+        """One warp: the program's tile (or, persistent, each of its tiles in turn: its work items, or with ``LPT``
+        its list in ``Sched``; with ``STREAM_KV`` then its share of the last round's key blocks): Q, then its K/V
+        blocks; with ``SUM_MMA`` first the block of ones the consumers' row-sum wgmmas read."""
         BLOCK_M: gl.constexpr = 64 * CONSUMERS
         QB: gl.constexpr = q_smem.shape[0] // CONSUMERS  # Q_BUFFERS: tile i's Q in buffer i % QB
         if SUM_MMA:
@@ -156,17 +157,29 @@ if gluon is not None:
             num_m = gl.cdiv(SEQ_LEN, BLOCK_M)
             base = 0
             i = 0
-            for item in range(gl.program_id(0), _round_items(num_m, BH, CAUSAL, STREAM_KV), gl.num_programs(0)):
-                off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
-                row0 = off_hz * SEQ_LEN
-                for h in range(tiles):
-                    start_m = first + h * (second - first)
+            if LPT:
+                for j in range(gl.load(Sched + gl.program_id(0)), gl.load(Sched + gl.program_id(0) + 1)):
+                    code = gl.load(Sched + j)
+                    start_m = code % num_m
+                    row0 = (code // num_m) * SEQ_LEN
                     _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                     _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, row0 + start_m * BLOCK_M, row0, 0, n_blocks, base, ((i // QB) & 1) ^ 1,
                                BLOCK_N, NUM_BUFFERS, CONSUMERS, i % QB)  # fmt: skip
                     base += n_blocks
                     i += 1
+            else:
+                for item in range(gl.program_id(0), _round_items(num_m, BH, CAUSAL, STREAM_KV), gl.num_programs(0)):
+                    off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
+                    row0 = off_hz * SEQ_LEN
+                    for h in range(tiles):
+                        start_m = first + h * (second - first)
+                        _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                        _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                                   kv_empty, row0 + start_m * BLOCK_M, row0, 0, n_blocks, base, ((i // QB) & 1) ^ 1,
+                                   BLOCK_N, NUM_BUFFERS, CONSUMERS, i % QB)  # fmt: skip
+                        base += n_blocks
+                        i += 1
             if STREAM_KV:
                 g, g_end = _tail_share(gl.program_id(0), num_m, BH, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                 while g < g_end:
@@ -297,9 +310,10 @@ if gluon is not None:
                   CONSUMERS: gl.constexpr, ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr,
                   EPILOGUE: gl.constexpr, ARRIVE_AT: gl.constexpr, HALF_DIAG: gl.constexpr,
                   EXP_POLY: gl.constexpr, ones_smem, ones_bar, SUM_MMA: gl.constexpr, Partials, Flags,
-                  STREAM_KV: gl.constexpr):  # fmt: skip
-        """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn (with
-        ``STREAM_KV`` those of the whole rounds, then its share of the last round's key blocks)."""
+                  STREAM_KV: gl.constexpr, Sched, LPT: gl.constexpr):  # fmt: skip
+        """Consumer ``c`` (one warpgroup): the program's tile, or, persistent, each of its tiles in turn (its work
+        items, or with ``LPT`` its list in ``Sched``; with ``STREAM_KV`` those of the whole rounds, then its share of
+        the last round's key blocks)."""
         QB: gl.constexpr = q_smem.shape[0] // CONSUMERS  # Q_BUFFERS: tile i's Q in buffer i % QB
         if SUM_MMA:  # the block of ones (8 x BLOCK_N), as the row sums' B operand (BLOCK_N x 8)
             mbarrier.wait(ones_bar.index(0), 0)
@@ -315,18 +329,35 @@ if gluon is not None:
             base = 0
             i = 0
             turns = gl.program_id(0) * 0  # a tensor: the loop carries it
-            for item in range(gl.program_id(0), _round_items(num_m, BH, CAUSAL, STREAM_KV), gl.num_programs(0)):
-                off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
-                for h in range(tiles):
-                    start_m = first + h * (second - first)
+            if LPT:  # the next tile's entry is loaded a tile ahead (every program has at least one)
+                hi = gl.load(Sched + gl.program_id(0) + 1)
+                code = gl.load(Sched + gl.load(Sched + gl.program_id(0)))
+                for j in range(gl.load(Sched + gl.program_id(0)), hi):
+                    upcoming = gl.load(Sched + gl.minimum(j + 1, hi - 1))
+                    start_m = code % num_m
                     n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                     turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                                         kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base,
+                                         kv_empty, turn, start_m, (code // num_m) * SEQ_LEN, n_full, n_blocks, base,
                                          (i // QB) & 1, turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS,
                                          CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
                                          ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA, qb=i % QB)  # fmt: skip
                     base += n_blocks
                     i += 1
+                    code = upcoming
+            else:
+                for item in range(gl.program_id(0), _round_items(num_m, BH, CAUSAL, STREAM_KV), gl.num_programs(0)):
+                    off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
+                    for h in range(tiles):
+                        start_m = first + h * (second - first)
+                        n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
+                        turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
+                                             kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base,
+                                             (i // QB) & 1, turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N,
+                                             NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP,
+                                             EPILOGUE, ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA,
+                                             qb=i % QB)  # fmt: skip
+                        base += n_blocks
+                        i += 1
             if STREAM_KV:
                 g, g_end = _tail_share(gl.program_id(0), num_m, BH, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                 while g < g_end:
@@ -350,7 +381,8 @@ if gluon is not None:
                          ONE_LOOP, EPILOGUE, ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA)  # fmt: skip
 
     @gluon.jit
-    def attention_fwd_ws_kernel(Out, Lse, Partials, Flags, desc_q, desc_k, desc_v, desc_ones, sm_scale, SEQ_LEN, BH,
+    def attention_fwd_ws_kernel(Out, Lse, Partials, Flags, Sched, desc_q, desc_k, desc_v, desc_ones, sm_scale, SEQ_LEN,
+                                BH,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr,
                                 CAUSAL: gl.constexpr, OVERLAP: gl.constexpr, STORE_LSE: gl.constexpr,
                                 CONSUMER_REGS: gl.constexpr, HEAD_MAJOR: gl.constexpr,
@@ -358,7 +390,7 @@ if gluon is not None:
                                 ONE_LOOP: gl.constexpr, CHAIN: gl.constexpr, CTAS_PER_SM: gl.constexpr,
                                 EPILOGUE: gl.constexpr, RELEASE_K: gl.constexpr, HALF_DIAG: gl.constexpr,
                                 EXP_POLY: gl.constexpr, SUM_MMA: gl.constexpr, STREAM_KV: gl.constexpr,
-                                Q_BUFFERS: gl.constexpr, ARRIVE_AT: gl.constexpr):  # fmt: skip
+                                Q_BUFFERS: gl.constexpr, LPT: gl.constexpr, ARRIVE_AT: gl.constexpr):  # fmt: skip
         """One tile of ``64 * CONSUMERS`` query rows per program (grid (batch*head, query block), or with
         ``HEAD_MAJOR`` (query block, batch*head) so that the programs of one head run together and share its K/V
         in L2), or, ``PERSISTENT``, a grid of at most one program per SM striding over work items
@@ -405,10 +437,10 @@ if gluon is not None:
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
                                  ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
-                                 Flags, STREAM_KV)),
+                                 Flags, STREAM_KV, Sched, LPT)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
-                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA, STREAM_KV)),
+                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA, STREAM_KV, Sched, LPT)),
                 ],
                 [1],
                 [24],
@@ -420,20 +452,20 @@ if gluon is not None:
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
                                  ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
-                                 Flags, STREAM_KV)),
+                                 Flags, STREAM_KV, Sched, LPT)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
                                  ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
-                                 Flags, STREAM_KV)),
+                                 Flags, STREAM_KV, Sched, LPT)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 2, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
                                  ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
-                                 Flags, STREAM_KV)),
+                                 Flags, STREAM_KV, Sched, LPT)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
-                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA, STREAM_KV)),
+                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA, STREAM_KV, Sched, LPT)),
                 ],
                 [4, 4, 1],
                 [CONSUMER_REGS, CONSUMER_REGS, 24],
@@ -445,15 +477,15 @@ if gluon is not None:
                                  qk_scale, 0, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
                                  ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
-                                 Flags, STREAM_KV)),
+                                 Flags, STREAM_KV, Sched, LPT)),
                     (_consumer, (Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn,
                                  qk_scale, 1, SEQ_LEN, BH, HEAD_DIM, BLOCK_N, NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE,
                                  HEAD_MAJOR, PERSISTENT, PINGPONG, CONSUMERS, ONE_LOOP, CHAIN, EPILOGUE,
                                  ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_smem, ones_bar, SUM_MMA, Partials,
-                                 Flags, STREAM_KV)),
+                                 Flags, STREAM_KV, Sched, LPT)),
                     (_loader, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
                                kv_empty, SEQ_LEN, BH, BLOCK_N, NUM_BUFFERS, CAUSAL, HEAD_MAJOR, PERSISTENT,
-                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA, STREAM_KV)),
+                               CONSUMERS, desc_ones, ones_smem, ones_bar, SUM_MMA, STREAM_KV, Sched, LPT)),
                 ],
                 [4, 1],
                 [CONSUMER_REGS, 24],
@@ -501,6 +533,7 @@ def _meta(head_dim: int, causal: bool, store_lse: bool, **knobs: Any) -> dict[st
         merged["CONSUMER_REGS"] = consumer_regs_limit(merged["CONSUMERS"], merged["CTAS_PER_SM"])
     flags = {name: bool(value) if isinstance(KNOBS[name], bool) else value for name, value in merged.items()}
     thread_arrive, warp_arrive = flags.pop("THREAD_ARRIVE"), flags.pop("WARP_ARRIVE")
+    flags["LPT"] = bool(flags.pop("LPT_HEADS"))  # the kernel reads the table; the group size only shapes it
     # WARP_ARRIVE's offset is known after a first compile places the allocations (_place_warp_arrivals)
     arrive_at = ARRIVE_EVERY_THREAD if thread_arrive else ARRIVE_WARPS_UNPLACED if warp_arrive else ARRIVE_ONE_THREAD
     return {
@@ -520,7 +553,9 @@ def _grid(bh: int, seq_len: int, meta: dict[str, Any], num_sms: int) -> tuple[in
     if meta.get("STREAM_KV"):  # every SM: the last round's key blocks go to all of them
         return (num_sms * meta.get("CTAS_PER_SM", 1),)
     if meta["PERSISTENT"]:
-        return (min(work_items(bh, seq_len, meta["CONSUMERS"], meta["CAUSAL"]), num_sms * meta.get("CTAS_PER_SM", 1)),)
+        items = bh * query_tiles(seq_len, meta["CONSUMERS"]) if meta.get("LPT") else work_items(
+            bh, seq_len, meta["CONSUMERS"], meta["CAUSAL"])
+        return (min(items, num_sms * meta.get("CTAS_PER_SM", 1)),)
     tiles = query_tiles(seq_len, meta["CONSUMERS"])
     return (tiles, bh) if meta["HEAD_MAJOR"] else (bh, tiles)
 
@@ -538,6 +573,21 @@ def stream_buffers(device: torch.device, programs: int, consumers: int,
         slots = torch.empty(programs * stream_slot_floats(consumers, head_dim), device=device, dtype=torch.float32)
         _STREAM_BUFFERS[key] = (slots, torch.zeros(programs * consumers, device=device, dtype=torch.int32))
     return _STREAM_BUFFERS[key]
+
+
+#: (device, lpt_schedule's arguments) -> ``LPT_HEADS``' table on the device.
+_SCHEDULES: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
+def schedule_table(device: torch.device, bh: int, seq_len: int, consumers: int, block_n: int, causal: bool,
+                   programs: int, group_heads: int) -> torch.Tensor:  # fmt: skip
+    """``LPT_HEADS``' tile lists (:func:`kernels.attention_ws_rules.lpt_schedule`) as int32 on ``device``, built
+    once per shape and cached (a few KiB: one entry a query tile)."""
+    key = (device, bh, seq_len, consumers, block_n, causal, programs, group_heads)
+    if key not in _SCHEDULES:
+        table = lpt_schedule(bh, seq_len, consumers, block_n, causal, programs, group_heads)
+        _SCHEDULES[key] = torch.tensor(table, dtype=torch.int32, device=device)
+    return _SCHEDULES[key]
 
 
 def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
@@ -570,7 +620,9 @@ def attention_ws(
     first consumer takes half the diagonal block; ``EXP_POLY``: 0-4 of every 8 exponentials by a polynomial on the
     FMA pipe; ``SUM_MMA``: the rows' sums of P by a wgmma; ``STREAM_KV``: the persistent grid's last round dealt out
     by key blocks, with partial slots and flags cached per device (:func:`stream_buffers`); ``Q_BUFFERS``: 1 or 2 Q
-    buffers a consumer). Launches asynchronously on the current stream.
+    buffers a consumer; ``LPT_HEADS``: the persistent programs' tiles from a table, longest first by groups of that
+    many heads, cached per device and shape (:func:`schedule_table`)). Launches asynchronously on the current
+    stream.
     """
     out = check_operands(q, k, v, out, lse)
     if not available():
@@ -586,7 +638,9 @@ def attention_ws(
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     grid = _grid(batch * heads, seq_len, meta, torch.cuda.get_device_properties(q.device).multi_processor_count)
     slots, flags = stream_buffers(q.device, grid[0], meta["CONSUMERS"], head_dim) if meta["STREAM_KV"] else (None, None)
-    args = (out, lse, slots, flags, *descs, scale, seq_len, batch * heads)
+    sched = schedule_table(q.device, batch * heads, seq_len, meta["CONSUMERS"], meta["BLOCK_N"], causal, grid[0],
+                           {**KNOBS, **knobs}["LPT_HEADS"]) if meta["LPT"] else None  # fmt: skip
+    args = (out, lse, slots, flags, sched, *descs, scale, seq_len, batch * heads)
     if meta["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
         target = (q.dtype, torch.cuda.get_device_capability(q.device))
         meta = _place_warp_arrivals(meta, lambda m: attention_fwd_ws_kernel.warmup(*args, grid=grid, **m), target)
@@ -595,7 +649,7 @@ def attention_ws(
 
 
 def _mock_args(batch: int, heads: int, seq_len: int, head_dim: int, precision: str, block_n: int,
-               sum_mma: bool = False, stream_kv: bool = False) -> tuple:  # fmt: skip
+               sum_mma: bool = False, stream_kv: bool = False, lpt: bool = False) -> tuple:  # fmt: skip
     MockTensor = mock_tensor_class()
     dtype = DTYPES[precision]
     rows = batch * heads * seq_len
@@ -603,7 +657,8 @@ def _mock_args(batch: int, heads: int, seq_len: int, head_dim: int, precision: s
     out = MockTensor(dtype, [batch, heads, seq_len, head_dim])
     descs = _descriptors(*flat, MockTensor(dtype, [8, block_n]) if sum_mma else None, rows, head_dim, block_n)
     slots, flags = (MockTensor(torch.float32, [1]), MockTensor(torch.int32, [1])) if stream_kv else (None, None)
-    return (out, None, slots, flags, *descs, 1.0 / math.sqrt(head_dim), seq_len, batch * heads)
+    sched = MockTensor(torch.int32, [1]) if lpt else None
+    return (out, None, slots, flags, sched, *descs, 1.0 / math.sqrt(head_dim), seq_len, batch * heads)
 
 
 def compile_only(
@@ -615,7 +670,8 @@ def compile_only(
         return None
     _check(head_dim, precision, knobs)
     meta = _meta(head_dim, causal, False, **knobs)
-    args = _mock_args(batch, heads, seq_len, head_dim, precision, meta["BLOCK_N"], meta["SUM_MMA"], meta["STREAM_KV"])
+    args = _mock_args(batch, heads, seq_len, head_dim, precision, meta["BLOCK_N"], meta["SUM_MMA"], meta["STREAM_KV"],
+                      meta["LPT"])
     num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     return attention_fwd_ws_kernel.warmup(*args, **meta, grid=_grid(batch * heads, seq_len, meta, num_sms))
 
@@ -630,7 +686,7 @@ def compile_for_target(
     _check(head_dim, precision, knobs)
     kwargs = _meta(head_dim, causal, False, **knobs)
     args = _mock_args(batch, heads, seq_len, head_dim, precision, kwargs["BLOCK_N"], kwargs["SUM_MMA"],
-                      kwargs["STREAM_KV"])
+                      kwargs["STREAM_KV"], kwargs["LPT"])
     if kwargs["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
         kwargs = _place_warp_arrivals(kwargs, lambda m: compile_jit_for_target(attention_fwd_ws_kernel, args, m,
                                                                                 capability),

@@ -116,7 +116,7 @@ KNOBS: dict[str, Any] = {
     "BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": False, "CONSUMER_REGS": None, "HEAD_MAJOR": True,
     "PERSISTENT": False, "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False, "CTAS_PER_SM": 1,
     "EPILOGUE": 0, "RELEASE_K": False, "THREAD_ARRIVE": False, "WARP_ARRIVE": False, "HALF_DIAG": False,
-    "EXP_POLY": 0, "SUM_MMA": False, "STREAM_KV": False, "Q_BUFFERS": 1,
+    "EXP_POLY": 0, "SUM_MMA": False, "STREAM_KV": False, "Q_BUFFERS": 1, "LPT_HEADS": 0,
 }  # fmt: skip
 
 #: Knobs that work only beside others: what each needs, and why.
@@ -130,7 +130,16 @@ _NEEDS: dict[str, tuple[dict[str, Any], str]] = {
     "STREAM_KV": ({"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "HALF_DIAG": False, "CHAIN": False},
                   "STREAM_KV deals the persistent grid's last round out by key blocks, each part an OVERLAP loop of "
                   "ONE_LOOP tiles"),
+    "LPT_HEADS": ({"PERSISTENT": True, "CHAIN": False, "STREAM_KV": False},
+                  "LPT_HEADS gives each persistent program a list of tiles (CHAIN and STREAM_KV walk the items "
+                  "their own way)"),
 }  # fmt: skip
+#: ``LPT_HEADS`` values: 0 (the items in turn: a causal item pairs a head's longest query tile with its shortest),
+#: or the heads of a group whose tiles the schedule orders longest first (:func:`lpt_schedule`).
+LPT_HEAD_CHOICES = (0, 16, 32, 64, 128)
+#: :func:`lpt_schedule`'s estimate of a tile's cost beyond its key blocks (Q's wait, the pipeline's fill and
+#: drain, the normalization and the store), in key blocks.
+LPT_TILE_OVERHEAD = 0.5
 #: ``Q_BUFFERS`` values: a consumer's Q tiles in shared memory (2: the next tile's Q loads while this one runs).
 Q_BUFFER_COUNTS = (1, 2)
 
@@ -200,6 +209,8 @@ def knob_conflict(knobs: dict[str, Any]) -> str | None:
     if given["Q_BUFFERS"] == 2 and (not given["PERSISTENT"] or given["CHAIN"]):
         return ("Q_BUFFERS=2 loads a persistent program's next tile's Q while it runs this one (CHAIN has its own "
                 "stream): it needs PERSISTENT=true, CHAIN=false")  # fmt: skip
+    if given["LPT_HEADS"] not in LPT_HEAD_CHOICES or isinstance(given["LPT_HEADS"], bool):
+        return f"LPT_HEADS must be one of {LPT_HEAD_CHOICES}, got {given['LPT_HEADS']!r}"
     if given["STREAM_KV"] and (SUB_M * given["CONSUMERS"]) % given["BLOCK_N"]:
         return (f"STREAM_KV finds a key block's tile by the blocks a tile reads, which needs BLOCK_N to divide the "
                 f"tile's {SUB_M * given['CONSUMERS']} rows: got BLOCK_N={given['BLOCK_N']} with "
@@ -267,3 +278,40 @@ def work_items(bh: int, seq_len: int, consumers: int, causal: bool) -> int:
     both ends of the sequence (so that every item costs about the same)."""
     tiles = query_tiles(seq_len, consumers)
     return bh * ((tiles + 1) // 2 if causal else tiles)
+
+
+def tile_blocks(m: int, seq_len: int, block_n: int, consumers: int, causal: bool) -> int:
+    """Key blocks query tile ``m`` reads (the kernel's ``_tile_extent``): causal, those up to its last row."""
+    rows = SUB_M * consumers
+    end = min((m + 1) * rows, seq_len) if causal else seq_len
+    return -(-end // block_n)
+
+
+def lpt_schedule(bh: int, seq_len: int, consumers: int, block_n: int, causal: bool, programs: int,
+                 group_heads: int) -> list[int]:  # fmt: skip
+    """``LPT_HEADS``' table: each persistent program's query tiles, in the order it runs them. The tiles are taken
+    ``group_heads`` heads at a time (so that a group's K/V stays in L2 while its tiles run), within a group longest
+    first, and each goes to the program with the least work so far (key blocks plus :data:`LPT_TILE_OVERHEAD`;
+    ties to the lowest program): longest-processing-time-first, so the last tiles of the grid are its shortest and
+    the programs end within about one short tile of each other, where the causal pairs of a round-robin end a
+    whole item apart when the items do not fill the last round.
+
+    Returns ``programs + 1`` offsets into the list itself (program p's tiles at ``[table[p], table[p + 1])``),
+    then the tiles, each ``head * tiles_per_head + m``."""
+    import heapq
+
+    num_m = query_tiles(seq_len, consumers)
+    costs = [tile_blocks(m, seq_len, block_n, consumers, causal) + LPT_TILE_OVERHEAD for m in range(num_m)]
+    by_cost = sorted(range(num_m), key=lambda m: (-costs[m], m))
+    load = [(0.0, p) for p in range(programs)]
+    tiles: list[list[int]] = [[] for _ in range(programs)]
+    for g0 in range(0, bh, group_heads):
+        for m in by_cost:
+            for head in range(g0, min(bh, g0 + group_heads)):
+                work, p = heapq.heappop(load)
+                tiles[p].append(head * num_m + m)
+                heapq.heappush(load, (work + costs[m], p))
+    offsets = [programs + 1]
+    for own in tiles:
+        offsets.append(offsets[-1] + len(own))
+    return offsets + [t for own in tiles for t in own]

@@ -131,7 +131,8 @@ for job in json.loads(sys.argv[1]):
                       "scores_64_keys": len(re.findall(r"mma_async\\.\\S+\\.m64n64k16\\.\\S+ \\{[^}]*\\}, %rd", ptx)),
                       "row_sum_wgmmas": ptx.count("m64n8k16"), "fp32_adds": len(re.findall(r"\\badd\\.f32\\b", ptx)),
                       "warp_arrives": ptx.count("mov.u32 l, %laneid; setp.eq.u32 p, l, 0;"),
-                      "flag_releases": ptx.count("release.exch"), "flag_acquires": ptx.count("acquire.gpu.cas")}),
+                      "flag_releases": ptx.count("release.exch"), "flag_acquires": ptx.count("acquire.gpu.cas"),
+                      "global_loads": len(re.findall(r"\\bld\\.global", ptx))}),
           flush=True)
 """
 
@@ -312,6 +313,39 @@ def test_gpu_streamed_last_round_matches_fp32_attention(shape: tuple[int, int, i
     if shape[3] == 64:
         variants += [{"BLOCK_N": 128, "NUM_BUFFERS": 3}, {"BLOCK_N": 64, "NUM_BUFFERS": 2, "CONSUMERS": 3},
                      {"BLOCK_N": 64, "NUM_BUFFERS": 2, "CONSUMERS": 1, "CTAS_PER_SM": 2}]  # fmt: skip
+    failures = []
+    for knobs in variants:
+        for launch in range(2):
+            try:
+                _assert_matches_fp32(q, k, v, expected, expected_lse, causal, **{**base, **knobs})
+            except AssertionError as exc:
+                failures.append(f"{knobs} launch {launch}: {_where_wrong(q, k, v, expected, causal, base, knobs)}"
+                                f" ({str(exc)[-200:]})")  # fmt: skip
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.gpu
+@compiled_gpu
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 16, 1024, 64), (3, 5, 777, 64)],
+                         ids=lambda s: "x".join(map(str, s)))  # fmt: skip
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_gpu_longest_first_schedule_matches_fp32_attention(shape: tuple[int, int, int, int], causal: bool) -> None:
+    """``LPT_HEADS`` (each persistent program's tiles from a table, longest first by groups of heads): outputs and
+    log-sum-exp against fp32 math, ragged (1000, 777 rows) and even, groups of 16 heads (two groups of the 32, or
+    one larger than the 3 or 15 heads) and of 128, in the persistent loops: one loop with the vector epilogue,
+    ping-pong, two Q buffers with three stages, ``HALF_DIAG``, ``SUM_MMA``, and at D = 64 three consumers and one
+    consumer with two programs an SM. Each config runs twice (the table is cached)."""
+    q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2] + 37)
+    base = {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True,
+            "RELEASE_K": True, "LPT_HEADS": 16}  # fmt: skip
+    variants = [{"EPILOGUE": 2}, {"EPILOGUE": 2, "LPT_HEADS": 128}, {"PINGPONG": True, "EPILOGUE": 2},
+                {"SUM_MMA": True}, {"Q_BUFFERS": 2}]  # fmt: skip
+    if causal:
+        variants.append({"HALF_DIAG": True, "EPILOGUE": 2})
+    if shape[3] == 64:
+        variants += [{"NUM_BUFFERS": 3, "EPILOGUE": 2, "Q_BUFFERS": 2}, {"CONSUMERS": 3, "BLOCK_N": 64},
+                     {"CONSUMERS": 1, "CTAS_PER_SM": 2, "BLOCK_N": 64}]  # fmt: skip
     failures = []
     for knobs in variants:
         for launch in range(2):
@@ -821,6 +855,71 @@ def test_double_buffered_q_takes_a_second_q_tile_of_shared_memory(aot_child: Any
         _check(64, "bf16", {"Q_BUFFERS": 2, "PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True, "CHAIN": True})
 
 
+@pytest.mark.timeout(300)
+def test_longest_first_schedule_reads_each_programs_tiles_from_its_table(aot_child: Any) -> None:
+    """``LPT_HEADS`` (sm_90 PTX, no GPU): the persistent loops read the program's tile list from global memory (its
+    bounds and an entry a tile, in the loader and each consumer) and run the same wgmmas in the same shared memory,
+    in the two-consumer (one loop, ping-pong, two Q buffers) and three-consumer loops."""
+    loops = ((64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "EPILOGUE": 2}),
+             (128, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "PINGPONG": True}),
+             (64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "NUM_BUFFERS": 3, "Q_BUFFERS": 2}),
+             (64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "CONSUMERS": 3, "BLOCK_N": 64}))  # fmt: skip
+    jobs = [{"shape": [2, 16, 1024, d], "config": {"causal": True, "BLOCK_N": 128, "NUM_BUFFERS": 2,
+                                                   "RELEASE_K": True, **extra, "LPT_HEADS": heads}}
+            for d, extra in loops for heads in (0, 64)]  # fmt: skip
+    lines = aot_child(_AOT_SCRIPT, json.dumps(jobs), timeout=280)
+    assert len(lines) == len(jobs), lines
+    for (d, extra), off, on in zip(loops, lines[::2], lines[1::2], strict=True):
+        partitions = extra.get("CONSUMERS", 2) + 1
+        assert on["global_loads"] >= off["global_loads"] + 3 * partitions, (d, extra, off, on)
+        assert on["wgmma"] == off["wgmma"] and on["shared"] == off["shared"], (off, on)
+
+
+@pytest.mark.timeout(60)
+def test_longest_first_schedule_gives_every_tile_once_and_ends_the_programs_together() -> None:
+    """:func:`kernels.attention_ws_rules.lpt_schedule`: every query tile of every head exactly once, programs' lists
+    behind ``programs + 1`` offsets, each list in group order (a group's K/V stays in L2 while its tiles run); at the
+    causal target shapes the most loaded program carries at most 1% over the mean (key blocks plus the tile
+    overhead), where the round-robin pairs leave 3.1% (a partial last round of equal items). The rules: a
+    persistent grid without CHAIN or STREAM_KV, a group size from the list; the grid counts tiles, not pairs."""
+    from kernels.attention_ws import _check, _grid
+    from kernels.attention_ws_rules import LPT_TILE_OVERHEAD, lpt_schedule, query_tiles, tile_blocks, work_items
+
+    def work(tiles: list[int], num_m: int, seq_len: int, causal: bool) -> float:
+        return sum(tile_blocks(t % num_m, seq_len, 128, 2, causal) + LPT_TILE_OVERHEAD for t in tiles)
+
+    for bh, seq_len, causal, group in ((512, 1024, True, 64), (256, 2048, True, 64), (7, 1000, True, 16),
+                                       (3, 777, False, 16), (40, 4096, True, 128)):  # fmt: skip
+        num_m, programs = query_tiles(seq_len, 2), min(132, bh * query_tiles(seq_len, 2))
+        table = lpt_schedule(bh, seq_len, 2, 128, causal, programs, group)
+        offsets = table[: programs + 1]
+        assert offsets[0] == programs + 1 and offsets[-1] == len(table) and offsets == sorted(offsets)
+        lists = [table[offsets[p] : offsets[p + 1]] for p in range(programs)]
+        assert sorted(table[programs + 1 :]) == list(range(bh * num_m)), (bh, seq_len)
+        assert all(own for own in lists)  # the kernel reads a program's first entry before its loop
+        for own in lists:
+            groups = [t // num_m // group for t in own]
+            assert groups == sorted(groups), own
+        loads = [work(own, num_m, seq_len, causal) for own in lists]
+        if (bh, seq_len) in ((512, 1024), (256, 2048)):
+            assert max(loads) / (sum(loads) / programs) <= 1.01, (seq_len, max(loads), sum(loads) / programs)
+            pairs = [0.0] * programs  # the default: item i of the pairs to program i % programs
+            for item in range(work_items(bh, seq_len, 2, causal)):
+                k = item % ((num_m + 1) // 2)
+                pairs[item % programs] += work([num_m - 1 - k, k] if num_m - 1 - k != k else [k], num_m, seq_len, True)
+            assert max(pairs) / (sum(pairs) / programs) >= 1.03, max(pairs) / (sum(pairs) / programs)
+    lpt = {"LPT_HEADS": 64, "PERSISTENT": True}
+    _check(64, "bf16", {**lpt, "OVERLAP": True, "ONE_LOOP": True, "Q_BUFFERS": 2})
+    with pytest.raises(ValueError, match="LPT_HEADS gives each persistent program a list of tiles"):
+        _check(64, "bf16", {"LPT_HEADS": 64})
+    with pytest.raises(ValueError, match="STREAM_KV=false"):
+        _check(64, "bf16", {**lpt, "OVERLAP": True, "ONE_LOOP": True, "STREAM_KV": True})
+    with pytest.raises(ValueError, match="LPT_HEADS must be one of"):
+        _check(64, "bf16", {**lpt, "LPT_HEADS": 48})
+    meta = {"PERSISTENT": True, "CONSUMERS": 2, "CAUSAL": True, "CTAS_PER_SM": 1}
+    assert _grid(3, 1024, meta, 132) == (12,) and _grid(3, 1024, {**meta, "LPT": True}, 132) == (24,)
+
+
 @pytest.mark.timeout(60)
 def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memory() -> None:
     """One consumer warpgroup a program (64 query rows) with two programs an SM: 128 registers a thread at launch,
@@ -845,7 +944,8 @@ def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memor
                                                  ("exp_poly", "EXP_POLY", [0, 1, 2, 3, 4]),
                                                  ("sum_mma", "SUM_MMA", [False, True]),
                                                  ("stream_kv", "STREAM_KV", [False, True]),
-                                                 ("q_buffers", "Q_BUFFERS", [1, 2])])  # fmt: skip
+                                                 ("q_buffers", "Q_BUFFERS", [1, 2]),
+                                                 ("lpt", "LPT_HEADS", [0, 32, 64])])  # fmt: skip
 def test_knob_phases_offer_each_loop_with_every_value_of_the_knob_within_the_rules(phase: str, knob: str,
                                                                                    values: list) -> None:  # fmt: skip
     """``bench/attention_ws.py half_diag``, ``exp_poly`` and ``sum_mma``: every candidate loop comes with every value
