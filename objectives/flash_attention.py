@@ -12,7 +12,7 @@ persistent program's tiles as one overlapped stream, EPILOGUE how its output til
 freed after its scores, HALF_DIAG the first consumer's half of a causal tile's diagonal key block, EXP_POLY how
 many of every 8 exponentials a polynomial on the FMA pipe takes, SUM_MMA each row's sum of P by a wgmma, STREAM_KV
 the persistent grid's last round dealt out to every SM by key blocks, Q_BUFFERS a consumer's Q tiles in shared
-memory), BLOCK_M,
+memory, LPT_HEADS the persistent programs' tiles from a longest-first table by groups of that many heads), BLOCK_M,
 BLOCK_N, num_warps, num_stages, precision (bf16, fp16), use_tma (the tutorial kernel's Q/K/V tiles through tensor
 descriptors, Hopper and newer) and SPLIT_M (the persistent kernel's two query sub-tiles). Metrics: TFLOP/s, latency and
 the maximum relative error against ``scaled_dot_product_attention`` in fp32
@@ -487,6 +487,7 @@ class FlashAttention(KernelWorkload):
             "SUM_MMA": bool(config.get("SUM_MMA", False)),
             "STREAM_KV": bool(config.get("STREAM_KV", False)),
             "Q_BUFFERS": int(config.get("Q_BUFFERS", 1)),
+            "LPT_HEADS": int(config.get("LPT_HEADS", 0)),
         }
 
     @classmethod

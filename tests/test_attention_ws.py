@@ -100,8 +100,9 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
                                   "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False,
                                   "EPILOGUE": 0, "RELEASE_K": False, "HALF_DIAG": False, "EXP_POLY": 0,
-                                  "SUM_MMA": False, "STREAM_KV": False, "Q_BUFFERS": 1}  # fmt: skip
+                                  "SUM_MMA": False, "STREAM_KV": False, "Q_BUFFERS": 1, "LPT_HEADS": 0}  # fmt: skip
     assert workload.export_config(_config(persistent=True, EXP_POLY=2))["kwargs"]["EXP_POLY"] == 2
+    assert workload.export_config(_config(persistent=True, LPT_HEADS=64))["kwargs"]["LPT_HEADS"] == 64
     assert workload.export_config(_config(persistent=True, SUM_MMA=True))["kwargs"]["SUM_MMA"] is True
     source = workload.export_python(_config(persistent=True))
     tree = ast.parse(source)
@@ -766,7 +767,8 @@ def test_the_kernel_and_the_workload_refuse_a_knob_combination_with_the_same_rea
     workload = FlashAttention(batch=2, heads=16, seq_len=4096, head_dim=128, causal=True)
     for knobs in ({"OVERLAP": False, "PINGPONG": True}, {"PERSISTENT": True, "ONE_LOOP": False, "CHAIN": True},
                   {"HALF_DIAG": True, "PINGPONG": True}, {"HALF_DIAG": True, "BLOCK_N": 64}, {"EXP_POLY": 7},
-                  {"SUM_MMA": True, "PERSISTENT": True, "ONE_LOOP": True, "CHAIN": True}):
+                  {"SUM_MMA": True, "PERSISTENT": True, "ONE_LOOP": True, "CHAIN": True}, {"LPT_HEADS": 64},
+                  {"LPT_HEADS": 48, "PERSISTENT": True}):
         config = {**_config(stages=2, block_n=knobs.get("BLOCK_N", 128)), **knobs}
         with pytest.raises(ValueError) as refused:
             _check(128, "bf16", {"NUM_BUFFERS": 2, "OVERLAP": True, **knobs})
