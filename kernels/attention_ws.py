@@ -39,8 +39,9 @@ barriers and warp partitions (``triton.experimental.gluon``, Triton >= 3.6, sm_9
   measured, are described in :mod:`kernels.attention_ws_rules` beside their defaults.
 
 The consumers' device functions (work items, masks, online softmax, the key-block loops, the epilogue) are in
-:mod:`kernels.attention_ws_steps`, ``STREAM_KV``'s schedule and merge in :mod:`kernels.attention_ws_stream`; this
-module holds the loader, the partitions, the kernel and its launch.
+:mod:`kernels.attention_ws_steps`, the loader warp and the persistent programs' walk over their tiles in
+:mod:`kernels.attention_ws_loader`, ``STREAM_KV``'s schedule and merge in :mod:`kernels.attention_ws_stream`; this
+module holds the consumer partitions, the kernel and its launch.
 
 Rows past ``SEQ_LEN`` (a ragged last block) read the next head's rows through the 2-D descriptors and
 are never stored; keys past it are masked. ``Lse`` (base-2 log-sum-exp, ``[B*H*S]`` fp32) is stored
@@ -78,11 +79,8 @@ from tuner.workload import interpreter_active
 try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    # Triton 3.6 names the TMA load async_copy_global_to_shared; later releases async_load (and remove the old name).
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 except ImportError:  # pragma: no cover - older Triton
     gluon = None
 
@@ -92,6 +90,7 @@ def available() -> bool:
 
 
 if gluon is not None:
+    from kernels.attention_ws_loader import _entry, _loader, _program_items, _scheduled_item
     from kernels.attention_ws_steps import (
         _consume,
         _consume_chained,
@@ -102,102 +101,8 @@ if gluon is not None:
         _store_tile,
         _sum_layout,
         _tile_extent,
-        _work_item,
     )
-    from kernels.attention_ws_stream import _merge, _publish, _round_items, _tail_part, _tail_share
-
-    @gluon.jit
-    def _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
-                   q_row, kv_row, lo, hi, base, q_free_phase, BLOCK_N: gl.constexpr,
-                   NUM_BUFFERS: gl.constexpr, CONSUMERS: gl.constexpr, qb=0):  # fmt: skip
-        """A tile's loads of its key blocks lo .. hi-1: K_lo and V_lo into ring slot ``base + lo`` (its stage frees
-        while the previous tile runs), the consumers' 64-row Q tiles (once each consumer freed its buffer), then K_j
-        and V_j into slot base + j. ``qb``: which of the consumers' Q buffers (``Q_BUFFERS``) the tile's Q goes to."""
-        _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, lo, base, BLOCK_N, NUM_BUFFERS)
-        for c in gl.static_range(CONSUMERS):
-            qs = qb * CONSUMERS + c
-            mbarrier.wait(q_empty.index(qs), q_free_phase)
-            mbarrier.expect(q_bar.index(qs), desc_q.block_type.nbytes)
-            _tma_load(desc_q, [q_row + c * 64, 0], q_bar.index(qs), q_smem.index(qs))
-        for j in range(lo + 1, hi):
-            _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, j, base, BLOCK_N, NUM_BUFFERS)
-
-    @gluon.jit
-    def _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, j, base, BLOCK_N: gl.constexpr,
-                 NUM_BUFFERS: gl.constexpr):  # fmt: skip
-        """K_j and V_j into ring slot base + j once every consumer freed it (K and V with their own barriers).
-        With ``RELEASE_K`` (``kv_empty`` twice as long: V's empty barriers after K's) each waits for its own."""
-        V_EMPTY: gl.constexpr = kv_empty.shape[0] - NUM_BUFFERS  # 0: one barrier frees both; else V's offset
-        stage = (base + j) % NUM_BUFFERS
-        # A fresh barrier's "previous phase" (parity 1) counts as complete: the first pass does not wait.
-        free_phase = (((base + j) // NUM_BUFFERS) & 1) ^ 1
-        mbarrier.wait(kv_empty.index(stage), free_phase)
-        row = kv_row + j * BLOCK_N
-        mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
-        _tma_load(desc_k, [row, 0], k_ready.index(stage), k_smem.index(stage))
-        if V_EMPTY > 0:
-            mbarrier.wait(kv_empty.index(V_EMPTY + stage), free_phase)
-        mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
-        _tma_load(desc_v, [row, 0], v_ready.index(stage), v_smem.index(stage))
-
-    @gluon.jit
-    def _loader(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, SEQ_LEN,
-                BH, BLOCK_N: gl.constexpr, NUM_BUFFERS: gl.constexpr, CAUSAL: gl.constexpr,
-                HEAD_MAJOR: gl.constexpr, PERSISTENT: gl.constexpr, CONSUMERS: gl.constexpr, desc_ones, ones_smem,
-                ones_bar, SUM_MMA: gl.constexpr, STREAM_KV: gl.constexpr, Sched, LPT: gl.constexpr):  # fmt: skip
-        """One warp: the program's tile (or, persistent, each of its tiles in turn: its work items, or with ``LPT``
-        its list in ``Sched``; with ``STREAM_KV`` then its share of the last round's key blocks): Q, then its K/V
-        blocks; with ``SUM_MMA`` first the block of ones the consumers' row-sum wgmmas read."""
-        BLOCK_M: gl.constexpr = 64 * CONSUMERS
-        QB: gl.constexpr = q_smem.shape[0] // CONSUMERS  # Q_BUFFERS: tile i's Q in buffer i % QB
-        if SUM_MMA:
-            mbarrier.expect(ones_bar.index(0), desc_ones.block_type.nbytes)
-            _tma_load(desc_ones, [0, 0], ones_bar.index(0), ones_smem)
-        if PERSISTENT:
-            num_m = gl.cdiv(SEQ_LEN, BLOCK_M)
-            base = 0
-            i = 0
-            if LPT:
-                for j in range(gl.load(Sched + gl.program_id(0)), gl.load(Sched + gl.program_id(0) + 1)):
-                    code = gl.load(Sched + j)
-                    start_m = code % num_m
-                    row0 = (code // num_m) * SEQ_LEN
-                    _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
-                    _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                               kv_empty, row0 + start_m * BLOCK_M, row0, 0, n_blocks, base, ((i // QB) & 1) ^ 1,
-                               BLOCK_N, NUM_BUFFERS, CONSUMERS, i % QB)  # fmt: skip
-                    base += n_blocks
-                    i += 1
-            else:
-                for item in range(gl.program_id(0), _round_items(num_m, BH, CAUSAL, STREAM_KV), gl.num_programs(0)):
-                    off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
-                    row0 = off_hz * SEQ_LEN
-                    for h in range(tiles):
-                        start_m = first + h * (second - first)
-                        _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
-                        _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                                   kv_empty, row0 + start_m * BLOCK_M, row0, 0, n_blocks, base, ((i // QB) & 1) ^ 1,
-                                   BLOCK_N, NUM_BUFFERS, CONSUMERS, i % QB)  # fmt: skip
-                        base += n_blocks
-                        i += 1
-            if STREAM_KV:
-                g, g_end = _tail_share(gl.program_id(0), num_m, BH, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
-                while g < g_end:
-                    off_hz, start_m, _, n_blocks, kb, hi = _tail_part(g, g_end, num_m, SEQ_LEN, BLOCK_N, CAUSAL,
-                                                                     CONSUMERS)  # fmt: skip
-                    row0 = off_hz * SEQ_LEN
-                    _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                               kv_empty, row0 + start_m * BLOCK_M, row0, kb, hi, base - kb, ((i // QB) & 1) ^ 1,
-                               BLOCK_N, NUM_BUFFERS, CONSUMERS, i % QB)  # fmt: skip
-                    base += hi - kb
-                    g += hi - kb
-                    i += 1
-        else:
-            off_hz, start_m = _program_tile(SEQ_LEN, CAUSAL, HEAD_MAJOR, CONSUMERS)
-            _, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
-            row0 = off_hz * SEQ_LEN
-            _load_tile(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty,
-                       row0 + start_m * BLOCK_M, row0, 0, n_blocks, 0, 1, BLOCK_N, NUM_BUFFERS, CONSUMERS)  # fmt: skip
+    from kernels.attention_ws_stream import _merge, _publish, _tail_part, _tail_share
 
     @gluon.jit
     def _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, turn, start_m,
@@ -329,35 +234,22 @@ if gluon is not None:
             base = 0
             i = 0
             turns = gl.program_id(0) * 0  # a tensor: the loop carries it
-            if LPT:  # the next tile's entry is loaded a tile ahead (every program has at least one)
-                hi = gl.load(Sched + gl.program_id(0) + 1)
-                code = gl.load(Sched + gl.load(Sched + gl.program_id(0)))
-                for j in range(gl.load(Sched + gl.program_id(0)), hi):
-                    upcoming = gl.load(Sched + gl.minimum(j + 1, hi - 1))
-                    start_m = code % num_m
+            first_item, end, step = _program_items(Sched, num_m, BH, CAUSAL, STREAM_KV, LPT)
+            code = _entry(Sched, first_item, end, LPT)
+            for item in range(first_item, end, step):
+                upcoming = _entry(Sched, item + 1, end, LPT)  # LPT: the next tile's entry, loaded a tile ahead
+                off_hz, first, second, tiles = _scheduled_item(item, code, num_m, CAUSAL, LPT)
+                for h in range(tiles):
+                    start_m = first + h * (second - first)
                     n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                     turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                                         kv_empty, turn, start_m, (code // num_m) * SEQ_LEN, n_full, n_blocks, base,
+                                         kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base,
                                          (i // QB) & 1, turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N, NUM_BUFFERS,
                                          CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP, EPILOGUE,
                                          ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA, qb=i % QB)  # fmt: skip
                     base += n_blocks
                     i += 1
-                    code = upcoming
-            else:
-                for item in range(gl.program_id(0), _round_items(num_m, BH, CAUSAL, STREAM_KV), gl.num_programs(0)):
-                    off_hz, first, second, tiles = _work_item(item, num_m, CAUSAL)
-                    for h in range(tiles):
-                        start_m = first + h * (second - first)
-                        n_full, n_blocks = _tile_extent(start_m, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
-                        turns = _attend_tile(Out, Lse, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready,
-                                             kv_empty, turn, start_m, off_hz * SEQ_LEN, n_full, n_blocks, base,
-                                             (i // QB) & 1, turns, qk_scale, c, SEQ_LEN, HEAD_DIM, BLOCK_N,
-                                             NUM_BUFFERS, CAUSAL, OVERLAP, STORE_LSE, PINGPONG, CONSUMERS, ONE_LOOP,
-                                             EPILOGUE, ARRIVE_AT, HALF_DIAG, EXP_POLY, ones_t, SUM_MMA,
-                                             qb=i % QB)  # fmt: skip
-                        base += n_blocks
-                        i += 1
+                code = upcoming
             if STREAM_KV:
                 g, g_end = _tail_share(gl.program_id(0), num_m, BH, SEQ_LEN, BLOCK_N, CAUSAL, CONSUMERS)
                 while g < g_end:
