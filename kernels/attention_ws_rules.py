@@ -84,8 +84,8 @@ The knobs beyond the kernel's core schedule (:mod:`kernels.attention_ws`: partit
   grid's last tiles are its shortest, so the programs end within about a short tile of each other. The pairs are
   equal items, and at the causal targets (2,048 pairs at S = 1024, D = 64, for 132 programs) the last round is
   partial: by the schedule's own count (key blocks plus half a block a tile) the most loaded program carries 3.1%
-  over the mean with the pairs and 0.6% with the table. Full attention's tiles are all the same work: there the
-  table is the round-robin.
+  over the mean with the pairs and 0.6% with the table (groups of 64 heads). Full attention's tiles are all the
+  same work: there the table is the round-robin.
 """
 
 from __future__ import annotations
