@@ -234,10 +234,11 @@ STEPS: list[tuple[str, float, list[str]]] = [
         240,
         "bench/attention_ws.py q_buffers --seq 1024 2048 --head-dims 64 128 --no-check --out {out}.json".split(),
     ),
-    # LPT_HEADS (each persistent program's tiles from a longest-first table) beside the causal S <= 2048 winners
+    # LPT_HEADS (each persistent program's tiles from a longest-first table) beside the causal S <= 2048 winners (the
+    # GPU test compiles about 45 configs; STREAM_KV's, 6 parametrizations of up to 6 configs, took 114 s on an H100)
     (
         "gpu-tests-attention-lpt",
-        150,
+        180,
         "bench/gpu_tests.py --timeout 400 --out {out}.json --what attention-LPT_HEADS "
         "tests/test_attention_ws.py::test_gpu_longest_first_schedule_matches_fp32_attention".split(),
     ),
