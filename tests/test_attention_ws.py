@@ -314,15 +314,7 @@ def test_gpu_streamed_last_round_matches_fp32_attention(shape: tuple[int, int, i
     if shape[3] == 64:
         variants += [{"BLOCK_N": 128, "NUM_BUFFERS": 3}, {"BLOCK_N": 64, "NUM_BUFFERS": 2, "CONSUMERS": 3},
                      {"BLOCK_N": 64, "NUM_BUFFERS": 2, "CONSUMERS": 1, "CTAS_PER_SM": 2}]  # fmt: skip
-    failures = []
-    for knobs in variants:
-        for launch in range(2):
-            try:
-                _assert_matches_fp32(q, k, v, expected, expected_lse, causal, **{**base, **knobs})
-            except AssertionError as exc:
-                failures.append(f"{knobs} launch {launch}: {_where_wrong(q, k, v, expected, causal, base, knobs)}"
-                                f" ({str(exc)[-200:]})")  # fmt: skip
-    assert not failures, "\n".join(failures)
+    _assert_variants_match_fp32(q, k, v, expected, expected_lse, causal, base, variants, launches=2)
 
 
 @pytest.mark.gpu
@@ -347,15 +339,7 @@ def test_gpu_longest_first_schedule_matches_fp32_attention(shape: tuple[int, int
     if shape[3] == 64:
         variants += [{"NUM_BUFFERS": 3, "EPILOGUE": 2, "Q_BUFFERS": 2}, {"CONSUMERS": 3, "BLOCK_N": 64},
                      {"CONSUMERS": 1, "CTAS_PER_SM": 2, "BLOCK_N": 64}]  # fmt: skip
-    failures = []
-    for knobs in variants:
-        for launch in range(2):
-            try:
-                _assert_matches_fp32(q, k, v, expected, expected_lse, causal, **{**base, **knobs})
-            except AssertionError as exc:
-                failures.append(f"{knobs} launch {launch}: {_where_wrong(q, k, v, expected, causal, base, knobs)}"
-                                f" ({str(exc)[-200:]})")  # fmt: skip
-    assert not failures, "\n".join(failures)
+    _assert_variants_match_fp32(q, k, v, expected, expected_lse, causal, base, variants, launches=2)
 
 
 @pytest.mark.gpu
@@ -377,12 +361,21 @@ def test_gpu_double_buffered_q_matches_fp32_attention(shape: tuple[int, int, int
         variants.append({"HALF_DIAG": True, "EPILOGUE": 2})
     if shape[3] == 64:
         variants += [{"NUM_BUFFERS": 3}, {"NUM_BUFFERS": 3, "EPILOGUE": 2}, {"CONSUMERS": 3, "BLOCK_N": 64}]
+    _assert_variants_match_fp32(q, k, v, expected, expected_lse, causal, base, variants)
+
+
+def _assert_variants_match_fp32(q: Any, k: Any, v: Any, expected: Any, expected_lse: Any, causal: bool, base: dict,
+                                variants: list[dict], launches: int = 1) -> None:  # fmt: skip
+    """:func:`_assert_matches_fp32` for ``base`` with each of ``variants`` over it, ``launches`` times each; every
+    failing launch is reported (with :func:`_where_wrong`'s rows), not just the first."""
     failures = []
     for knobs in variants:
-        try:
-            _assert_matches_fp32(q, k, v, expected, expected_lse, causal, **{**base, **knobs})
-        except AssertionError as exc:
-            failures.append(f"{knobs}: {_where_wrong(q, k, v, expected, causal, base, knobs)} ({str(exc)[-200:]})")
+        for launch in range(launches):
+            try:
+                _assert_matches_fp32(q, k, v, expected, expected_lse, causal, **{**base, **knobs})
+            except AssertionError as exc:
+                failures.append(f"{knobs} launch {launch}: {_where_wrong(q, k, v, expected, causal, base, knobs)}"
+                                f" ({str(exc)[-200:]})")  # fmt: skip
     assert not failures, "\n".join(failures)
 
 
