@@ -8,10 +8,9 @@ from __future__ import annotations
 try:  # Gluon (Triton >= 3.6); the functions are defined only where it exists
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-    # Triton 3.6 names the TMA load async_copy_global_to_shared; later releases async_load (and remove the old name).
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    from kernels.gluon_compat import tma_load
 except ImportError:  # pragma: no cover - older Triton
     gluon = None
 
@@ -69,7 +68,7 @@ if gluon is not None:
             qs = qb * CONSUMERS + c
             mbarrier.wait(q_empty.index(qs), q_free_phase)
             mbarrier.expect(q_bar.index(qs), desc_q.block_type.nbytes)
-            _tma_load(desc_q, [q_row + c * 64, 0], q_bar.index(qs), q_smem.index(qs))
+            tma_load(desc_q, [q_row + c * 64, 0], q_bar.index(qs), q_smem.index(qs))
         for j in range(lo + 1, hi):
             _load_kv(desc_k, desc_v, k_smem, v_smem, k_ready, v_ready, kv_empty, kv_row, j, base, BLOCK_N, NUM_BUFFERS)
 
@@ -85,11 +84,11 @@ if gluon is not None:
         mbarrier.wait(kv_empty.index(stage), free_phase)
         row = kv_row + j * BLOCK_N
         mbarrier.expect(k_ready.index(stage), desc_k.block_type.nbytes)
-        _tma_load(desc_k, [row, 0], k_ready.index(stage), k_smem.index(stage))
+        tma_load(desc_k, [row, 0], k_ready.index(stage), k_smem.index(stage))
         if V_EMPTY > 0:
             mbarrier.wait(kv_empty.index(V_EMPTY + stage), free_phase)
         mbarrier.expect(v_ready.index(stage), desc_v.block_type.nbytes)
-        _tma_load(desc_v, [row, 0], v_ready.index(stage), v_smem.index(stage))
+        tma_load(desc_v, [row, 0], v_ready.index(stage), v_smem.index(stage))
 
     @gluon.jit
     def _loader(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bar, q_empty, k_ready, v_ready, kv_empty, SEQ_LEN,
@@ -103,7 +102,7 @@ if gluon is not None:
         QB: gl.constexpr = q_smem.shape[0] // CONSUMERS  # Q_BUFFERS: tile i's Q in buffer i % QB
         if SUM_MMA:
             mbarrier.expect(ones_bar.index(0), desc_ones.block_type.nbytes)
-            _tma_load(desc_ones, [0, 0], ones_bar.index(0), ones_smem)
+            tma_load(desc_ones, [0, 0], ones_bar.index(0), ones_smem)
         if PERSISTENT:
             num_m = gl.cdiv(SEQ_LEN, BLOCK_M)
             base = 0

@@ -15,8 +15,7 @@ try:  # Gluon (Triton >= 3.6); the functions are defined only where it exists
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    # Triton 3.6 names the barrier of a partition's warps thread_barrier, later releases barrier.
-    _warps_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+    from kernels.gluon_compat import warps_barrier
 except ImportError:  # pragma: no cover - older Triton
     gluon = None
 
@@ -140,7 +139,7 @@ if gluon is not None:
         wide = gl.zeros([64, 8], gl.float32, sums)
         gl.store(m_ptrs, wide + gl.expand_dims(gl.convert_layout(m_i, gl.SliceLayout(1, sums)), 1))
         gl.store(l_ptrs, wide + gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, sums)), 1))
-        _warps_barrier()
+        warps_barrier()
         gl.atomic_xchg(Flags + slot * CONSUMERS + c, 1, sem="release", scope="gpu")
 
     @gluon.jit
@@ -153,7 +152,7 @@ if gluon is not None:
         flag = gl.atomic_cas(Flags + slot * CONSUMERS + c, 1, 0, sem="acquire", scope="gpu")
         while flag != 1:
             flag = gl.atomic_cas(Flags + slot * CONSUMERS + c, 1, 0, sem="acquire", scope="gpu")
-        _warps_barrier()
+        warps_barrier()
         acc_ptrs, m_ptrs, l_ptrs = _partial_at(Partials, slot, acc, c, CONSUMERS, HEAD_DIM)
         part = gl.load(acc_ptrs, cache_modifier=".cg")
         part_m = gl.convert_layout(gl.max(gl.load(m_ptrs, cache_modifier=".cg"), 1), m_i.type.layout)

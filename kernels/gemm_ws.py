@@ -49,10 +49,7 @@ try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    # Triton 3.6 names the TMA copies async_copy_global_to_shared / async_copy_shared_to_global; later
-    # releases async_load / async_store (and remove the old names).
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-    _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+    from kernels.gluon_compat import tma_load, tma_store
 except ImportError:  # pragma: no cover - older Triton
     gluon = None
 
@@ -94,8 +91,8 @@ if gluon is not None:
                 # A fresh barrier's "previous phase" (parity 1) counts as complete: the first lap does not wait.
                 mbarrier.wait(empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
                 mbarrier.expect(ready.index(stage), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-                _tma_load(a_desc, [pid_m * BLOCK_M, ki * BLOCK_K], ready.index(stage), a_smem.index(stage))
-                _tma_load(b_desc, [ki * BLOCK_K, pid_n * BLOCK_N], ready.index(stage), b_smem.index(stage))
+                tma_load(a_desc, [pid_m * BLOCK_M, ki * BLOCK_K], ready.index(stage), a_smem.index(stage))
+                tma_load(b_desc, [ki * BLOCK_K, pid_n * BLOCK_N], ready.index(stage), b_smem.index(stage))
                 it += 1
 
     @gluon.jit
@@ -134,7 +131,7 @@ if gluon is not None:
             tma.store_wait(0)  # this consumer's previous tile has left its C buffer
             c_buf.store(acc.to(c_desc.dtype))
             fence_async_shared()
-            _tma_store(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_buf)
+            tma_store(c_desc, [pid_m * BLOCK_M, pid_n * BLOCK_N], c_buf)
             local += 2
         tma.store_wait(0)
 

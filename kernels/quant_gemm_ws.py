@@ -84,15 +84,12 @@ try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
-        tma,
         warpgroup_mma,
         warpgroup_mma_wait,
     )
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-    # Triton 3.6 names the CTA barrier thread_barrier, later releases barrier.
-    _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+    from kernels.gluon_compat import tma_load, warps_barrier
 except ImportError:  # pragma: no cover - older Triton
     gluon = None
 
@@ -147,8 +144,8 @@ if gluon is not None:
         s = step % spans
         n0 = (step // spans // m_tiles) * BLOCK_N
         mbarrier.expect(bar, nbytes)
-        _tma_load(w_desc, [s * _SLICE, n0], bar, w_smem.index(stage))
-        _tma_load(s_desc, [(s * SPAN) // GROUP_SIZE, n0], bar, s_smem.index(stage))
+        tma_load(w_desc, [s * _SLICE, n0], bar, w_smem.index(stage))
+        tma_load(s_desc, [(s * SPAN) // GROUP_SIZE, n0], bar, s_smem.index(stage))
 
     @gluon.jit
     def _load_x(x_desc, x_smem, bar, step, stage, spans, m_tiles, BLOCK_M: gl.constexpr, SPAN: gl.constexpr,
@@ -157,7 +154,7 @@ if gluon is not None:
         m0 = (step // spans % m_tiles) * BLOCK_M
         s = step % spans
         for j in gl.static_range(X_BOXES):
-            _tma_load(x_desc, [m0, s * SPAN + j * (SPAN // X_BOXES)], bar, x_smem.index(stage * X_BOXES + j))
+            tma_load(x_desc, [m0, s * SPAN + j * (SPAN // X_BOXES)], bar, x_smem.index(stage * X_BOXES + j))
 
     @gluon.jit
     def _loader(x_desc, w_desc, s_desc, x_smem, w_smem, s_smem, ready, empty, M, N, K, BLOCK_M: gl.constexpr,
@@ -327,7 +324,7 @@ if gluon is not None:
             gl.atomic_add(ws_ptrs, acc, mask=mask, sem="relaxed")
             if DIAG == 2:  # the partials' atomics alone: no arrival count, no last program's sum
                 return
-            _cta_barrier()  # every thread's partial is issued before the arrival is counted
+            warps_barrier()  # every thread's partial is issued before the arrival is counted
             arrived = gl.atomic_add(cnt_ptr + tile, parts, sem="acq_rel")
             if arrived + parts == spans:
                 total = gl.load(ws_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
@@ -432,7 +429,7 @@ if gluon is not None:
         half = gl.reshape(gl.permute(four, (3, 2, 0, 1)), [4 * _SLICE, words.shape[1]])
         b_smem.index(h).store(half)
         fence_async_shared()
-        _cta_barrier()  # every thread's slices are in shared memory before the wgmma reads them
+        warps_barrier()  # every thread's slices are in shared memory before the wgmma reads them
 
     @gluon.jit
     def _consumer_unswapped(y_ptr, ws_ptr, cnt_ptr, x_smem, w_smem, s_smem, b_smem, ready, empty, M, N, K, stride_ym,
