@@ -404,6 +404,25 @@ LPT_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+#: The D = 64 causal loop (two consumers, two stages, the vector epilogue) with ``LPT_HEADS`` 0 / 32 / 64,
+#: ``HALF_DIAG`` and ``SUM_MMA`` in every combination: the three knobs that each gained at S <= 2048 on their own
+#: (``lpt_combo`` phase, causal shapes; run with ``--time-all``: first-round single timings of close configs are noise).
+LPT_COMBO_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": 2,
+     "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True, "LPT_HEADS": heads, "HALF_DIAG": half, "SUM_MMA": sums}
+    for heads, half, sums in itertools.product((0, 32, 64), (False, True), (False, True))
+]  # fmt: skip
+
+
+#: The D = 64 full-attention loops (two consumers, the vector epilogue, two or three stages) with ``SUM_MMA`` and
+#: ``Q_BUFFERS`` in every combination (``full_combo`` phase, full shapes; run with ``--time-all``).
+FULL_COMBO_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": 2,
+     "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True, "SUM_MMA": sums, "Q_BUFFERS": qb}
+    for nb, sums, qb in itertools.product((2, 3), (False, True), (1, 2))
+]  # fmt: skip
+
+
 def _knob_on(config: dict[str, Any], knob: str) -> bool:
     """Whether ``config`` sets ``knob`` away from the kernel's default (a contrast phase's two sides: for
     ``Q_BUFFERS`` and ``CTAS_PER_SM``, whose default is 1, 2 is the variant, not any value but 0)."""
@@ -414,11 +433,12 @@ def _knob_on(config: dict[str, Any], knob: str) -> bool:
 
 def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_lens: list[int] | None = None,
               contrast: str | None = None, checked: bool = True, head_dims: list[int] | None = None,
-              causal_only: bool = False) -> dict[str, Any]:  # fmt: skip
+              causal_only: bool = False, time_all: bool = False,
+              full_only: bool = False) -> dict[str, Any]:  # fmt: skip
     """At every target shape (or those of ``seq_lens``): one round over ``configs`` picks the fastest, which is
     then re-measured interleaved with SDPA cuDNN and flash (``rounds`` rounds, medians), with ``contrast`` (a knob)
     also the fastest config whose ``contrast`` differs from the first pick's; the faster re-measured median is the
-    shape's winner. Written after each shape. ``checked``
+    shape's winner (``time_all``: every config is re-measured). Written after each shape. ``checked``
     False skips the numerics check (when a GPU test of the same configs ran first)."""
     rows = check_in_parallel(configs) if checked else []
     wrong = {json.dumps(r["config"], sort_keys=True) for r in rows if not r["ok"]}
@@ -428,7 +448,7 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
     for shape in SHAPES:
         if (seq_lens and shape["seq_len"] not in seq_lens) or (head_dims and shape["head_dim"] not in head_dims):
             continue
-        if causal_only and not shape["causal"]:
+        if (causal_only and not shape["causal"]) or (full_only and shape["causal"]):
             continue
         d = shape["head_dim"]
         usable = [c for c in configs if not _unusable(d, c)]
@@ -436,8 +456,9 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
         first = {n: median(v) for n, v in interleaved({n: m for n, m in measurers.items() if n.startswith("ws")},
                                                        1).items()}  # fmt: skip
         best = max(first, key=lambda n: first[n] or 0.0)
-        timed = [best, "cudnn", "flash"]
-        if contrast:
+        timed = [*([n for n in sorted(first, key=lambda n: -(first[n] or 0.0)) if first[n]] if time_all else [best]),
+                 "cudnn", "flash"]
+        if contrast and not time_all:
             others = [n for n in first if first[n] and _knob_on(usable[int(n[2:])], contrast)
                       != _knob_on(usable[int(best[2:])], contrast)]  # fmt: skip
             timed += [max(others, key=lambda n: first[n])] if others else []
@@ -472,7 +493,8 @@ PER_SHAPE_PHASES: dict[str, tuple[list[dict[str, Any]], str | None]] = {
     "warp_arrive": (WARP_ARRIVE_CONFIGS, "WARP_ARRIVE"), "half_diag": (HALF_DIAG_CONFIGS, "HALF_DIAG"),
     "exp_poly": (EXP_POLY_CONFIGS, "EXP_POLY"), "sum_mma": (SUM_MMA_CONFIGS, "SUM_MMA"),
     "stream_kv": (STREAM_KV_CONFIGS, "STREAM_KV"), "q_buffers": (Q_BUFFERS_CONFIGS, "Q_BUFFERS"),
-    "lpt": (LPT_CONFIGS, "LPT_HEADS"),
+    "lpt": (LPT_CONFIGS, "LPT_HEADS"), "lpt_combo": (LPT_COMBO_CONFIGS, "LPT_HEADS"),
+    "full_combo": (FULL_COMBO_CONFIGS, "SUM_MMA"),
 }  # fmt: skip
 
 
@@ -486,6 +508,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, nargs="+", help="per-shape phases: only these sequence lengths")
     parser.add_argument("--head-dims", type=int, nargs="+", help="per-shape phases: only these head dims")
     parser.add_argument("--no-check", action="store_true", help="per-shape phases: skip the numerics check")
+    parser.add_argument("--time-all", action="store_true", help="per-shape phases: re-measure every config")
     ns = parser.parse_args()
     checked = [c for c in CONFIGS if c["NUM_BUFFERS"] == 2]  # the stage count changes no arithmetic
     swept = [c for c in CONFIGS if c["BLOCK_N"] in ns.block_n]
@@ -494,7 +517,8 @@ def main() -> None:
     elif ns.phase in PER_SHAPE_PHASES:
         configs, contrast = PER_SHAPE_PHASES[ns.phase]
         result = per_shape(configs, ns.rounds, ns.out, ns.seq, contrast, not ns.no_check, ns.head_dims,
-                           causal_only=ns.phase in ("half_diag", "lpt"))  # both change nothing without the mask
+                           causal_only=ns.phase in ("half_diag", "lpt", "lpt_combo"),  # no change without the mask
+                           time_all=ns.time_all, full_only=ns.phase == "full_combo")
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
     write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)

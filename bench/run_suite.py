@@ -247,6 +247,20 @@ STEPS: list[tuple[str, float, list[str]]] = [
         200,
         "bench/attention_ws.py lpt --seq 1024 2048 --head-dims 64 128 --no-check --out {out}.json".split(),
     ),
+    # LPT_HEADS 0 / 32 / 64 x HALF_DIAG x SUM_MMA at D = 64 causal, every config re-measured, numerics checked
+    # first (82 s on an H100 with two LPT values)
+    (
+        "attention-lpt-combo",
+        240,
+        "bench/attention_ws.py lpt_combo --seq 1024 2048 --head-dims 64 --time-all --out {out}.json".split(),
+    ),
+    # D = 64 full attention: two / three stages x SUM_MMA x Q_BUFFERS, every config re-measured (84 s on an H100)
+    (
+        "attention-full-combo",
+        120,
+        "bench/attention_ws.py full_combo --seq 1024 2048 --head-dims 64 --time-all --rounds 7 "
+        "--out {out}.json".split(),
+    ),
     (
         "attention-exp-poly",
         90,

@@ -940,7 +940,9 @@ def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memor
                                                  ("sum_mma", "SUM_MMA", [False, True]),
                                                  ("stream_kv", "STREAM_KV", [False, True]),
                                                  ("q_buffers", "Q_BUFFERS", [1, 2]),
-                                                 ("lpt", "LPT_HEADS", [0, 32, 64])])  # fmt: skip
+                                                 ("lpt", "LPT_HEADS", [0, 32, 64]),
+                                                 ("lpt_combo", "LPT_HEADS", [0, 32, 64]),
+                                                 ("full_combo", "SUM_MMA", [False, True])])  # fmt: skip
 def test_knob_phases_offer_each_loop_with_every_value_of_the_knob_within_the_rules(phase: str, knob: str,
                                                                                    values: list) -> None:  # fmt: skip
     """``bench/attention_ws.py half_diag``, ``exp_poly`` and ``sum_mma``: every candidate loop comes with every value
