@@ -438,8 +438,9 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
     """At every target shape (or those of ``seq_lens``): one round over ``configs`` picks the fastest, which is
     then re-measured interleaved with SDPA cuDNN and flash (``rounds`` rounds, medians), with ``contrast`` (a knob)
     also the fastest config whose ``contrast`` differs from the first pick's; the faster re-measured median is the
-    shape's winner (``time_all``: every config is re-measured). Written after each shape. ``checked``
-    False skips the numerics check (when a GPU test of the same configs ran first)."""
+    shape's winner (``time_all``: every config that ran is re-measured). Written after each shape. ``checked``
+    False skips the numerics check (when a GPU test of the same configs ran first); ``causal_only`` / ``full_only``
+    keep the shapes with / without the mask."""
     rows = check_in_parallel(configs) if checked else []
     wrong = {json.dumps(r["config"], sort_keys=True) for r in rows if not r["ok"]}
     configs = [c for c in configs if json.dumps(c, sort_keys=True) not in wrong]
@@ -456,8 +457,8 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
         first = {n: median(v) for n, v in interleaved({n: m for n, m in measurers.items() if n.startswith("ws")},
                                                        1).items()}  # fmt: skip
         best = max(first, key=lambda n: first[n] or 0.0)
-        timed = [*([n for n in sorted(first, key=lambda n: -(first[n] or 0.0)) if first[n]] if time_all else [best]),
-                 "cudnn", "flash"]
+        ranked = sorted((n for n in first if first[n]), key=lambda n: first[n], reverse=True)
+        timed = [*(ranked if time_all else [best]), "cudnn", "flash"]
         if contrast and not time_all:
             others = [n for n in first if first[n] and _knob_on(usable[int(n[2:])], contrast)
                       != _knob_on(usable[int(best[2:])], contrast)]  # fmt: skip
