@@ -414,6 +414,16 @@ LPT_COMBO_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+#: The same loop at long causal shapes with groups of 0 (the pairs) / 16 / 32 heads, with and without ``HALF_DIAG``
+#: (``lpt_long`` phase, S 4096 / 8192 causal; ``--time-all``): whether smaller groups, whose K/V (16 heads: 16 / 32
+#: MiB at D = 64) fits the L2 where 32 heads' (32 / 64 MiB) does not, keep the table's balance without its loss there.
+LPT_LONG_CONFIGS: list[dict[str, Any]] = [
+    {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": 2,
+     "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True, "LPT_HEADS": heads, "HALF_DIAG": half}
+    for heads, half in itertools.product((0, 16, 32), (False, True))
+]  # fmt: skip
+
+
 #: The D = 64 full-attention loops (two consumers, the vector epilogue, two or three stages) with ``SUM_MMA`` and
 #: ``Q_BUFFERS`` in every combination (``full_combo`` phase, full shapes; run with ``--time-all``).
 FULL_COMBO_CONFIGS: list[dict[str, Any]] = [
@@ -495,8 +505,13 @@ PER_SHAPE_PHASES: dict[str, tuple[list[dict[str, Any]], str | None]] = {
     "exp_poly": (EXP_POLY_CONFIGS, "EXP_POLY"), "sum_mma": (SUM_MMA_CONFIGS, "SUM_MMA"),
     "stream_kv": (STREAM_KV_CONFIGS, "STREAM_KV"), "q_buffers": (Q_BUFFERS_CONFIGS, "Q_BUFFERS"),
     "lpt": (LPT_CONFIGS, "LPT_HEADS"), "lpt_combo": (LPT_COMBO_CONFIGS, "LPT_HEADS"),
+    "lpt_long": (LPT_LONG_CONFIGS, "LPT_HEADS"),
     "full_combo": (FULL_COMBO_CONFIGS, "SUM_MMA"),
 }  # fmt: skip
+
+
+#: Phases whose knobs change nothing without the mask: they run the causal shapes only.
+CAUSAL_PHASES = ("half_diag", "lpt", "lpt_combo", "lpt_long")
 
 
 def main() -> None:
@@ -518,8 +533,8 @@ def main() -> None:
     elif ns.phase in PER_SHAPE_PHASES:
         configs, contrast = PER_SHAPE_PHASES[ns.phase]
         result = per_shape(configs, ns.rounds, ns.out, ns.seq, contrast, not ns.no_check, ns.head_dims,
-                           causal_only=ns.phase in ("half_diag", "lpt", "lpt_combo"),  # no change without the mask
-                           time_all=ns.time_all, full_only=ns.phase == "full_combo")
+                           causal_only=ns.phase in CAUSAL_PHASES, time_all=ns.time_all,
+                           full_only=ns.phase == "full_combo")
     else:
         result = check(checked) if ns.phase == "check" else sweep(swept, ns.rounds, ns.keep)
     write_result({"benchmark": f"warp-specialized attention: {ns.phase}", **result}, ns.out)

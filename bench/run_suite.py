@@ -254,6 +254,12 @@ STEPS: list[tuple[str, float, list[str]]] = [
         240,
         "bench/attention_ws.py lpt_combo --seq 1024 2048 --head-dims 64 --time-all --out {out}.json".split(),
     ),
+    # groups of 0 / 16 / 32 heads x HALF_DIAG at D = 64 causal S 4096 / 8192 (30 s on an H100 for 12 configs)
+    (
+        "attention-lpt-long",
+        90,
+        "bench/attention_ws.py lpt_long --seq 4096 8192 --head-dims 64 --time-all --out {out}.json".split(),
+    ),
     # D = 64 full attention: two / three stages x SUM_MMA x Q_BUFFERS, every config re-measured (84 s on an H100)
     (
         "attention-full-combo",
@@ -324,6 +330,8 @@ AFTER: dict[str, str] = {
     "attention-stream-kv": "gpu-tests-attention-stream-kv",
     "attention-q-buffers": "gpu-tests-attention-q-buffers",
     "attention-lpt": "gpu-tests-attention-lpt",
+    "attention-lpt-combo": "gpu-tests-attention-lpt",
+    "attention-lpt-long": "gpu-tests-attention-lpt",
 }
 
 
