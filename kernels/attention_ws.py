@@ -50,6 +50,7 @@ when asked, for :mod:`kernels.attention_grad`.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -384,19 +385,23 @@ if gluon is not None:
             )  # fmt: skip
 
 
+@functools.cache
+def _shared_layout(rows: int, cols: int, dtype: torch.dtype) -> Any:
+    """The NVMMA shared layout of a ``[rows, cols]`` TMA box, worked out once (about 15 us a call on the host)."""
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
+
+
 def _descriptors(q: Any, k: Any, v: Any, ones: Any, rows: int, head_dim: int,
                  block_n: int) -> tuple[Any, Any, Any, Any]:  # fmt: skip
     """TMA descriptors of Q, K and V (``[rows, head_dim]``) and of ``ones`` (``[8, block_n]``, ``SUM_MMA``'s B; None
     without ``SUM_MMA``: Q's descriptor stands in for it, which the kernel then never reads)."""
-    dtype = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
-    q_layout = gl.NVMMASharedLayout.get_default_for([SUB_M, head_dim], dtype)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], dtype)
+    q_layout, kv_layout = _shared_layout(SUB_M, head_dim, q.dtype), _shared_layout(block_n, head_dim, q.dtype)
     shape, strides = [rows, head_dim], [head_dim, 1]
     desc_q = TensorDescriptor(q, shape, strides, [SUB_M, head_dim], q_layout)
     if ones is None:
         desc_ones = desc_q
     else:
-        ones_layout = gl.NVMMASharedLayout.get_default_for([8, block_n], dtype)
+        ones_layout = _shared_layout(8, block_n, q.dtype)
         desc_ones = TensorDescriptor(ones, [8, block_n], [block_n, 1], [8, block_n], ones_layout)
     return (
         desc_q,
@@ -488,6 +493,26 @@ def _check(head_dim: int, precision: str, knobs: dict[str, Any]) -> None:
         raise ValueError(reason)
 
 
+_CHECKED_META: dict[tuple, dict[str, Any]] = {}
+
+
+def _checked_meta(head_dim: int, precision: str, causal: bool, store_lse: bool,
+                  knobs: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """:func:`_check`, then :func:`_meta`, done once per config: a launch reuses the rules' verdict and the
+    constexprs (tens of microseconds of host time a call otherwise). A config the rules refuse raises every time;
+    one with an unhashable knob value is checked every time. The dict returned is shared: not to be changed."""
+    try:
+        key = (head_dim, precision, bool(causal), bool(store_lse), tuple(sorted(knobs.items())))
+        meta = _CHECKED_META.get(key)
+    except TypeError:
+        _check(head_dim, precision, knobs)
+        return _meta(head_dim, causal, store_lse, **knobs)
+    if meta is None:
+        _check(head_dim, precision, knobs)
+        meta = _CHECKED_META[key] = _meta(head_dim, causal, store_lse, **knobs)
+    return meta
+
+
 def attention_ws(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -521,8 +546,7 @@ def attention_ws(
         raise ValueError("the warp-specialized attention kernel needs Gluon (Triton >= 3.6) on an sm_90 GPU")
     batch, heads, seq_len, head_dim = q.shape
     precision = next(name for name, dtype in DTYPES.items() if dtype == q.dtype)
-    _check(head_dim, precision, knobs)
-    meta = _meta(head_dim, causal, lse is not None, **knobs)
+    meta = _checked_meta(head_dim, precision, causal, lse is not None, knobs)
     rows = batch * heads * seq_len
     ones = _ones(q.device, q.dtype, meta["BLOCK_N"]) if meta["SUM_MMA"] else None
     descs = _descriptors(q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim), ones, rows,

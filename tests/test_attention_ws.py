@@ -1072,3 +1072,38 @@ def test_gpu_chained_tiles_match_fp32_attention(shape: tuple[int, int, int, int]
         _assert_matches_fp32(q, k, v, expected, expected_lse, causal, BLOCK_N=block_n, NUM_BUFFERS=stages,
                              OVERLAP=True, PERSISTENT=True, ONE_LOOP=True, CHAIN=True,
                              CONSUMERS=consumers)  # fmt: skip
+
+
+def test_a_launch_checks_and_derives_a_config_once_and_refuses_a_bad_one_every_time() -> None:
+    """``attention_ws`` takes its constexprs from :func:`_checked_meta`: the rules' verdict and ``_meta`` kept per
+    config (host time a launch), equal to checking afresh; a refused config raises on every call, and an unhashable
+    knob value is checked without the cache."""
+    pytest.importorskip("triton.experimental.gluon")
+    from kernels.attention_ws import _check, _checked_meta, _meta
+
+    knobs = {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True,
+             "EPILOGUE": 2, "RELEASE_K": True, "HALF_DIAG": True, "LPT_HEADS": 32}  # fmt: skip
+    first = _checked_meta(64, "bf16", True, True, dict(knobs))
+    _check(64, "bf16", knobs)
+    assert first == _meta(64, True, True, **knobs)
+    assert _checked_meta(64, "bf16", True, True, dict(reversed(knobs.items()))) is first  # same config, any order
+    assert _checked_meta(64, "bf16", False, True, knobs)["CAUSAL"] is False  # the mask is part of the key
+    for _ in range(2):
+        with pytest.raises(ValueError, match="NUM_BUFFERS must be 2, 3 or 4"):
+            _checked_meta(64, "bf16", True, True, {**knobs, "NUM_BUFFERS": 5})
+    with pytest.raises(ValueError):
+        _checked_meta(64, "bf16", True, True, {**knobs, "NUM_BUFFERS": [2]})  # unhashable: checked, refused
+
+
+def test_descriptors_share_one_shared_layout_per_box() -> None:
+    """The TMA descriptors' NVMMA layouts are worked out once per box and dtype (``_shared_layout``), and equal what
+    Gluon derives afresh."""
+    pytest.importorskip("triton.experimental.gluon")
+    import torch
+    from triton.experimental.gluon import language as gl
+
+    from kernels.attention_ws import _shared_layout
+
+    assert _shared_layout(128, 64, torch.bfloat16) is _shared_layout(128, 64, torch.bfloat16)
+    assert _shared_layout(128, 64, torch.bfloat16) == gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16)
+    assert _shared_layout(64, 128, torch.float16) == gl.NVMMASharedLayout.get_default_for([64, 128], gl.float16)
