@@ -260,6 +260,8 @@ STEPS: list[tuple[str, float, list[str]]] = [
         90,
         "bench/attention_ws.py lpt_long --seq 4096 8192 --head-dims 64 --time-all --out {out}.json".split(),
     ),
+    # a launch's host time beside its GPU time (CUDA events, and a CUDA graph), the Gluon kernel against cuDNN
+    ("attention-host", 60, "bench/attention_host.py --out {out}.json".split()),
     # D = 64 full attention: two / three stages x SUM_MMA x Q_BUFFERS, every config re-measured (84 s on an H100)
     (
         "attention-full-combo",
@@ -332,6 +334,7 @@ AFTER: dict[str, str] = {
     "attention-lpt": "gpu-tests-attention-lpt",
     "attention-lpt-combo": "gpu-tests-attention-lpt",
     "attention-lpt-long": "gpu-tests-attention-lpt",
+    "attention-host": "gpu-tests-attention-lpt",
 }
 
 
