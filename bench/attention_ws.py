@@ -20,7 +20,10 @@ Phases (each a separate process, so that a kernel that hangs costs one phase's t
   ``stream_kv``, ``q_buffers``, ``lpt`` (causal shapes only): the same per shape for one variant's candidates beside
   the winners (``chain``, ``epilogue``, ``release``, ``single_vec``, ``thread_arrive``, ``warp_arrive``,
   ``half_diag``, ``exp_poly``, ``sum_mma``, ``stream_kv``, ``q_buffers`` and ``lpt`` also re-measure the best config
-  without the variant; ``--head-dims`` keeps those head dims only).
+  without the variant; ``--head-dims`` keeps those head dims only);
+- ``lpt_combo`` (``LPT_HEADS`` x ``HALF_DIAG`` x ``SUM_MMA``), ``lpt_long`` (groups of 0 / 16 / 32 heads at long
+  sequences), both causal shapes only, and ``full_combo`` (stages x ``SUM_MMA`` x ``Q_BUFFERS``, full shapes only):
+  run with ``--time-all``, which re-measures every config interleaved with SDPA instead of the first round's pick.
 """
 
 from __future__ import annotations
