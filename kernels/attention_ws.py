@@ -502,7 +502,9 @@ def _checked_meta(head_dim: int, precision: str, causal: bool, store_lse: bool,
     constexprs (tens of microseconds of host time a call otherwise). A config the rules refuse raises every time;
     one with an unhashable knob value is checked every time. The dict returned is shared: not to be changed."""
     try:
-        key = (head_dim, precision, bool(causal), bool(store_lse), tuple(sorted(knobs.items())))
+        # each value with its type: 1 and True (or 2 and 2.0) are equal keys, but not the same constexpr
+        knob_key = tuple(sorted((name, type(value).__name__, value) for name, value in knobs.items()))
+        key = (head_dim, precision, bool(causal), bool(store_lse), knob_key)
         meta = _CHECKED_META.get(key)
     except TypeError:
         _check(head_dim, precision, knobs)

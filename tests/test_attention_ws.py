@@ -1088,6 +1088,8 @@ def test_a_launch_checks_and_derives_a_config_once_and_refuses_a_bad_one_every_t
     assert first == _meta(64, True, True, **knobs)
     assert _checked_meta(64, "bf16", True, True, dict(reversed(knobs.items()))) is first  # same config, any order
     assert _checked_meta(64, "bf16", False, True, knobs)["CAUSAL"] is False  # the mask is part of the key
+    # 2.0 equals 2 as a key, but is another constexpr: not served 2's entry
+    assert type(_checked_meta(64, "bf16", True, True, {**knobs, "NUM_BUFFERS": 2.0})["NUM_BUFFERS"]) is float
     for _ in range(2):
         with pytest.raises(ValueError, match="NUM_BUFFERS must be 2, 3 or 4"):
             _checked_meta(64, "bf16", True, True, {**knobs, "NUM_BUFFERS": 5})
