@@ -22,16 +22,14 @@ import statistics
 import time
 from typing import Any
 
+from bench.attention_ws import WINNER_LOOP
 from bench.common import write_result
 
 #: The winners' loop with the schedule table and the half diagonal block, and the same without either.
 CONFIGS: dict[str, dict[str, Any]] = {
-    "ws_lpt_half": {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False,
-                    "CONSUMERS": 2, "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True, "LPT_HEADS": 32,
-                    "HALF_DIAG": True},
-    "ws_pairs": {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False,
-                 "CONSUMERS": 2, "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True},
-}  # fmt: skip
+    "ws_lpt_half": {**WINNER_LOOP, "LPT_HEADS": 32, "HALF_DIAG": True},
+    "ws_pairs": WINNER_LOOP,
+}
 #: (batch, heads, seq_len, head_dim, causal): the shortest target shapes, where a launch's host time weighs most.
 SHAPES = [(16, 32, 1024, 64, True), (16, 16, 1024, 128, True), (8, 32, 2048, 64, True)]
 

@@ -407,12 +407,16 @@ LPT_CONFIGS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+#: The S <= 2048 winners' loop the combination phases start from: persistent, two consumers without ping-pong, two
+#: K/V stages, one loop, the vector epilogue, K slots freed after their scores.
+WINNER_LOOP: dict[str, Any] = {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False,
+                               "CONSUMERS": 2, "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True}  # fmt: skip
+
 #: The D = 64 causal loop (two consumers, two stages, the vector epilogue) with ``LPT_HEADS`` 0 / 32 / 64,
 #: ``HALF_DIAG`` and ``SUM_MMA`` in every combination: the three knobs that each gained at S <= 2048 on their own
 #: (``lpt_combo`` phase, causal shapes; run with ``--time-all``: first-round single timings of close configs are noise).
 LPT_COMBO_CONFIGS: list[dict[str, Any]] = [
-    {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": 2,
-     "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True, "LPT_HEADS": heads, "HALF_DIAG": half, "SUM_MMA": sums}
+    {**WINNER_LOOP, "LPT_HEADS": heads, "HALF_DIAG": half, "SUM_MMA": sums}
     for heads, half, sums in itertools.product((0, 32, 64), (False, True), (False, True))
 ]  # fmt: skip
 
@@ -421,8 +425,7 @@ LPT_COMBO_CONFIGS: list[dict[str, Any]] = [
 #: (``lpt_long`` phase, S 4096 / 8192 causal; ``--time-all``): whether smaller groups, whose K/V (16 heads: 16 / 32
 #: MiB at D = 64) fits the L2 where 32 heads' (32 / 64 MiB) does not, keep the table's balance without its loss there.
 LPT_LONG_CONFIGS: list[dict[str, Any]] = [
-    {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": 2,
-     "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True, "LPT_HEADS": heads, "HALF_DIAG": half}
+    {**WINNER_LOOP, "LPT_HEADS": heads, "HALF_DIAG": half}
     for heads, half in itertools.product((0, 16, 32), (False, True))
 ]  # fmt: skip
 
@@ -430,8 +433,7 @@ LPT_LONG_CONFIGS: list[dict[str, Any]] = [
 #: The D = 64 full-attention loops (two consumers, the vector epilogue, two or three stages) with ``SUM_MMA`` and
 #: ``Q_BUFFERS`` in every combination (``full_combo`` phase, full shapes; run with ``--time-all``).
 FULL_COMBO_CONFIGS: list[dict[str, Any]] = [
-    {"BLOCK_N": 128, "NUM_BUFFERS": nb, "OVERLAP": True, "PERSISTENT": True, "PINGPONG": False, "CONSUMERS": 2,
-     "ONE_LOOP": True, "EPILOGUE": 2, "RELEASE_K": True, "SUM_MMA": sums, "Q_BUFFERS": qb}
+    {**WINNER_LOOP, "NUM_BUFFERS": nb, "SUM_MMA": sums, "Q_BUFFERS": qb}
     for nb, sums, qb in itertools.product((2, 3), (False, True), (1, 2))
 ]  # fmt: skip
 
