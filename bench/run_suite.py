@@ -247,7 +247,7 @@ STEPS: list[tuple[str, float, list[str]]] = [
         200,
         "bench/attention_ws.py lpt --seq 1024 2048 --head-dims 64 128 --no-check --out {out}.json".split(),
     ),
-    # LPT_HEADS 0 / 32 / 64 x HALF_DIAG x SUM_MMA at D = 64 causal, every config re-measured, numerics checked
+    # LPT_HEADS 0 / 16 / 32 x HALF_DIAG x SUM_MMA at D = 64 causal, every config re-measured, numerics checked
     # first (82 s on an H100 with two LPT values)
     (
         "attention-lpt-combo",

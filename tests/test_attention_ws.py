@@ -941,7 +941,7 @@ def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memor
                                                  ("stream_kv", "STREAM_KV", [False, True]),
                                                  ("q_buffers", "Q_BUFFERS", [1, 2]),
                                                  ("lpt", "LPT_HEADS", [0, 32, 64]),
-                                                 ("lpt_combo", "LPT_HEADS", [0, 32, 64]),
+                                                 ("lpt_combo", "LPT_HEADS", [0, 16, 32]),
                                                  ("lpt_long", "LPT_HEADS", [0, 16, 32]),
                                                  ("full_combo", "SUM_MMA", [False, True])])  # fmt: skip
 def test_knob_phases_offer_each_loop_with_every_value_of_the_knob_within_the_rules(phase: str, knob: str,
