@@ -557,7 +557,7 @@ def attention_ws(
     grid = _grid(batch * heads, seq_len, meta, torch.cuda.get_device_properties(q.device).multi_processor_count)
     slots, flags = stream_buffers(q.device, grid[0], meta["CONSUMERS"], head_dim) if meta["STREAM_KV"] else (None, None)
     sched = schedule_table(q.device, batch * heads, seq_len, meta["CONSUMERS"], meta["BLOCK_N"], causal, grid[0],
-                           {**KNOBS, **knobs}["LPT_HEADS"]) if meta["LPT"] else None  # fmt: skip
+                           knobs.get("LPT_HEADS", KNOBS["LPT_HEADS"])) if meta["LPT"] else None  # fmt: skip
     args = (out, lse, slots, flags, sched, *descs, scale, seq_len, batch * heads)
     if meta["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
         target = (q.dtype, torch.cuda.get_device_capability(q.device))
