@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tuner.kernel_workload import Checked, KernelWorkload
+from tuner.kernel_workload import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
 from tuner.workload import DeviceInfo, MetricSpec, missing_params, not_pow2
 
 BYTES_PER_ELEMENT: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
@@ -41,12 +41,14 @@ class Axpy(KernelWorkload):
     description: ClassVar[str] = "Triton axpy (out = alpha * x + y): BLOCK, num_warps, precision; memory-bound"
     metrics: ClassVar[tuple[MetricSpec, ...]] = (
         MetricSpec("gbps", "maximize", "GB/s", "bytes read and written (x, y, out once each) / median latency"),
-        MetricSpec("latency_ms", "minimize", "ms", "median of the timed repetitions (L2 flushed)"),
+        LATENCY_METRIC,
+        *TIMING_METRICS,
         MetricSpec("max_rel_error", "minimize", "", "max|out - ref| / max|ref|, ref = fp32 axpy of the inputs"),
     )
 
-    def __init__(self, n: int = 1 << 24, alpha: float = 2.0, seed: int = 0) -> None:
+    def __init__(self, n: int = 1 << 24, alpha: float = 2.0, seed: int = 0, timing: str = "eager") -> None:
         super().__init__()
+        self.timing = check_timing(timing)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive int, got {n!r}")
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kernels.attention_ws_rules import KNOBS, knob_conflict
-from tuner.kernel_workload import Checked, KernelWorkload
+from tuner.kernel_workload import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
 from tuner.workload import DeviceInfo, MetricSpec, comment_text, interpreter_active, is_pow2, missing_params
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
@@ -165,12 +165,20 @@ class FlashAttention(KernelWorkload):
             "",
             "max|O - O_ref| / max|O_ref|, O_ref = fp32 SDPA of the fp32 master inputs",
         ),
-        MetricSpec("latency_ms", "minimize", "ms", "median of the timed repetitions, L2 flushed"),
+        LATENCY_METRIC,
+        *TIMING_METRICS,
     )
     description = "Triton flash attention forward (kernels/attention.py): tiles, warps, stages, TMA, bf16/fp16"
 
     def __init__(
-        self, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool = False, seed: int = 0
+        self,
+        batch: int,
+        heads: int,
+        seq_len: int,
+        head_dim: int,
+        causal: bool = False,
+        seed: int = 0,
+        timing: str = "eager",
     ) -> None:
         for arg, value in (("batch", batch), ("heads", heads), ("seq_len", seq_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -187,6 +195,7 @@ class FlashAttention(KernelWorkload):
                 f"batch * heads * seq_len * head_dim must be < 2**31, got {batch}*{heads}*{seq_len}*{head_dim}"
             )
         super().__init__()
+        self.timing = check_timing(timing)
         self.batch, self.heads, self.seq_len, self.head_dim = batch, heads, seq_len, head_dim
         self.causal, self.seed = causal, seed
         self._masters: dict[str, tuple[Any, Any, Any, Any]] = {}

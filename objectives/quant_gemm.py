@@ -13,9 +13,9 @@ per-bit-width tolerance that holds the quantization error) and against the
 exact product of the dequantized weights (a tight, per-precision tolerance),
 so a kernel bug cannot hide inside the quantization error.
 
-Timing: on a GPU each trial is timed as a CUDA graph of many launches
-(``time_fn(cuda_graph=True)``), since decode-sized products take microseconds
-and launch overhead would otherwise be all that is measured, and the launches
+Timing: as every kernel workload's (``timing`` arg): one eager call by default, the launcher's host time
+included where it exceeds the kernel's (a decode-sized product takes microseconds, so a slow launcher shows);
+``timing: cuda_graph`` for a caller that replays CUDA graphs. The launches
 rotate over identical copies of the weights (at least ``ROTATION_BYTES`` in
 all) so that every launch reads its weights from HBM, as a decode step that
 goes through a model's layers does, never from a warm L2.
@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.kernel_workload import Checked, KernelWorkload
+from tuner.kernel_workload import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
 from tuner.measure import L2_FLUSH_BYTES
 from tuner.workload import (
     DeviceInfo,
@@ -199,7 +199,8 @@ class QuantGemm(KernelWorkload):
     space_file = "quant_gemm.yaml"
     metrics = (
         MetricSpec("tflops", "maximize", "TFLOP/s", "effective: 2*M*N*K / median latency"),
-        MetricSpec("latency_ms", "minimize", "ms", "median of the timed repetitions (CUDA graph on a GPU)"),
+        LATENCY_METRIC,
+        *TIMING_METRICS,
         MetricSpec("weight_bytes", "minimize", "B", "packed weights plus scales (one copy)"),
         MetricSpec(
             "max_rel_error",
@@ -210,7 +211,7 @@ class QuantGemm(KernelWorkload):
     )
     description = "Weight-only int4/int8 GEMM (kernels/quant_gemm.py): group size, tiles, split-K, warps, stages"
 
-    def __init__(self, m: int, n: int, k: int, seed: int = 0) -> None:
+    def __init__(self, m: int, n: int, k: int, seed: int = 0, timing: str = "eager") -> None:
         for arg, value in (("m", m), ("n", n), ("k", k)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{arg} must be a positive int, got {value!r}")
@@ -219,6 +220,7 @@ class QuantGemm(KernelWorkload):
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
         super().__init__()
+        self.timing = check_timing(timing)
         self.m, self.n, self.k, self.seed = m, n, k, seed
 
         self._masters: dict[str, tuple[Any, Any]] = {}
@@ -441,12 +443,6 @@ class QuantGemm(KernelWorkload):
             extra["dequant_rel_error"] = check.dequant_rel_error
         metrics = {"max_rel_error": check.max_rel_error, "weight_bytes": float(case.weight_bytes)}
         return Checked(metrics, check.failure, extra)
-
-    def _timing(self, config: dict[str, Any], case: _Case, comparable: bool) -> dict[str, Any]:
-        """Decode-sized products take microseconds: on a GPU they are timed as CUDA graphs."""
-        from tuner.measure import timing_options
-
-        return {**timing_options(comparable), "cuda_graph": comparable}
 
     def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
         latency_s = median_ms * 1e-3

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tuner.kernel_workload import Checked, KernelWorkload
+from tuner.kernel_workload import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
 from tuner.workload import DeviceInfo, MetricSpec, missing_params, not_pow2, triton_configs_python
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
@@ -43,10 +43,6 @@ TOLERANCE_VS_FP32: dict[str, float] = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2}
 #: It catches a kernel that is wrong by less than the tolerance above. fp32 reads the masters,
 #: so the first check covers it.
 TOLERANCE_VS_OPERANDS: dict[str, float] = {"fp16": 2e-3, "bf16": 1e-2}
-#: HBM peak of the fastest GPU in view (H200, 4.8 TB/s): latency estimates for the timing mode.
-PEAK_BYTES_PER_S = 4.8e12
-#: Below this estimated latency (microseconds) launch overhead dominates: time with a CUDA graph.
-GRAPH_BELOW_US = 20.0
 
 
 @dataclass
@@ -127,9 +123,8 @@ class RowWiseWorkload(KernelWorkload):
 
     metrics = (
         MetricSpec("gbps", "maximize", "GB/s", "bytes the op must move (x read, y written, + weight) / median latency"),
-        MetricSpec(
-            "latency_ms", "minimize", "ms", "median of the timed repetitions (L2 flushed; CUDA graph if < 20 us)"
-        ),
+LATENCY_METRIC,
+        *TIMING_METRICS,
         MetricSpec(
             "max_rel_error",
             "minimize",
@@ -144,12 +139,13 @@ class RowWiseWorkload(KernelWorkload):
     #: Nominal FLOPs per element of x (for the roofline position).
     flops_per_element: ClassVar[int] = 1
 
-    def __init__(self, rows: int, cols: int, seed: int = 0) -> None:
+    def __init__(self, rows: int, cols: int, seed: int = 0, timing: str = "eager") -> None:
         self.rows = _positive_int("rows", rows)
         self.cols = _positive_int("cols", cols)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
         super().__init__()
+        self.timing = check_timing(timing)
         self.seed = seed
         self._cases: dict[tuple[str, str], _Case] = {}
 
@@ -167,10 +163,6 @@ class RowWiseWorkload(KernelWorkload):
         """A few FLOPs per element (``flops_per_element``) and :meth:`bytes_moved`, at the config's precision."""
         precision = config["precision"]
         return float(self.flops_per_element * self.rows * self.cols), float(self.bytes_moved(precision)), precision
-
-    def uses_cuda_graph(self, precision: str) -> bool:
-        """Whether a GPU trial is timed as a CUDA graph: when even at HBM peak it would take < 20 us."""
-        return self.bytes_moved(precision) / PEAK_BYTES_PER_S * 1e6 < GRAPH_BELOW_US
 
     # ------------------------------------------------------------------ static feasibility
 
@@ -206,11 +198,6 @@ class RowWiseWorkload(KernelWorkload):
         check = check_numerics(case.out, case.ref, case.operand_ref, config["precision"])
         extra = {} if check.operand_rel_error is None else {"operand_rel_error": check.operand_rel_error}
         return Checked({"max_rel_error": check.max_rel_error}, check.failure, extra)
-
-    def _timing(self, config: dict[str, Any], case: _Case, comparable: bool) -> dict[str, Any]:
-        from tuner.measure import timing_options
-
-        return {**timing_options(comparable), "cuda_graph": comparable and self.uses_cuda_graph(config["precision"])}
 
     def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
         latency_s = median_ms * 1e-3
@@ -276,10 +263,10 @@ class RMSNorm(RowWiseWorkload):
     #: x*x, the sum's add, the scale by rstd and by the weight.
     flops_per_element = 4
 
-    def __init__(self, rows: int, cols: int, eps: float = 1e-6, seed: int = 0) -> None:
+    def __init__(self, rows: int, cols: int, eps: float = 1e-6, seed: int = 0, timing: str = "eager") -> None:
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
             raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-        super().__init__(rows=rows, cols=cols, seed=seed)
+        super().__init__(rows=rows, cols=cols, seed=seed, timing=timing)
         self.eps = float(eps)
 
     def extra_bytes(self, precision: str) -> int:

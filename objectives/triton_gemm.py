@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.kernel_workload import Checked, KernelWorkload
+from tuner.kernel_workload import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
 from tuner.workload import (
     DeviceInfo,
     MetricSpec,
@@ -165,17 +165,19 @@ class TritonGemm(KernelWorkload):
             "",
             "max|C - C_ref| / max|C_ref|, C_ref = fp32 (IEEE) product of the fp32 master inputs",
         ),
-        MetricSpec("latency_ms", "minimize", "ms", "median of the timed repetitions, L2 flushed"),
+        LATENCY_METRIC,
+        *TIMING_METRICS,
     )
     description = "Triton GEMM (kernels/gemm.py): tiles, warps, stages and precision fp32/tf32/bf16/fp16/fp8"
 
-    def __init__(self, m: int, n: int, k: int, seed: int = 0) -> None:
+    def __init__(self, m: int, n: int, k: int, seed: int = 0, timing: str = "eager") -> None:
         for arg, value in (("m", m), ("n", n), ("k", k)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{arg} must be a positive int, got {value!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
         super().__init__()
+        self.timing = check_timing(timing)
         self.m, self.n, self.k, self.seed = m, n, k, seed
         self._masters: dict[str, tuple[Any, Any, Any]] = {}
         self._cases: dict[tuple[str, str], _Case] = {}

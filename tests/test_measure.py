@@ -125,8 +125,35 @@ def test_cuda_graph_mode_removes_launch_overhead_of_a_tiny_kernel() -> None:
     events = time_fn(lambda: x.add_(1), device, min_reps=50, max_reps=50, flush_l2=False)
     graph = time_fn(lambda: x.add_(1), device, min_reps=50, max_reps=50, flush_l2=False, cuda_graph=True)
     assert graph.extra["mode"] == "cuda_graph" and graph.extra["graph_calls"] >= 10
-    assert events.extra["mode"] == "cuda_events"
+    assert events.extra["mode"] == "eager"
     # A 4 KB add is a few microseconds of launch; replayed from a graph it is well under that.
     assert graph.median_ms < events.median_ms
+    # Eager, the call's time is the larger of its GPU time and its host time: the host's, here.
+    assert events.median_ms >= events.extra["host_ms"] * 0.9 and events.extra["gpu_ms"] < events.median_ms
     adaptive = time_fn(lambda: x.add_(1), device, target_rel_ci=0.02, flush_l2=False)
     assert "converged" in adaptive.extra and adaptive.reps >= 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiled kernels, not the interpreter")
+def test_eager_latency_holds_a_slow_launchers_host_time() -> None:
+    """A launcher that spends 300 us on the host before a 4 KB kernel: the GPU's own time stays a few microseconds,
+    the call's latency is the host's 300 us (what the user's loop of such calls gets), and a CUDA graph of the call
+    leaves the host out."""
+    import time as clock
+
+    from tuner.fingerprint import device_info
+
+    x = torch.zeros(1024, device="cuda")
+
+    def slow_launch() -> None:
+        until = clock.perf_counter() + 300e-6
+        while clock.perf_counter() < until:
+            pass
+        x.add_(1)
+
+    eager = time_fn(slow_launch, device_info(), min_reps=30, max_reps=30)
+    assert eager.extra["mode"] == "eager" and eager.extra["l2"] == "flushed"
+    assert eager.extra["host_ms"] >= 0.3 and eager.median_ms >= 0.3
+    assert eager.extra["gpu_ms"] < 0.1, eager.extra  # the spin ahead hid the host's launch from the events

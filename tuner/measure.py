@@ -263,7 +263,7 @@ class _CpuTimer:
         return samples_ms
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": "cpu"}
+        return {"mode": "cpu", "l2": "warm"}
 
 
 def _flush_buffer(torch: Any) -> Any:
@@ -276,7 +276,13 @@ def _flush_buffer(torch: Any) -> Any:
 
 
 class _CudaTimer:
-    """CUDA-event timing of ``fn`` (or of a CUDA graph of ``graph_calls`` calls of it)."""
+    """CUDA-event timing of ``fn`` (or of a CUDA graph of ``graph_calls`` calls of it), with the host's time a call.
+
+    Eager, each repetition is one call as the user makes it: L2 flushed before it, a spin kernel queued ahead so
+    that the GPU is still busy while the host launches (the events then hold the GPU's work alone: ``gpu``), the
+    host's launch timed on its own clock (``host``); the sample is the larger of the two, what the call costs
+    when the host is slower than the GPU. Under a graph, a sample is one replay over its calls (``gpu``) and the
+    host's time a replay over its calls (``host``)."""
 
     def __init__(self, fn: Callable[[], Any], flush_l2: bool, cuda_graph: bool, graph_calls: int | None) -> None:
         import torch
@@ -287,6 +293,10 @@ class _CudaTimer:
         self.cuda_graph = cuda_graph
         self.graph_calls = graph_calls
         self.graph: Any = None
+        self.spin_cycles = 0
+        self.gpu_ms: list[float] = []
+        self.host_ms: list[float] = []
+        self.eager_host_ms = 0.0
 
     def _estimate(self, call: Callable[[], Any], calls: int) -> float:
         torch = self.torch
@@ -298,13 +308,27 @@ class _CudaTimer:
         torch.cuda.synchronize()
         return start.elapsed_time(end) / calls
 
+    def _host_estimate(self, calls: int = 5) -> float:
+        """The host's milliseconds a call (median of ``calls``, no synchronization in between)."""
+        times = []
+        for _ in range(calls):
+            start = time.perf_counter()
+            self.fn()
+            times.append((time.perf_counter() - start) * 1e3)
+        self.torch.cuda.synchronize()
+        return statistics.median(times)
+
     def warm_up(self, warmup_ms: float, max_calls: int) -> tuple[int, float]:
         torch = self.torch
         # First call outside any timing: compiles and loads the kernel.
         self.fn()
         torch.cuda.synchronize()
+        self.eager_host_ms = self._host_estimate()
+        # The spin ahead of each eager repetition outlasts the host's launch by 20 us (at <= 2 GHz: cycles / 2000
+        # is at least that many microseconds), capped at 2 ms.
+        self.spin_cycles = int(min(2000.0, self.eager_host_ms * 1e3 * 1.5 + 20.0) * 2000)
         estimate_ms = self._estimate(self.fn, 5)
-        calls = 6
+        calls = 11
         if self.cuda_graph:
             if self.graph_calls is None:
                 self.graph_calls = max(1, min(1000, int(1.0 / estimate_ms) if estimate_ms > 0 else 1000))
@@ -331,7 +355,7 @@ class _CudaTimer:
             if self.flush is not None:
                 self.flush.zero_()
             self._call()
-        return calls + extra * (self.graph_calls or 1), estimate_ms
+        return calls + extra * (self.graph_calls or 1), max(estimate_ms, self.eager_host_ms)
 
     def _call(self) -> None:
         if self.graph is not None:
@@ -343,17 +367,35 @@ class _CudaTimer:
         torch = self.torch
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        host_ms = []
+        spin = self.spin_cycles if self.graph is None else 0
         for i in range(reps):
             if self.flush is not None:
                 self.flush.zero_()
+            if spin:
+                torch.cuda._sleep(spin)
             starts[i].record()
+            begin = time.perf_counter()
             self._call()
+            host_ms.append((time.perf_counter() - begin) * 1e3)
             ends[i].record()
         torch.cuda.synchronize()
         per = self.graph_calls if self.graph is not None else 1
-        return [s.elapsed_time(e) / per for s, e in zip(starts, ends, strict=True)]
+        gpu_ms = [s.elapsed_time(e) / per for s, e in zip(starts, ends, strict=True)]
+        host_ms = [h / per for h in host_ms]
+        self.gpu_ms.extend(gpu_ms)
+        self.host_ms.extend(host_ms)
+        if self.graph is not None:
+            return gpu_ms
+        return [max(g, h) for g, h in zip(gpu_ms, host_ms, strict=True)]
 
     def describe(self) -> dict[str, Any]:
+        facts = {
+            "l2": "flushed" if self.flush is not None else "warm",
+            "gpu_ms": statistics.median(self.gpu_ms) if self.gpu_ms else None,
+            "host_ms": statistics.median(self.host_ms) if self.host_ms else None,
+            "eager_host_ms": self.eager_host_ms,
+        }
         if self.graph is not None:
-            return {"mode": "cuda_graph", "graph_calls": self.graph_calls}
-        return {"mode": "cuda_events"}
+            return {"mode": "cuda_graph", "graph_calls": self.graph_calls, **facts}
+        return {"mode": "eager", **facts}
