@@ -1,9 +1,12 @@
 """An independent stopwatch on the exported call: does what a study reports equal what the user's call gets?
 
-For each case (a workload, a shape no other benchmark of the project uses) and each config (a study's exported
-winner, or the default space's first seeds that pass the static check), in one run:
+For each case (a workload, a shape no other benchmark of the project uses) and each config -- with ``--study N``
+the winner of an N-trial study the engine runs here (``sampler: auto``), as ``tuner export`` exports it; with
+``--export`` the winners of exported studies; else the default space's first seeds that pass the static check --
+in one run:
 
-- ``reported``: what a trial of that config stores (``workload.run``: the workload's own stopwatch and metrics);
+- ``reported``: what the study reported for it (the export's ``metrics``), or for a seed what a trial of it
+  stores (``workload.run``: the workload's own stopwatch and metrics);
 - ``eager``: :func:`triton.testing.do_bench` of the exported call as a user makes it (the workload's ``_launch``,
   exactly what a trial runs; L2 flushed before every call; launched from Python), its mean and median per round;
 - ``graph``: :func:`triton.testing.do_bench_cudagraph` of the same call;
@@ -29,6 +32,7 @@ import json
 import math
 import pstats
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,7 +93,10 @@ class Stopwatch:
         return {"mean_us": mean * 1e3}
 
     def host_us(self, fn: Callable[[], Any], calls: int = 200, rounds: int = 5) -> float:
-        """The host's microseconds a call: ``calls`` calls without synchronizing, median of ``rounds`` loops."""
+        """The host's microseconds a call: ``calls`` calls without synchronizing, median of ``rounds`` loops (on a
+        CPU three calls: the interpreter's call is the whole computation)."""
+        if not self.cuda:
+            calls, rounds = 3, 1
         samples = []
         for _ in range(rounds):
             self._sync()
@@ -175,11 +182,8 @@ def baseline_calls(workload: Any, family: str, case: Any) -> dict[str, Callable[
     return {"bf16_matmul": bf16}
 
 
-def pick_configs(workload: Any, device: Any, exported: list[dict[str, Any]], count: int) -> list[dict[str, Any]]:
-    """The configs to check: the exports given for this workload and shape, else the space's first seeds that
-    pass the static check on this device."""
-    if exported:
-        return exported
+def pick_configs(workload: Any, device: Any, count: int) -> list[dict[str, Any]]:
+    """The space's first ``count`` seeds that pass the static check on this device."""
     from tuner.space import compile_space
 
     space = compile_space(workload.space_document())
@@ -192,22 +196,43 @@ def pick_configs(workload: Any, device: Any, exported: list[dict[str, Any]], cou
     return picked
 
 
+def study_export(workload_name: str, args: dict[str, Any], trials: int, name: str) -> dict[str, Any]:
+    """Run an N-trial study of the case with the engine (its default search and remeasure) and return its export
+    (``tuner export --format json``'s document)."""
+    from bench.common import run_study
+    from tuner.export import export_document
+    from tuner.storage import StudyDB
+
+    spec = {"name": f"truth-{name}", "workload": workload_name, "args": args,
+            "objectives": [{"metric": "latency_ms"}], "budget": {"trials": trials}}  # fmt: skip
+    path = str(Path(tempfile.mkdtemp()) / "study.db")
+    run = run_study(spec, db_path=path, quiet=True)
+    db = StudyDB(path)
+    return export_document(db, db.get_study(run.summary.study_id))
+
+
 def build_case(name: str, workload_name: str, args: dict[str, Any], family: str, device: Any,
                exported: list[dict[str, Any]], count: int) -> Case:  # fmt: skip
-    """The workload, each config's reported result (a trial's ``run``) and its call, and the library's calls."""
+    """The workload, each config's reported result and its call, and the library's calls. An exported winner's
+    reported figures are the export's; a seed's are those of a trial of it run here (``workload.run``)."""
     from tuner.registry import workload_class
     from tuner.workload import TrialContext
 
     workload = workload_class(workload_name)(**args)
     case = Case(name, workload, family)
     tensors = None
-    for i, config in enumerate(pick_configs(workload, device, exported, count)):
+    configs = [e["params"] for e in exported] or pick_configs(workload, device, count)
+    for i, config in enumerate(configs):
         label = f"tuned{i}"
-        result = workload.run(config, device, TrialContext(trial_number=i))
-        case.reported[label] = {"status": result.status.value, "metrics": result.metrics,
-                                "timing": result.extra.get("timing"), "error": result.error}  # fmt: skip
-        if not result.ok:
-            continue
+        if exported:
+            case.reported[label] = {"status": "ok", "metrics": exported[i]["metrics"],
+                                    "timing": exported[i].get("timing"), "trial": exported[i]["trial"]}  # fmt: skip
+        else:
+            result = workload.run(config, device, TrialContext(trial_number=i))
+            case.reported[label] = {"status": result.status.value, "metrics": result.metrics,
+                                    "timing": result.extra.get("timing"), "error": result.error}  # fmt: skip
+            if not result.ok:
+                continue
         trial_case = workload._case(config, device)
         tensors = tensors or trial_case
         case.configs[label] = config
@@ -288,7 +313,7 @@ def speed_targets(case: Case, calls: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def load_exports(paths: list[str]) -> list[dict[str, Any]]:
-    """Exported winners (``tuner export --format json``): each with ``workload``, ``args`` and ``config``."""
+    """Exported winners (``tuner export --format json``): each with ``workload``, ``spec.args`` and ``params``."""
     exports = []
     for path in paths:
         data = json.loads(Path(path).read_text())
@@ -300,6 +325,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", help="case names or families to run (default: all)")
     parser.add_argument("--export", nargs="*", default=[], help="exported winners (JSON) to check")
+    parser.add_argument("--study", type=int, default=0, help="run an N-trial study per case and check its winner")
     parser.add_argument("--configs", type=int, default=2, help="seeds per case when no export is given")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="the interpreter's tiny case (not comparable)")
@@ -316,9 +342,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, workload_name, wargs, family in TINY_CASES if args.tiny else CASES:
         if args.only and name not in args.only and family not in args.only:
             continue
-        mine = [e["config"] for e in exports if e.get("workload") == workload_name and e.get("args") == wargs]
+        mine = [e for e in exports if e.get("workload") == workload_name and _args(e) == wargs]
         started = time.time()
         try:
+            if args.study and not mine:
+                mine = [study_export(workload_name, wargs, args.study, name)]
             case = build_case(name, workload_name, wargs, family, device, mine, args.configs)
             calls = measure_case(case, watch, args.rounds, Path(args.profile_dir) if args.profile_dir else None)
         except Exception as exc:  # one case's failure is reported, the others still run
@@ -336,6 +364,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "summary": {t["target"]: t["verdict"] for t in targets}}  # fmt: skip
     write_result(result, args.out)
     return result
+
+
+def _args(export: dict[str, Any]) -> dict[str, Any]:
+    """An export's workload args without the defaults it may spell out (``timing: eager``)."""
+    args = dict((export.get("spec") or {}).get("args") or {})
+    if args.get("timing") == "eager":
+        args.pop("timing")
+    return args
 
 
 def _print_case(name: str, case: Case, calls: dict[str, Any]) -> None:
