@@ -176,7 +176,7 @@ def _provenance_note(study: dict[str, Any] | None) -> str:
     """Where the study's measurements come from when not from its own workers (a replayed landscape), or ""."""
     if not study or study.get("workload") != "replay":  # the one workload whose trials are not run here
         return ""
-    from tuner.registry import workload_class
+    from tuner.workloads.registry import workload_class
 
     try:
         provenance = workload_class("replay")(**((study.get("spec") or {}).get("args") or {})).provenance()

@@ -9,7 +9,7 @@ from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.settings import Settings
-from tuner.storage import StudyDB, StudyRow
+from tuner.store.storage import StudyDB, StudyRow
 
 
 def get_settings(request: Request) -> Settings:
@@ -64,7 +64,7 @@ MAX_ID = 2**31 - 1  # ids and trial numbers are 32-bit integers in the database
 
 def study_or_404(study_id: Annotated[int, Path(ge=1, le=MAX_ID)], db: DBDep) -> StudyRow:
     row = db.get_study(study_id)
-    if row is None or row.status == "deleted":  # being deleted (tuner/lifecycle.py): gone for readers
+    if row is None or row.status == "deleted":  # being deleted (tuner/store/lifecycle.py): gone for readers
         raise HTTPException(404, f"no study {study_id}")
     return row
 

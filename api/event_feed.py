@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.views import trial_out
-from tuner import queries
+from tuner.store import queries
 
 #: Changes a feed keeps per study (older ones are read from the database by the streams that need them).
 FEED_KEEP = 2000

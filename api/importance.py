@@ -19,8 +19,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from tuner.export import objectives_of
-from tuner.storage import StudyDB, StudyRow, StudySummaryRow, TrialRow
+from tuner.results.export import objectives_of
+from tuner.store.storage import StudyDB, StudyRow, StudySummaryRow, TrialRow
 
 MIN_TRIALS = 4
 #: The most trials the evaluator is given (an even sample of a larger study's feasible successful trials).
@@ -96,8 +96,8 @@ def _sample(db: StudyDB, study_id: int, n_ok: int | None) -> list[tuple[dict[str
 def _compute(db: StudyDB, row: StudyRow, n_ok: int | None) -> dict[str, float]:
     import optuna
 
-    from tuner.sampler_adapter import ParamEncoder
-    from tuner.space import compile_space
+    from tuner.strategy.adapter import ParamEncoder
+    from tuner.study.space import compile_space
 
     trials = _sample(db, row.id, n_ok)
     if len(trials) < MIN_TRIALS:

@@ -18,8 +18,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from api import dashboard, docs
 from api.routes import configs, meta, studies
 from api.settings import Settings
-from tuner.spec import semantic_errors
-from tuner.storage import StudyDB, is_transient
+from tuner.store.storage import StudyDB, is_transient
+from tuner.study.spec import semantic_errors
 
 log = logging.getLogger("api")
 #: Seconds a client is told to wait (``Retry-After``) when the database cannot be reached.
@@ -136,7 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.state.db = StudyDB(settings.db_url)
     app.state.db.create_tables()
-    app.state.runner = None  # `tuner serve` puts its supervised runner here, for /healthz
+    app.state.runner = None  # `tuner serve` puts its supervised runner here (served_app), for /healthz
     app.add_exception_handler(DBAPIError, database_unavailable)
     app.add_exception_handler(PoolTimeout, database_unavailable)
     app.include_router(studies.router)
@@ -152,4 +152,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["Authorization", "Content-Type", "Idempotency-Key"],
         )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    return app
+
+
+def served_app() -> FastAPI:
+    """The app ``tuner serve`` serves (uvicorn calls this factory by its import string): settings from the
+    environment with the command's host and database, refused as :meth:`Settings.check` says, and the
+    runner it supervises for ``/healthz``."""
+    from tuner.run.supervisor import served
+
+    handed = served()
+    settings = Settings.from_env(host=handed.host, db_url=handed.db_url)
+    settings.check()
+    app = create_app(settings)
+    app.state.runner = handed.runner
     return app

@@ -6,9 +6,9 @@ import datetime as dt
 from typing import Any
 
 from api.schemas import BestOut, ObjectiveOut, StudyDetail, StudyOut, TrialDetail, TrialOut
-from tuner import progress
-from tuner.queries import StudyView, study_view
-from tuner.storage import RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics, measured_count
+from tuner.store import progress
+from tuner.store.queries import StudyView, study_view
+from tuner.store.storage import RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics, measured_count
 
 
 def _trial_fields(row: TrialRow) -> dict[str, Any]:

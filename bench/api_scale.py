@@ -73,9 +73,9 @@ def noop_spec(name: str, trials: int, sampler: str, sleep_ms: float = 0.0) -> di
 
 
 def run_engine_study(url: str, trials: int, workers: int) -> dict[str, Any]:
-    from tuner.orchestrator import Orchestrator
-    from tuner.spec import load_spec
-    from tuner.storage import StudyDB
+    from tuner.run.orchestrator import Orchestrator
+    from tuner.store.storage import StudyDB
+    from tuner.study.spec import load_spec
 
     db = StudyDB(url)
     started = time.monotonic()
@@ -95,8 +95,8 @@ def run_engine_study(url: str, trials: int, workers: int) -> dict[str, Any]:
 def write_storage_study(url: str, trials: int, batch: int = 250) -> dict[str, Any]:
     """``trials`` finished trials through ``StudyDB.apply``, ``batch`` trials (two writes each) a transaction."""
     from objectives.noop import NoOp
-    from tuner.spec import load_spec
-    from tuner.storage import StudyDB
+    from tuner.store.storage import StudyDB
+    from tuner.study.spec import load_spec
 
     compiled = load_spec(noop_spec("storage", trials, "random"))
     db = StudyDB(url)
@@ -312,7 +312,7 @@ def finished_between(url: str, study_id: int, t0: float, t1: float) -> int:
 
     from sqlalchemy import func, select
 
-    from tuner.storage import StudyDB, TrialRow
+    from tuner.store.storage import StudyDB, TrialRow
 
     db = StudyDB(url)
     lo, hi = (dt.datetime.fromtimestamp(t, dt.timezone.utc) for t in (t0, t1))
@@ -494,7 +494,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="api-scale-"))
     url = f"sqlite:///{Path(args.db) if args.db else work / 'scale.db'}"
-    from tuner.storage import StudyDB
+    from tuner.store.storage import StudyDB
 
     StudyDB(url).create_tables()
     result: dict[str, Any] = {"benchmark": "read path at scale", "db": "sqlite", "load_average": {}}
@@ -528,7 +528,7 @@ def main() -> None:
 
 
 def _existing(url: str, name: str) -> int | None:
-    from tuner.storage import StudyDB
+    from tuner.store.storage import StudyDB
 
     db = StudyDB(url)
     try:

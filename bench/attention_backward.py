@@ -1,8 +1,8 @@
-"""Forward + backward of the project's attention kernel (kernels/attention_grad.py) against SDPA's backends.
+"""Forward + backward of the project's attention kernel (kernels/attention/attention_grad.py) against SDPA's backends.
 
 What ``train_step``'s ``attention: triton`` costs per layer: one causal attention of the ``1b``
 preset's shape (``--batch`` sequences of 2048 tokens, 16 heads of 128, bf16), forward and
-backward, timed with ``tuner.measure.time_fn`` (CUDA events, L2 flushed) for the project's kernel
+backward, timed with ``tuner.workloads.measure.time_fn`` (CUDA events, L2 flushed) for the project's kernel
 and for SDPA's flash and cuDNN backends, interleaved ``--rounds`` times. Reports TFLOP/s (the
 forward's FLOPs x 3.5, FlashAttention-2's count for forward + backward, halved when causal) and
 the ratio to each backend; also each backend's gradient error against fp32 SDPA (math) on the
@@ -36,11 +36,11 @@ def main() -> None:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kernels.attention import attention_flops
-    from kernels.attention_grad import flash_attention, reference_attention_grads
+    from kernels.attention.attention import attention_flops
+    from kernels.attention.attention_grad import flash_attention, reference_attention_grads
     from models.gpt import TRITON_ATTENTION_CONFIG
-    from tuner.fingerprint import device_info
-    from tuner.measure import time_fn
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.measure import time_fn
 
     device = device_info()
     causal = not args.full
@@ -91,7 +91,10 @@ def main() -> None:
             "benchmark": "attention forward + backward: the project's Triton kernels vs SDPA flash and cuDNN",
             "shape": {"batch": args.batch, "heads": args.heads, "seq_len": args.seq_len, "head_dim": args.head_dim},
             "causal": causal,
-            "tiles": {"forward": TRITON_ATTENTION_CONFIG, "backward": "kernels.attention_grad.BACKWARD_TILES"},
+            "tiles": {
+                "forward": TRITON_ATTENTION_CONFIG,
+                "backward": "kernels.attention.attention_grad.BACKWARD_TILES",
+            },
             "summary": summary,
             "rounds": values,
             "max_rel_grad_error_vs_fp32": errors,

@@ -1,7 +1,8 @@
 """Host time of an attention launch, beside its GPU time: does the warp-specialized kernel's Python launch path
 (rules, constexprs, TMA descriptors, Triton's launcher) leak into the timings the benchmarks and the tuner take?
 
-For each shape, the Gluon kernel (:func:`kernels.attention_ws.attention_ws`, one config) and SDPA's cuDNN backend:
+For each shape, the Gluon kernel (:func:`kernels.attention.attention_ws.attention_ws`, one config) and SDPA's cuDNN
+backend:
 
 - ``host_us``: the host's time a call, ``--calls`` launches back to back with no synchronization in between
   (median of ``--rounds`` such loops; the GPU's queue is deep enough that the host never waits for it);
@@ -51,8 +52,8 @@ def host_us(call: Any, calls: int, rounds: int) -> float:
 
 def gpu_us(call: Any, graph: bool) -> float:
     """The GPU's microseconds a call (``GPU_TIMING``; ``graph``: the calls in a CUDA graph)."""
-    from tuner.fingerprint import device_info
-    from tuner.measure import GPU_TIMING, time_fn
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.measure import GPU_TIMING, time_fn
 
     return time_fn(call, device_info(), **GPU_TIMING, cuda_graph=graph).median_ms * 1e3
 
@@ -62,7 +63,7 @@ def _candidates(b: int, h: int, s: int, d: int, causal: bool) -> dict[str, Any]:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kernels.attention_ws import attention_ws
+    from kernels.attention.attention_ws import attention_ws
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(3))

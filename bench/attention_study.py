@@ -5,7 +5,7 @@ Shapes (from the attention workload's issue): B*S = 16384 tokens, H*D = 2048, S 
 
 1. a study with the engine (Optuna, Ray worker, SQLite) over the ``flash_attention`` default space
    with precision fixed to bf16 (a space override), objective TFLOP/s;
-2. baselines timed with the same stopwatch (:func:`tuner.measure.time_fn`) on the same bf16
+2. baselines timed with the same stopwatch (:func:`tuner.workloads.measure.time_fn`) on the same bf16
    tensors: ``scaled_dot_product_attention`` with each backend forced through
    ``torch.nn.attention.sdpa_kernel`` (FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION); a
    backend that raises is skipped and the reason recorded;
@@ -66,7 +66,7 @@ def make_tensors(args: dict[str, Any], seed: int) -> tuple[Any, Any, Any]:
     """The bf16 Q, K, V the workload's trials use (same masters, same seed), on the GPU."""
     import torch
 
-    from kernels.attention import make_masters, quantize
+    from kernels.attention.attention import make_masters, quantize
 
     masters = make_masters(args["batch"], args["heads"], args["seq_len"], args["head_dim"], "cuda", seed)
     tensors = quantize(masters, "bf16")
@@ -81,8 +81,8 @@ def timed_tflops(
     """A function that times ``call`` with :func:`time_fn` (GPU options) and returns TFLOP/s."""
     import contextlib
 
-    from tuner.fingerprint import device_info
-    from tuner.measure import time_fn, timing_options
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.measure import time_fn, timing_options
 
     device = device_info()
 
@@ -135,8 +135,8 @@ def sdpa_baselines(
 def run_shape(name: str, trials: int, minutes: float, rounds: int, seed: int) -> dict[str, Any]:
     import torch
 
-    from kernels.attention import attention
-    from kernels.gemm import max_rel_error
+    from kernels.attention.attention import attention
+    from kernels.gemm.gemm import max_rel_error
     from objectives.flash_attention import FlashAttention
 
     args = SHAPES[name]

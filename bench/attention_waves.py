@@ -1,6 +1,6 @@
 """Does the S = 1024 attention gap come from the persistent grid's last, partial round of work items?
 
-At the target shapes (B*S = 16384, H*D = 2048) the persistent kernel (kernels/attention_ws.py) has
+At the target shapes (B*S = 16384, H*D = 2048) the persistent kernel (kernels/attention/attention_ws.py) has
 B*H*8 one-tile items (full) or B*H*4 paired items (causal) at S = 1024, D = 128: 2048 or 1024 items on
 132 SMs, 15.5 or 7.76 rounds, so the last round leaves a quarter to a half of the SMs idle. This script
 measures the per-shape winner of the target runs and SDPA's cuDNN and flash backends, interleaved, at
@@ -51,7 +51,7 @@ def main() -> None:
     ns = parser.parse_args()
     import torch
 
-    from kernels.attention_ws_rules import KNOBS, work_items
+    from kernels.attention.attention_ws_rules import KNOBS, work_items
 
     configs = winners(ns.winners)
     variant = {"STREAM_KV": True} if ns.stream else {}

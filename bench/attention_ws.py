@@ -1,4 +1,5 @@
-"""The warp-specialized Gluon attention kernel (kernels/attention_ws.py) on this GPU: numerics, a sweep, the targets.
+"""The warp-specialized Gluon attention kernel (kernels/attention/attention_ws.py) on this GPU: numerics, a sweep, the
+targets.
 
 Phases (each a separate process, so that a kernel that hangs costs one phase's timeout):
 
@@ -106,7 +107,7 @@ def check(configs: list[dict[str, Any]]) -> dict[str, Any]:
     """max|O - O_ref| / max|O_ref| and max|lse - lse_ref| against fp32 math, per shape and config."""
     import torch
 
-    from kernels.attention_ws import attention_ws
+    from kernels.attention.attention_ws import attention_ws
 
     rows, worst = [], 0.0
     # (4, 16, 1024, 128): more work items than SMs, so persistent programs take several tiles each.
@@ -157,7 +158,7 @@ def check_in_parallel(configs: list[dict[str, Any]], workers: int = 8) -> list[d
 
 def _unusable(head_dim: int, config: dict[str, Any]) -> str | None:
     """Why the kernel cannot run ``config`` at this head dim (None when it can)."""
-    from kernels.attention_ws_rules import check_config
+    from kernels.attention.attention_ws_rules import check_config
 
     return check_config(
         head_dim,
@@ -177,8 +178,8 @@ def _measurers(shape: dict[str, Any], configs: list[dict[str, Any]]) -> dict[str
     import torch
 
     from bench.kernel_variants import _sdpa_baselines
-    from kernels.attention import attention_flops
-    from kernels.attention_ws import attention_ws
+    from kernels.attention.attention import attention_flops
+    from kernels.attention.attention_ws import attention_ws
 
     b, h, s, d, causal = (shape[k] for k in ("batch", "heads", "seq_len", "head_dim", "causal"))
     q, k, v = _inputs(b, h, s, d)
@@ -238,7 +239,7 @@ def sweep(configs: list[dict[str, Any]], rounds: int, keep: int) -> dict[str, An
                          "samples": values, "seconds": round(time.time() - started, 1)})  # fmt: skip
         print(f"  {name}: {tuned:.1f} vs {base:.1f} = {ratio:.3f} ({targets[-1]['verdict']})", flush=True)
     return {
-        "kernel": "kernels/attention_ws.py attention_fwd_ws_kernel (Gluon, warp-specialized)",
+        "kernel": "kernels/attention/attention_ws.py attention_fwd_ws_kernel (Gluon, warp-specialized)",
         "sweep_at_s4096": swept,
         "attention": measured,
         "targets": targets,
@@ -441,7 +442,7 @@ FULL_COMBO_CONFIGS: list[dict[str, Any]] = [
 def _knob_on(config: dict[str, Any], knob: str) -> bool:
     """Whether ``config`` sets ``knob`` away from the kernel's default (a contrast phase's two sides: for
     ``Q_BUFFERS`` and ``CTAS_PER_SM``, whose default is 1, 2 is the variant, not any value but 0)."""
-    from kernels.attention_ws_rules import KNOBS
+    from kernels.attention.attention_ws_rules import KNOBS
 
     return config.get(knob, KNOBS[knob]) != KNOBS[knob]
 
@@ -459,7 +460,8 @@ def per_shape(configs: list[dict[str, Any]], rounds: int, out: str | None, seq_l
     rows = check_in_parallel(configs) if checked else []
     wrong = {json.dumps(r["config"], sort_keys=True) for r in rows if not r["ok"]}
     configs = [c for c in configs if json.dumps(c, sort_keys=True) not in wrong]
-    result: dict[str, Any] = {"kernel": "kernels/attention_ws.py attention_fwd_ws_kernel (Gluon, warp-specialized)",
+    result: dict[str, Any] = {"kernel": "kernels/attention/attention_ws.py attention_fwd_ws_kernel "
+                                        "(Gluon, warp-specialized)",
                               "checked": checked, "wrong": sorted(wrong), "attention": [], "targets": []}  # fmt: skip
     for shape in SHAPES:
         if (seq_lens and shape["seq_len"] not in seq_lens) or (head_dims and shape["head_dim"] not in head_dims):

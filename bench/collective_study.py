@@ -4,10 +4,10 @@ For each size (64 KiB, 1 MiB, 16 MiB, 256 MiB, 1 GiB) the script runs a study of
 workload (objectives/collective.py) with the engine and ``resources.gpus_per_trial: 2``: every trial
 is two fresh rank processes with the config's NCCL variables (``NCCL_ALGO``, ``NCCL_PROTO``,
 channels, ``NCCL_BUFFSIZE``, ``NCCL_NTHREADS``) exported before the communicator is created
-(tuner/gang.py). NVLink multicast stays off (``NCCL_NVLS_ENABLE=0`` is inherited, never set).
+(tuner/run/gang.py). NVLink multicast stays off (``NCCL_NVLS_ENABLE=0`` is inherited, never set).
 The baseline is NCCL's own choice (every knob "default", the space's first seed). The study's
 winner and the baseline are then re-measured interleaved (A B A B ..., each a fresh gang through
-the same workload and stopwatch, :func:`tuner.gang.run_gang`), and the ratio of the median busbw
+the same workload and stopwatch, :func:`tuner.run.gang.run_gang`), and the ratio of the median busbw
 (nccl-tests definition) is compared with 1.0: verdict "tuned >= default". Sizes where tuning wins
 by more than 3% are listed with their settings. The size table (size range -> algorithm,
 protocol, channels; ``tuner collective-table``) of the winners is written too.
@@ -25,7 +25,7 @@ from typing import Any
 
 from bench.common import gang_backend, interleaved, median, run_study, verdict, write_result
 from objectives.collective import DEFAULT, NCCL_KNOBS, render_size_table, size_table
-from tuner.gang import run_gang
+from tuner.run.gang import run_gang
 
 SIZES = {"64KiB": 2**16, "1MiB": 2**20, "16MiB": 2**24, "256MiB": 2**28, "1GiB": 2**30}
 DEFAULT_CONFIG = {knob: DEFAULT for knob in NCCL_KNOBS}

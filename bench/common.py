@@ -1,7 +1,7 @@
 """What the per-workload benchmark scripts share: run a study with the engine, compare interleaved, write JSON.
 
 A benchmark runs a study with the tuner (the whole engine: Optuna, Ray workers, SQLite) and,
-in the same run, its baseline with the same stopwatch (:func:`tuner.measure.time_fn`). The
+in the same run, its baseline with the same stopwatch (:func:`tuner.workloads.measure.time_fn`). The
 tuned winner and the baseline are then re-measured A B A B ... (:func:`interleaved`), so clock
 drift favours neither, and the ratio of the medians is compared with the target
 (:func:`verdict`). :func:`write_result` adds the fingerprint, the date and the command line.
@@ -30,8 +30,8 @@ class StudyRun:
     """What :func:`run_study` returns: the engine's summary and every trial row."""
 
     spec: dict[str, Any]
-    summary: Any  # tuner.orchestrator.StudySummary
-    trials: list[Any]  # tuner.storage trial rows
+    summary: Any  # tuner.run.orchestrator.StudySummary
+    trials: list[Any]  # tuner.store.storage trial rows
     space_points: int
     wall_s: float
 
@@ -88,9 +88,9 @@ class StudyRun:
 
 def run_study(spec: dict[str, Any], *, db_path: str | None = None, quiet: bool = False) -> StudyRun:
     """Run ``spec`` (a study spec as a dict) to completion with the engine on this machine's GPUs."""
-    from tuner.orchestrator import Orchestrator
-    from tuner.spec import load_spec
-    from tuner.storage import StudyDB
+    from tuner.run.orchestrator import Orchestrator
+    from tuner.store.storage import StudyDB
+    from tuner.study.spec import load_spec
 
     compiled = load_spec(spec)
     path = db_path or str(Path(tempfile.mkdtemp()) / "study.db")
@@ -117,8 +117,8 @@ def gang_backend() -> str:
 def tflops_measurer(call: Callable[[], Any], flops: float) -> Callable[[], float]:
     """A function that times ``call`` on this machine's GPU (``time_fn`` with ``GPU_TIMING``: CUDA events, L2
     flushed, adaptive repetitions) and returns its TFLOP/s for ``flops`` operations a call."""
-    from tuner.fingerprint import device_info
-    from tuner.measure import GPU_TIMING, time_fn
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.measure import GPU_TIMING, time_fn
 
     device = device_info()
     return lambda: flops / (time_fn(call, device, **GPU_TIMING).median_ms * 1e-3) / 1e12
@@ -159,7 +159,7 @@ def verdict(ratio: float | None, target: float, strictly: bool = False) -> str:
 
 def write_result(result: dict[str, Any], out: str | None) -> None:
     """Add fingerprint, date and command to ``result``; write it as JSON to ``out`` and print a short form."""
-    from tuner.fingerprint import fingerprint
+    from tuner.workloads.fingerprint import fingerprint
 
     command = " ".join(["python", *sys.argv])
     out_dir = os.environ.get("OUT")

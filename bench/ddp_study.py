@@ -1,13 +1,13 @@
 """DDP training-step tuning of a GPT on 2 GPUs, against the default DDP/NCCL settings in the same run.
 
 The ``ddp_step`` workload (objectives/ddp_step.py) trains the ``125m`` GPT preset of models/gpt.py in
-DistributedDataParallel on two ranks (fresh processes per trial, tuner/gang.py). The study searches
+DistributedDataParallel on two ranks (fresh processes per trial, tuner/run/gang.py). The study searches
 ``bucket_cap_mb``, ``gradient_as_bucket_view``, ``static_graph``, bf16/fp16 gradient compression and the
 NCCL knobs, minimizing ``step_ms``; configs whose ``|loss_delta|`` (vs the same run without
 compression) exceeds ``LOSS_TOLERANCE`` are infeasible. The baseline is torch's defaults (bucket 25 MB,
 no bucket view, no static graph, no hook) with NCCL's own choices. Winner and baseline are then
 re-measured interleaved (A B A B ..., each a fresh gang), and the script reports the median step times,
-their ratio, the difference and a 95% interval of each median (order statistics, tuner.measure).
+their ratio, the difference and a 95% interval of each median (order statistics, tuner.workloads.measure).
 Target: tuned step time <= default.
 
     PYTHONPATH=. python bench/ddp_study.py --out bench/results/ddp-step-125m-h200x2.json
@@ -23,8 +23,8 @@ from typing import Any
 
 from bench.common import gang_backend, interleaved, median, run_study, verdict, write_result
 from objectives.collective import DEFAULT, NCCL_KNOBS
-from tuner.gang import run_gang
-from tuner.measure import median_ci95
+from tuner.run.gang import run_gang
+from tuner.workloads.measure import median_ci95
 
 DEFAULT_CONFIG: dict[str, Any] = {
     "bucket_cap_mb": 25,

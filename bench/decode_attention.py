@@ -1,5 +1,5 @@
 """One decode step's attention over the KV cache, layer by layer: SDPA (the model's path) against the split
-decode kernel (``kernels/decode_attention.py``), at the 1B preset's shapes (16 heads of 128, prompt 512 + 64
+decode kernel (``kernels/attention/decode_attention.py``), at the 1B preset's shapes (16 heads of 128, prompt 512 + 64
 decoded tokens: a 576-position cache, ``pos`` 543, the middle of the decoded tokens).
 
 Per batch (1, 8, 64) and cache dtype (bf16, fp8 e4m3), both paths do what a decode step's attention does for
@@ -8,12 +8,12 @@ each of the 18 layers, each layer with its own cache (so the caches do not sit i
 - ``sdpa``: :meth:`models.gpt.KVCache.write_at` (``index_copy_`` of the step's k and v), :meth:`~KVCache.read`
   (an fp8 cache dequantized to bf16 first) and SDPA with the boolean mask over all 576 positions, as
   ``CausalSelfAttention.decode`` runs it with ``attention: sdpa``;
-- ``flash_decode_{block_n}x{num_warps}``: :func:`kernels.decode_attention.decode_attention` (the write fused;
+- ``flash_decode_{block_n}x{num_warps}``: :func:`kernels.attention.decode_attention.decode_attention` (the write fused;
   positions past ``pos`` not read) at each of :data:`KERNEL_CONFIGS`, and the default one as programmatic
   dependent launches (``_pdl``: each layer's split kernel reads its first cache rows while the layer before ends);
   the fastest is the one compared.
 
-Each is captured in a CUDA graph of the 18 layers, timed by :func:`tuner.measure.time_fn`, the two interleaved
+Each is captured in a CUDA graph of the 18 layers, timed by :func:`tuner.workloads.measure.time_fn`, the two interleaved
 over ``--rounds`` rounds; reported per layer with the bytes each path must read (positions ``0..pos`` of k and v)
 over its time. ``targets``: the kernel's speed-up over SDPA per case (goal 1.0: no slower).
 
@@ -55,7 +55,7 @@ def _paths(batch: int, cache_dtype: Any) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from kernels.decode_attention import decode_attention
+    from kernels.attention.decode_attention import decode_attention
 
     cache, qkv = _layers(batch, cache_dtype)
     index = torch.tensor([POS], device="cuda")
@@ -83,8 +83,8 @@ def _paths(batch: int, cache_dtype: Any) -> dict[str, Any]:
 def measure(batches: list[int], dtypes: list[str], rounds: int) -> dict[str, Any]:
     import torch
 
-    from tuner.fingerprint import device_info
-    from tuner.measure import time_fn
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.measure import time_fn
 
     device = device_info()
     rows: list[dict[str, Any]] = []

@@ -67,7 +67,7 @@ def profile_config(workload: Any, name: str, batch: int, steps: int) -> dict[str
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     config = {**CANDIDATES[name], "batch": batch}

@@ -51,8 +51,8 @@ def bf16_ms(m: int, n: int, k: int) -> float:
     import torch
 
     from models.quant_tiles import ROTATE_BYTES
-    from tuner.fingerprint import device_info
-    from tuner.measure import time_fn
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.measure import time_fn
 
     copies = max(1, min(64, ROTATE_BYTES // (n * k * 2)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
@@ -73,8 +73,8 @@ def floor_ms(n: int, k: int, bits: int = 4) -> tuple[float, dict[str, Any]]:
 
     from bench.stream_floor import candidates, reader
     from models.quant_tiles import ROTATE_BYTES
-    from tuner.fingerprint import device_info
-    from tuner.measure import time_fn
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.measure import time_fn
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = k * bits // 32

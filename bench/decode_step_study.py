@@ -12,7 +12,7 @@ study (the workload's ``batch`` arg): 1, 8 and 64.
 For each batch:
 
 1. the baseline, the bf16 model (bf16 weights and cache, sdpa, one decode step replayed as a CUDA
-   graph), is measured through the workload (``tuner.measure.time_fn``, CUDA events) before the study;
+   graph), is measured through the workload (``tuner.workloads.measure.time_fn``, CUDA events) before the study;
 2. a study with the engine (Optuna, Ray worker, SQLite), objective ``tokens_per_s`` under the
    constraint ``top1_agreement >= 0.95`` (argmax agreement with the bf16 model, teacher-forced);
 3. the baseline, the best int4 trial (highest tokens/s among int4 trials with top-1 agreement
@@ -66,7 +66,7 @@ BASELINE: dict[str, Any] = {
     "compile": "off",
 }
 TIMING_NOTE = (
-    "every config through DecodeStep.run: tuner.measure.time_fn (CUDA events, GPU_TIMING) around the "
+    "every config through DecodeStep.run: tuner.workloads.measure.time_fn (CUDA events, GPU_TIMING) around the "
     "decode loop of gen_tokens teacher-forced steps (a CUDA-graph replay per step with cuda_graphs), "
     "L2 flushed before each loop"
 )
@@ -100,8 +100,8 @@ def make_spec(batch: int, args: argparse.Namespace) -> dict[str, Any]:
 
 def measure_fn(workload: Any, config: dict[str, Any], log: list[dict[str, Any]]) -> Any:
     """A function returning the config's tokens/s as the workload measures it; each result is appended to ``log``."""
-    from tuner.fingerprint import device_info
-    from tuner.workload import TrialContext
+    from tuner.workloads.base import TrialContext
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
 
@@ -129,7 +129,7 @@ def prepare_seeds(workload: Any, device: Any) -> dict[str, float]:
     """GPTQ of the space's GPTQ seeds before the study (kept on disk): one-off preparation, as the
     pretraining is, and not a cost of the study's search. Seeds that differ only in other knobs (compile,
     CUDA graphs) share weights: each set is prepared once. Returns the seconds per set (near 0 once cached)."""
-    from tuner.space import compile_space
+    from tuner.study.space import compile_space
 
     seconds = {}
     for seed in compile_space(workload.space_document()).seeds:
@@ -151,7 +151,7 @@ def run_batch(batch: int, args: argparse.Namespace) -> dict[str, Any]:
     baseline_log: list[dict[str, Any]] = []
     baseline_before = measure_fn(workload, BASELINE, baseline_log)()
     print(f"   bf16 baseline {baseline_before:.1f} tokens/s before the study", flush=True)
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     tokens = workload.reference_tokens(batch, device)

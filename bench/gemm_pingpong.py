@@ -1,4 +1,4 @@
-"""The Gluon ping-pong GEMM (``kernels/gemm_ws.py``) against cuBLAS and the persistent TMA kernel, side by side.
+"""The Gluon ping-pong GEMM (``kernels/gemm/gemm_ws.py``) against cuBLAS and the persistent TMA kernel, side by side.
 
 For each target (bf16 and fp16 at 8192^3, 8192x14336x4096 and 8192x4096x4096) the kernel's configs are checked
 against an fp32 product and timed once (CUDA events, L2 flushed); the fastest is re-measured interleaved with
@@ -47,8 +47,8 @@ def _operands(m: int, n: int, k: int, precision: str) -> tuple[Any, Any, Any]:
 def run_target(shape: str, precision: str, rounds: int) -> dict[str, Any]:
     import torch
 
-    from kernels.gemm_tma import matmul_persistent
-    from kernels.gemm_ws import check_config, matmul_pingpong
+    from kernels.gemm.gemm_tma import matmul_persistent
+    from kernels.gemm.gemm_ws import check_config, matmul_pingpong
 
     m, n, k = GEMM_SHAPES[shape]
     flops = 2.0 * m * n * k

@@ -26,8 +26,8 @@ from typing import Any
 def baseline_bf16_tflops(size: int, rounds: int = 1) -> list[float]:
     import torch
 
-    from tuner.fingerprint import device_info
-    from tuner.measure import time_fn
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.measure import time_fn
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -43,9 +43,9 @@ def baseline_bf16_tflops(size: int, rounds: int = 1) -> list[float]:
 def remeasure_interleaved(size: int, config: dict[str, Any], rounds: int) -> dict[str, list[float]]:
     """Best bf16 config and torch.matmul, A B A B ..., each with the same stopwatch."""
     from objectives.triton_gemm import TritonGemm
-    from tuner.fingerprint import device_info
-    from tuner.roofline import gpu_clock_and_temperature
-    from tuner.workload import TrialContext
+    from tuner.workloads.base import TrialContext
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.roofline import gpu_clock_and_temperature
 
     workload = TritonGemm(m=size, n=size, k=size)
     device = device_info()
@@ -69,10 +69,10 @@ def main() -> None:
     parser.add_argument("--out", help="write the result JSON here")
     args = parser.parse_args()
 
-    from tuner.fingerprint import fingerprint
-    from tuner.orchestrator import Orchestrator
-    from tuner.spec import load_spec
-    from tuner.storage import StudyDB
+    from tuner.run.orchestrator import Orchestrator
+    from tuner.store.storage import StudyDB
+    from tuner.study.spec import load_spec
+    from tuner.workloads.fingerprint import fingerprint
 
     size = args.size
     spec = {

@@ -63,8 +63,8 @@ def baseline_fn(m: int, n: int, k: int, precision: str, fast_accum: bool = False
 
 def tuned_fn(m: int, n: int, k: int, config: dict[str, Any]) -> Any:
     from objectives.triton_gemm import TritonGemm
-    from tuner.fingerprint import device_info
-    from tuner.workload import TrialContext
+    from tuner.workloads.base import TrialContext
+    from tuner.workloads.fingerprint import device_info
 
     workload = TritonGemm(m=m, n=n, k=k)
     device = device_info()

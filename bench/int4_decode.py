@@ -48,7 +48,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
         **INT4, "quant_kernel": "packed", "compile": "default", "quantizer": "gptq", "pdl": True
     },
     "bf16_compiled_pdl": {**BF16, "compile": "default", "pdl": True},
-    # the decode step's own attention kernel (kernels/decode_attention.py: split over the cache, the cache write
+    # the decode step's own attention kernel (kernels/attention/decode_attention.py: split over the cache, the cache
+    # write
     # fused), with a bf16 cache and with an fp8 one, which it reads as fp8
     "bf16_compiled_flash": {**BF16, "compile": "default", "attention": "flash_decode"},
     "int4_packed_compiled_gptq_flash": {
@@ -132,8 +133,8 @@ def kernels_per_step(workload: Any, config: dict[str, Any], batch: int) -> dict[
 
 def measure_batch(batch: int, args: argparse.Namespace, seed: int, names: list[str]) -> dict[str, Any]:
     from objectives.decode_step import DecodeStep
-    from tuner.fingerprint import device_info
-    from tuner.workload import TrialContext
+    from tuner.workloads.base import TrialContext
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     workload = DecodeStep(model="1b", prompt_len=args.prompt_len, gen_tokens=args.gen_tokens, batch=batch,

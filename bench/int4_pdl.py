@@ -84,8 +84,8 @@ def layer_graphs(rows: int, layers: int, variants: list[str]) -> dict[str, Any]:
     first variant's."""
     import torch
 
-    from kernels.quant_gemm_packed import packed_matmul, quantize_packed
-    from kernels.quant_gemm_ws import ws_quant_matmul
+    from kernels.quant.quant_gemm_packed import packed_matmul, quantize_packed
+    from kernels.quant.quant_gemm_ws import ws_quant_matmul
 
     torch.manual_seed(0)
     products = []  # every layer its own weights (12 MB of words a layer): the step streams them from HBM

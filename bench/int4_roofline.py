@@ -1,8 +1,8 @@
 """Weight-only int4/int8 GEMM against the HBM roofline and bf16 ``torch.matmul``, on this GPU.
 
 For each weight shape (N, K) and batch M, every candidate tile of the packed kernel
-(:mod:`kernels.quant_gemm_packed`) and the best configs of the older kernel
-(:mod:`kernels.quant_gemm`, its space's seeds) are compiled ahead in a process pool, checked
+(:mod:`kernels.quant.quant_gemm_packed`) and the best configs of the older kernel
+(:mod:`kernels.quant.quant_gemm`, its space's seeds) are compiled ahead in a process pool, checked
 against the fp32 product and timed; the fastest is then re-measured interleaved with bf16
 ``torch.matmul`` (the baseline) and the ratio of the medians is the verdict.
 
@@ -132,7 +132,7 @@ def streamed(block_m: int, bns: tuple[int, ...], warps: tuple[int, ...], stages:
 
 def old_candidates(m: int, bits: int) -> list[dict[str, int]]:
     """The older kernel's space seeds that fit this M and bit width (its tuned and hand-picked tiles)."""
-    from tuner.space import compile_space, load_space_file
+    from tuner.study.space import compile_space, load_space_file
 
     space = compile_space(load_space_file("quant_gemm.yaml"))
     picks = []
@@ -152,9 +152,9 @@ def _compile(job: dict[str, Any]) -> tuple[str, str | None]:
     """Compile one candidate in a worker process (fills Triton's disk cache); the error text when it fails."""
     try:
         if job["family"] == "packed":
-            from kernels.quant_gemm_packed import compile_only
+            from kernels.quant.quant_gemm_packed import compile_only
         else:
-            from kernels.quant_gemm import compile_only
+            from kernels.quant.quant_gemm import compile_only
         compile_only(*job["shape"], precision="bf16", bits=job["bits"], group_size=GROUP, **job["config"])
         return job["key"], None
     except Exception as exc:  # reported per candidate
@@ -210,8 +210,8 @@ class Bench:
     def __init__(self, n: int, k: int, bits: int) -> None:
         import torch
 
-        from kernels.quant_gemm import quantize_weights
-        from kernels.quant_gemm_packed import repack
+        from kernels.quant.quant_gemm import quantize_weights
+        from kernels.quant.quant_gemm_packed import repack
 
         self.n, self.k, self.bits = n, k, bits
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -245,7 +245,7 @@ class Bench:
     def packed_fn(self, x: Any, config: dict[str, int]) -> tuple[Any, int]:
         import torch
 
-        from kernels.quant_gemm_packed import packed_matmul
+        from kernels.quant.quant_gemm_packed import packed_matmul
 
         out = torch.empty(x.shape[0], self.n, device="cuda", dtype=x.dtype)
         return self.rotating(self.packed, lambda w: packed_matmul(x, w, out=out, **config))
@@ -253,7 +253,7 @@ class Bench:
     def old_fn(self, x: Any, config: dict[str, int]) -> tuple[Any, int]:
         import torch
 
-        from kernels.quant_gemm import quant_matmul
+        from kernels.quant.quant_gemm import quant_matmul
 
         out = torch.empty(x.shape[0], self.n, device="cuda", dtype=x.dtype)
         ws = torch.empty(x.shape[0], self.n, device="cuda", dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon int4/int8 GEMM (:mod:`kernels.quant_gemm_ws`) against bf16 ``torch.matmul`` and
+"""The warp-specialized Gluon int4/int8 GEMM (:mod:`kernels.quant.quant_gemm_ws`) against bf16 ``torch.matmul`` and
 the packed Triton kernel's standing winners, side by side on this GPU.
 
 Per weight shape (N, K) and batch M (int4 at M = 1, 16, 64; int8 at M = 1), every config of the Gluon kernel
@@ -36,7 +36,7 @@ from bench.int4_roofline import (
     make_targets,
     medians_of,
 )
-from kernels.quant_ws_rules import loader_regs
+from kernels.quant.quant_ws_rules import loader_regs
 
 PRIOR = "bench/results/int4-roofline-xtma-h200.json"
 MAX_ERROR = 2e-2
@@ -54,7 +54,7 @@ def candidates(m: int, bits: int = 4) -> list[dict[str, int]]:
         grid = itertools.product((128, 256), (2, 3, 4, 6), (2, 3, 4), (1,) if bits == 4 else (0,),
                                  (1,) if bits == 4 else (0, 1), (0, 1), (0, 1))  # fmt: skip
     else:
-        # 256-column tiles: at 64 rows only these escape kernels.quant_ws_rules.accumulators_spill (one program an
+        # 256-column tiles: at 64 rows only these escape kernels.quant.quant_ws_rules.accumulators_spill (one program an
         # SM, the scales applied in the decode); the same restriction is kept at 32 rows, where the sm_90 SASS
         # spills only at two programs with SCALE_ACC (60 instructions): a wider 32-row grid waits for a GPU run
         grid = itertools.chain(itertools.product((128,), (3, 4), (1, 2), (0, 1), (1,), (0, 1), (0, 1)),
@@ -73,7 +73,7 @@ def candidates(m: int, bits: int = 4) -> list[dict[str, int]]:
 
 def _compile(job: dict[str, Any]) -> tuple[str, str | None]:
     try:
-        from kernels.quant_gemm_ws import check_config, compile_only
+        from kernels.quant.quant_gemm_ws import check_config, compile_only
 
         m, n, k = job["shape"]
         reason = check_config(m, n, k, job["bits"], GROUP, **job["config"])
@@ -111,7 +111,7 @@ def compile_jobs(cases: list[tuple[int, int, int, int, dict[str, int]]], workers
 def ws_fn(bench: Bench, x: Any, config: dict[str, int]) -> tuple[Any, int]:
     import torch
 
-    from kernels.quant_gemm_ws import ws_quant_matmul
+    from kernels.quant.quant_gemm_ws import ws_quant_matmul
 
     out = torch.empty(x.shape[0], bench.n, device="cuda", dtype=x.dtype)
     return bench.rotating(bench.packed, lambda w: ws_quant_matmul(x, w, out=out, **config))
@@ -128,7 +128,7 @@ def prior_winners(path: str) -> dict[tuple[int, int, int, int], dict[str, int]]:
 
 def measure(bench: Bench, m: int, failed: dict[str, str], prior: dict[str, int] | None, rounds: int,
             pdl: bool = False) -> dict:  # fmt: skip
-    from kernels.quant_gemm_ws import ws_quant_matmul
+    from kernels.quant.quant_gemm_ws import ws_quant_matmul
 
     x = bench.x(m)
     rows = []

@@ -1,6 +1,6 @@
 """Where the warp-specialized int4/int8 GEMM's time goes at M = 1: the kernel beside its own loader alone.
 
-For each weight shape, every (``BLOCK_N``, ``NUM_STAGES``, ``PROGRAMS_PER_SM``) of :mod:`kernels.quant_gemm_ws`
+For each weight shape, every (``BLOCK_N``, ``NUM_STAGES``, ``PROGRAMS_PER_SM``) of :mod:`kernels.quant.quant_gemm_ws`
 is timed as it is (``DIAG`` 0, checked against the fp32 product), with ``DIAG`` 1, where the consumer only waits
 for each stage and releases it, so the kernel is the TMA ring streaming the same words, scales and X slices with
 nothing computed, and (without ``--wide``) with ``DIAG`` 2, where split tiles add their partials but skip the
@@ -23,7 +23,7 @@ from typing import Any
 from bench.common import write_result
 from bench.int4_roofline import GROUP, SHAPES, Bench, graph_time_us, read_floor
 from bench.int4_ws import MAX_ERROR, _key, compile_jobs, ws_fn
-from kernels.quant_ws_rules import loader_regs
+from kernels.quant.quant_ws_rules import loader_regs
 
 
 def candidates(bits: int, wide: bool) -> list[dict[str, int]]:
@@ -54,8 +54,8 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from kernels.quant_gemm_packed import scratch
-    from kernels.quant_gemm_ws import check_config, ws_quant_matmul
+    from kernels.quant.quant_gemm_packed import scratch
+    from kernels.quant.quant_gemm_ws import check_config, ws_quant_matmul
 
     started = time.time()
     shapes = [tuple(int(v) for v in s.split(":")) for s in args.shapes.split(",")]

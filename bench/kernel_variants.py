@@ -124,7 +124,7 @@ def attention_candidates(landscapes: Path, top: int) -> list[dict[str, Any]]:
 
 def _sweep(workload: Any, device: Any, configs: list[dict[str, Any]], threads: int) -> list[tuple[float, dict]]:
     """Compile ahead in threads, then run each feasible config once; (TFLOP/s, config) of the OK ones, fastest first."""
-    from tuner.workload import TrialContext
+    from tuner.workloads.base import TrialContext
 
     feasible = [c for c in configs if workload.static_check(c, device) is None]
     with concurrent.futures.ThreadPoolExecutor(max_workers=threads) as pool:
@@ -149,7 +149,7 @@ def _sdpa_baselines(shape: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kernels.attention import attention_flops
+    from kernels.attention.attention import attention_flops
 
     b, h, s, d, causal = (shape[k] for k in ("batch", "heads", "seq_len", "head_dim", "causal"))
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -173,7 +173,7 @@ def _sdpa_baselines(shape: dict[str, Any]) -> dict[str, Any]:
 
 
 def _tuned(workload: Any, device: Any, config: dict[str, Any]) -> Any:
-    from tuner.workload import TrialContext
+    from tuner.workloads.base import TrialContext
 
     def measure() -> float:
         result = workload.run(config, device, TrialContext())
@@ -247,7 +247,7 @@ def _target_row(name: str, values: dict[str, list[float]], baseline_name: str | 
 def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int, threads: int,
              finalists: int = 4, select_rounds: int = 5) -> dict[str, Any]:  # fmt: skip
     from objectives.triton_gemm import TritonGemm
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     m, n, k = gemm_shape(shape)
     workload, device = TritonGemm(m=m, n=n, k=k), device_info()
@@ -278,7 +278,7 @@ def run_gemm(shape: str, precision: str, landscapes: Path, top: int, rounds: int
 def run_attention(shape: dict[str, Any], landscapes: Path, top: int, rounds: int, threads: int,
                   finalists: int = 4, select_rounds: int = 5) -> dict[str, Any]:  # fmt: skip
     from objectives.flash_attention import FlashAttention
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     workload, device = FlashAttention(**shape), device_info()
     started = time.time()

@@ -127,7 +127,7 @@ GRIDS: dict[str, dict[str, Any]] = {
             "kernel": ["tutorial"],
         },
     },
-    # The persistent TMA GEMM kernels (kernels/gemm_tma.py) at the 8192^3 target shape, bf16.
+    # The persistent TMA GEMM kernels (kernels/gemm/gemm_tma.py) at the 8192^3 target shape, bf16.
     "gemm_tma": {
         "workload": "triton_gemm",
         "args": {"m": 8192, "n": 8192, "k": 8192},
@@ -144,7 +144,7 @@ GRIDS: dict[str, dict[str, Any]] = {
             "EPILOGUE_SUBTILE": [False, True],
         },
     },
-    # The persistent TMA attention kernels (kernels/attention_persistent.py): B*S = 16384, H*D = 2048, causal.
+    # The persistent TMA attention kernels (kernels/attention/attention_persistent.py): B*S = 16384, H*D = 2048, causal.
     "attention_persistent": {
         "workload": "flash_attention",
         "args": {"batch": 4, "heads": 16, "seq_len": 4096, "head_dim": 128, "causal": True},
@@ -158,7 +158,7 @@ GRIDS: dict[str, dict[str, Any]] = {
             "SPLIT_M": [False, True],
         },
     },
-    # The Gluon warp-specialized attention (kernels/attention_ws.py, kernel gluon_ws) at D=64, where every
+    # The Gluon warp-specialized attention (kernels/attention/attention_ws.py, kernel gluon_ws) at D=64, where every
     # consumer count and stage count fits: S=2048 causal, B*S = 16384, H*D = 2048; 864 configs (PINGPONG only
     # with OVERLAP).
     "attention_ws": {
@@ -266,7 +266,7 @@ GRIDS: dict[str, dict[str, Any]] = {
 def grid_configs(grid: dict[str, list[Any]], when: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Every combination of the grid's values, in the grid's order (the last param varies fastest); with
     ``when``, a conditional param is left out of a config where its condition fails (the config kept once)."""
-    from tuner import expr
+    from tuner.study import expr
 
     names = list(grid)
     conditions = {name: expr.parse(text, allow_calls=False) for name, text in (when or {}).items()}
@@ -307,12 +307,12 @@ def record_landscape(
     """
     import random
 
-    from tuner.failures import classify_exception
-    from tuner.fingerprint import device_info, fingerprint
-    from tuner.registry import workload_class
-    from tuner.roofline import gpu_clock_and_temperature
-    from tuner.space import compile_space
-    from tuner.workload import TrialContext, TrialResult, TrialStatus
+    from tuner.study.space import compile_space
+    from tuner.workloads.base import TrialContext, TrialResult, TrialStatus
+    from tuner.workloads.failures import classify_exception
+    from tuner.workloads.fingerprint import device_info, fingerprint
+    from tuner.workloads.registry import workload_class
+    from tuner.workloads.roofline import gpu_clock_and_temperature
 
     workload = workload_class(workload_name)(**args)
     device = device_info()
@@ -396,8 +396,8 @@ def record_landscape(
 
 def _compile_in_process(workload_name: str, args: dict[str, Any], config: dict[str, Any]) -> None:
     """Compile one config in a worker process (its kernels land in Triton's on-disk cache)."""
-    from tuner.fingerprint import device_info
-    from tuner.registry import workload_class
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.registry import workload_class
 
     global _WORKER_WORKLOAD
     if _WORKER_WORKLOAD is None:
@@ -454,7 +454,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the random order's seed")
     parser.add_argument("--time-limit-s", type=float, help="start no config after this many seconds")
     ns = parser.parse_args()
-    from tuner import measure
+    from tuner.workloads import measure
 
     for key, value in (("rep_ms", ns.rep_ms), ("warmup_ms", ns.warmup_ms), ("max_time_ms", ns.max_time_ms)):
         if value is not None:

@@ -3,9 +3,9 @@
 Target (from the issue): for each of ``rmsnorm`` and ``softmax`` at 8192 x 8192 bf16, the tuner's
 best >= 0.85 x the copy bandwidth measured in the same run. Two copy bandwidths are measured:
 
-- ``tuner.roofline.measure_copy_bandwidth_gbps()``: a 1 GiB device-to-device copy, the figure the
+- ``tuner.workloads.roofline.measure_copy_bandwidth_gbps()``: a 1 GiB device-to-device copy, the figure the
   workers use for each trial's ``roofline_fraction`` (before and after the studies);
-- ``y.copy_(x)`` of the same rows x cols bf16 tensor, timed with ``tuner.measure.time_fn`` (L2
+- ``y.copy_(x)`` of the same rows x cols bf16 tensor, timed with ``tuner.workloads.measure.time_fn`` (L2
   flushed, adaptive repetitions), exactly like the kernels; it is re-measured interleaved with them.
 
 The verdict uses the larger of the two (the stricter bar). The torch baselines
@@ -47,8 +47,8 @@ def _bf16_input(rows: int, cols: int) -> Any:
 
 def _gbps_fn(call: Callable[[], Any], bytes_moved: float) -> Callable[[], float]:
     """A function timing ``call`` with time_fn (GPU options) and returning GB/s of ``bytes_moved``."""
-    from tuner.fingerprint import device_info
-    from tuner.measure import GPU_TIMING, time_fn
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.measure import GPU_TIMING, time_fn
 
     device = device_info()
 
@@ -72,7 +72,7 @@ def torch_fn(name: str, rows: int, cols: int) -> tuple[Callable[[], float], str]
     """The torch baseline of ``name`` in GB/s (same byte count as the workload) and its description."""
     import torch
 
-    from tuner.registry import workload_class
+    from tuner.workloads.registry import workload_class
 
     x = _bf16_input(rows, cols)
     bytes_moved = workload_class(name)(rows=rows, cols=cols).bytes_moved("bf16")
@@ -93,9 +93,9 @@ def torch_fn(name: str, rows: int, cols: int) -> tuple[Callable[[], float], str]
 
 def tuned_fn(name: str, rows: int, cols: int, config: dict[str, Any]) -> Callable[[], float]:
     """GB/s of the workload's own trial of ``config`` (numerics checked, then timed like in the study)."""
-    from tuner.fingerprint import device_info
-    from tuner.registry import workload_class
-    from tuner.workload import TrialContext
+    from tuner.workloads.base import TrialContext
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.registry import workload_class
 
     workload = workload_class(name)(rows=rows, cols=cols)
     device = device_info()
@@ -184,7 +184,7 @@ def main() -> None:
     if args.quick:
         args.trials, args.minutes, args.rounds = 6, 0.5, 2
 
-    from tuner.roofline import measure_copy_bandwidth_gbps
+    from tuner.workloads.roofline import measure_copy_bandwidth_gbps
 
     copy_1gib_before = measure_copy_bandwidth_gbps()
     copy_same_shape_before = copy_fn(args.rows, args.cols)()

@@ -49,12 +49,12 @@ from typing import Any
 import optuna
 
 from objectives.noop import NoOp
-from tuner.fingerprint import fingerprint
-from tuner.orchestrator import Orchestrator, ensure_ray
-from tuner.sampler_adapter import SamplerAdapter
-from tuner.samplers import make_sampler
-from tuner.spec import load_spec
-from tuner.storage import StudyDB, tune_sqlite_engine
+from tuner.run.orchestrator import Orchestrator, ensure_ray
+from tuner.store.storage import StudyDB, tune_sqlite_engine
+from tuner.strategy.adapter import SamplerAdapter
+from tuner.strategy.samplers import make_sampler
+from tuner.study.spec import load_spec
+from tuner.workloads.fingerprint import fingerprint
 
 
 def spec(name: str, trials: int, sampler: str, seed: int) -> dict:

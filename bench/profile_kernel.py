@@ -8,9 +8,9 @@ winner at 8192 x 4096 x 4096. Both as measured in ``bench/results/kernel-variant
 ``attention '{"shape": {"batch": 16, "heads": 16, "seq_len": 1024, "head_dim": 128, "causal": true},
 "config": {...}}'``: any ``flash_attention`` shape and config (e.g. the ``gluon_ws`` winner, ``-k regex:ws``).
 ``quant '{"m": 1, "n": 4096, "k": 14336, "bits": 4, "config": {...}}'``: the packed weight-only GEMM
-(:mod:`kernels.quant_gemm_packed`, group 128, bf16) with that tile (``-k regex:packed_quant``).
+(:mod:`kernels.quant.quant_gemm_packed`, group 128, bf16) with that tile (``-k regex:packed_quant``).
 ``quant_ws '{"m": 1, "n": 14336, "k": 4096, "bits": 4, "config": {...}}'``: the warp-specialized Gluon
-weight-only GEMM (:mod:`kernels.quant_gemm_ws`) with that config (``-k regex:ws_quant``).
+weight-only GEMM (:mod:`kernels.quant.quant_gemm_ws`) with that config (``-k regex:ws_quant``).
 ``sdpa '{"batch": 16, "heads": 32, "seq_len": 1024, "head_dim": 64, "causal": true}'``: the baseline, SDPA's cuDNN
 backend at that shape (bf16; ``-k regex:sdpa``), to read beside a tuned kernel's counters.
 """
@@ -23,7 +23,7 @@ import sys
 def main() -> None:
     import torch
 
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     which = sys.argv[1] if len(sys.argv) > 1 else "attention"
     if which in ("quant", "quant_ws"):
@@ -63,8 +63,8 @@ def quant(case_json: str, ws: bool = False) -> None:
 
     import torch
 
-    from kernels.quant_gemm_packed import packed_matmul, quantize_packed
-    from kernels.quant_gemm_ws import ws_quant_matmul
+    from kernels.quant.quant_gemm_packed import packed_matmul, quantize_packed
+    from kernels.quant.quant_gemm_ws import ws_quant_matmul
 
     case = json.loads(case_json)
     w = torch.randn(case["k"], case["n"], device="cuda") * 0.02

@@ -11,7 +11,7 @@ bits, group size and precision fixed by space overrides, so the study searches t
 repeat rows).
 Its winner and the baseline are then re-measured interleaved (A B A B ..., ``--rounds`` times).
 
-Both sides are timed the same way: ``tuner.measure.time_fn`` with ``cuda_graph=True`` (these products
+Both sides are timed the same way: ``tuner.workloads.measure.time_fn`` with ``cuda_graph=True`` (these products
 take microseconds; a graph of many calls removes the launch overhead, as in a graph-captured decode
 loop) and the default GPU options (L2 flushed before each replay), and both rotate over copies of their
 weights worth >= 256 MiB, so every call reads its weights from HBM rather than from L2.
@@ -35,7 +35,7 @@ GROUP_SIZE = 128
 TARGETS: dict[str, tuple[int, int]] = {f"int{bits}-m{m}": (m, bits) for bits in (4, 8) for m in (1, 16, 64)}
 TARGET_RATIO = 1.0
 TIMING_NOTE = (
-    "both sides: tuner.measure.time_fn(cuda_graph=True, GPU_TIMING), L2 flushed before each graph replay, "
+    "both sides: tuner.workloads.measure.time_fn(cuda_graph=True, GPU_TIMING), L2 flushed before each graph replay, "
     "weights rotated over copies >= 256 MiB so each call reads them from HBM"
 )
 
@@ -73,8 +73,8 @@ def baseline_fn(m: int, n: int, k: int) -> Any:
     """A function returning torch.matmul's TFLOP/s for X bf16 (M, K) @ W bf16 (K, N), timed as a CUDA graph."""
     import torch
 
-    from tuner.fingerprint import device_info
-    from tuner.measure import GPU_TIMING, L2_FLUSH_BYTES, time_fn
+    from tuner.workloads.fingerprint import device_info
+    from tuner.workloads.measure import GPU_TIMING, L2_FLUSH_BYTES, time_fn
 
     device = device_info()
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -99,8 +99,8 @@ def baseline_fn(m: int, n: int, k: int) -> Any:
 def tuned_fn(m: int, n: int, k: int, config: dict[str, Any]) -> tuple[Any, list[dict[str, Any]]]:
     """A function returning the config's TFLOP/s as the workload measures it, and the list it logs results to."""
     from objectives.quant_gemm import QuantGemm
-    from tuner.fingerprint import device_info
-    from tuner.workload import TrialContext
+    from tuner.workloads.base import TrialContext
+    from tuner.workloads.fingerprint import device_info
 
     workload = QuantGemm(m=m, n=n, k=k)
     device = device_info()

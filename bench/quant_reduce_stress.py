@@ -1,7 +1,7 @@
 """Stress the packed weight-only GEMM (its in-kernel split-K / streamed reduction, its swapped tiles) for wrong
 results that a single check misses.
 
-Each case launches :func:`kernels.quant_gemm_packed.packed_matmul` ``--launches`` times on fresh X, every third
+Each case launches :func:`kernels.quant.quant_gemm_packed.packed_matmul` ``--launches`` times on fresh X, every third
 launch beside a large matmul on a second stream (so the programs of one product start at different times;
 ``--alone`` also runs every case with no second stream), and checks every result against ``X @ dequant(W)``
 in fp32: a lost or stale partial sum shows as a relative error of order 1.
@@ -64,8 +64,8 @@ def stress(case: dict[str, Any], launches: int, side_work: bool = True) -> dict[
     """Launch one case ``launches`` times; how many results were wrong (relative error > 0.02) and the worst."""
     import torch
 
-    from kernels.gemm import max_rel_error
-    from kernels.quant_gemm_packed import packed_matmul, quantize_packed
+    from kernels.gemm.gemm import max_rel_error
+    from kernels.quant.quant_gemm_packed import packed_matmul, quantize_packed
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     w = torch.randn(case["k"], case["n"], device="cuda", generator=gen) * 0.02

@@ -70,8 +70,8 @@ def trials_to_within(curve: list[float], fraction: float = WITHIN) -> int | None
 
 
 def run(spec: dict[str, Any], db: Any) -> tuple[Any, list[Any], float]:
-    from tuner.orchestrator import Orchestrator
-    from tuner.spec import load_spec
+    from tuner.run.orchestrator import Orchestrator
+    from tuner.study.spec import load_spec
 
     started = time.time()
     summary = Orchestrator(load_spec(spec), db).run()
@@ -85,8 +85,8 @@ def compare_study(
     """One study at the target shape, warm-started from the registry (``warm``) or cold (the space's seed
     configs, or none with ``cold_seeds=False``); not published, so that every seed's warm study starts from
     the same three entries."""
-    from tuner import configs
-    from tuner.warm_start import decision_of
+    from tuner.best_configs import registry as configs
+    from tuner.best_configs.warm_start import decision_of
 
     warm_start: bool | str = "registry" if mode.startswith("warm") else cold_seeds
     spec = gemm_spec(f"target-{mode}-seed{seed}", target, trials, seed, warm_start=warm_start, warm_start_k=k)
@@ -131,8 +131,8 @@ def main() -> None:
         os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from bench.common import write_result
-    from tuner import configs
-    from tuner.storage import StudyDB
+    from tuner.best_configs import registry as configs
+    from tuner.store.storage import StudyDB
 
     trials = ns.trials or (4 if ns.dry_run else 20)
     shapes, target = (CPU_SHAPES, CPU_TARGET) if ns.dry_run else (GPU_SHAPES, GPU_TARGET)

@@ -1,7 +1,7 @@
 """How fast each search strategy finds a recorded landscape's best config, replayed on a CPU.
 
 A landscape (``bench/landscapes/*.jsonl``) holds every config of a grid measured on a GPU. Each
-study drives a sampler exactly as the engine does (``tuner.samplers.make_sampler``, Optuna's
+study drives a sampler exactly as the engine does (``tuner.strategy.samplers.make_sampler``, Optuna's
 ask, ``SearchSpace.suggest``, the orchestrator's static check, its tell with constraint values),
 with the ``replay`` workload answering each trial from the file: no Ray, no database, so twenty
 seeds of every strategy fit in minutes on a CPU. A proposal of a config measured before costs no
@@ -59,7 +59,7 @@ REPEAT_LIMIT = 200  # as the engine's DUPLICATE_LIMIT: consecutive repeats end a
 def load(path: Path, metric: str) -> tuple[Any, Any, bool, list[dict[str, Any]]]:
     """The replay workload, its compiled space, whether ``metric`` is maximised, and the records."""
     from objectives.replay import Replay
-    from tuner.space import compile_space
+    from tuner.study.space import compile_space
 
     replay = Replay(file=str(path))
     space = compile_space(replay.space_document())
@@ -70,9 +70,9 @@ def load(path: Path, metric: str) -> tuple[Any, Any, bool, list[dict[str, Any]]]
 def run_one(path: Path, metric: str, strategy: str, seed: int, trials: int) -> dict[str, Any]:
     """One study: the best-so-far value after each measured trial, waste counts and proposal times."""
     from objectives.replay import params_key
-    from tuner.samplers import CONSTRAINTS_ATTR, make_sampler
     from tuner.strategy import SpaceExhausted
-    from tuner.workload import DeviceInfo, TrialStatus
+    from tuner.strategy.samplers import CONSTRAINTS_ATTR, make_sampler
+    from tuner.workloads.base import DeviceInfo, TrialStatus
 
     replay, space, maximize, records = load(path, metric)
     top = _landscape_best(records, metric, maximize)
@@ -264,9 +264,9 @@ def random_summary(records: list[dict[str, Any]], metric: str, best: float, maxi
 def proposal_times(trials: int, strategies: list[str]) -> dict[str, Any]:
     """Milliseconds per proposal over a ``trials``-trial study of the default GEMM space (H200 rules, every
     precision: tens of thousands of configs) with a synthetic objective, each strategy in the same run."""
-    from tuner.registry import workload_class
-    from tuner.samplers import make_sampler
-    from tuner.space import compile_space
+    from tuner.strategy.samplers import make_sampler
+    from tuner.study.space import compile_space
+    from tuner.workloads.registry import workload_class
 
     workload = workload_class("triton_gemm")(m=4096, n=4096, k=4096)
     space = compile_space(workload.space_document())
@@ -342,9 +342,9 @@ def run_multi(path: Path, metrics: list[str], strategy: str, seed: int, trials: 
     import random
 
     from objectives.replay import params_key
-    from tuner.samplers import CONSTRAINTS_ATTR, make_sampler
     from tuner.strategy import SpaceExhausted
-    from tuner.workload import DeviceInfo, TrialStatus
+    from tuner.strategy.samplers import CONSTRAINTS_ATTR, make_sampler
+    from tuner.workloads.base import DeviceInfo, TrialStatus
 
     replay, space, _, records = load(path, metrics[0])
     specs = {m.name: m.direction for m in replay.metric_specs()}

@@ -480,7 +480,7 @@ def timeline(rec: Record, t0: float) -> dict[str, dict[str, int]]:
 
 
 def check_trials(url: str, study_id: int, budget: int, rec: Record) -> dict[str, Any]:
-    from tuner.storage import StudyDB, measured_count
+    from tuner.store.storage import StudyDB, measured_count
 
     db = StudyDB(url)
     try:
@@ -580,7 +580,8 @@ def runner_log(log: Path, t0: float) -> list[list[Any]]:
     for line in log.read_text(errors="replace").splitlines():
         if line.startswith("runner (pid") or line.startswith("killed "):  # the supervisor's, not time-stamped
             out.append([None, line[:120]])
-        if "tuner.service" not in line or not any(w in line for w in ("waiting for studies", "took study", "handed")):
+        events = ("waiting for studies", "took study", "handed")
+        if "tuner.run.service" not in line or not any(w in line for w in events):
             continue
         with contextlib.suppress(ValueError):
             stamp = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()  # local time, as logged

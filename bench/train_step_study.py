@@ -20,7 +20,7 @@ at a fixed global batch (``--global-batch`` sequences per step). The script:
    choice, foreach AdamW (torch's default).
 
 A training step changes the model, so the stopwatch is the workload's own (CUDA events between
-consecutive steps, see objectives/train_step.py), not :func:`tuner.measure.time_fn`'s repetitions.
+consecutive steps, see objectives/train_step.py), not :func:`tuner.workloads.measure.time_fn`'s repetitions.
 
 Targets: tuned tokens/s >= 1.5 x the default config; the tuned config's MFU >= 0.40 (PaLM model
 FLOPs over the dense peak of its precision); a Pareto front of >= 5 configs; a feasible config
@@ -106,8 +106,8 @@ def main() -> None:
         args.constrained_trials, args.constrained_minutes = 3, 0.5
 
     from objectives.train_step import TrainStep
-    from tuner.fingerprint import device_info
-    from tuner.workload import TrialContext
+    from tuner.workloads.base import TrialContext
+    from tuner.workloads.fingerprint import device_info
 
     workload_args = {
         "model": args.model,
@@ -193,7 +193,7 @@ def main() -> None:
     if under is not None and winner is not None:
         under_cost = round(1 - under.metrics["tokens_per_s"] / winner.metrics["tokens_per_s"], 3)
 
-    from tuner.pareto import pareto_front
+    from tuner.results.pareto import pareto_front
 
     objectives = [(o["metric"], o["direction"]) for o in main_study.spec["objectives"]]
     combined_front = pareto_front([*main_study.trials, *constrained.trials], objectives)

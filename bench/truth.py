@@ -153,7 +153,7 @@ def baseline_calls(workload: Any, family: str, case: Any) -> dict[str, Callable[
     import torch
 
     if family == "gemm":
-        from kernels.gemm import torch_matmul
+        from kernels.gemm.gemm import torch_matmul
 
         return {"cublas": lambda: torch_matmul(case.inputs)}
     if family == "attention":
@@ -183,25 +183,26 @@ def baseline_calls(workload: Any, family: str, case: Any) -> dict[str, Callable[
 
 
 def pick_configs(workload: Any, device: Any, count: int) -> list[dict[str, Any]]:
-    """The space's first ``count`` seeds that pass the static check on this device."""
-    from tuner.space import compile_space
+    """Up to ``count`` of the space's seeds that pass the static check on this device, one per kernel variant
+    first (so that every launcher family's host time is measured), then the next seeds in order."""
+    from tuner.study.space import compile_space
 
     space = compile_space(workload.space_document())
-    picked = []
-    for seed in space.seeds:
-        if workload.static_check(seed, device) is None:
-            picked.append(seed)
-        if len(picked) == count:
-            break
-    return picked
+    feasible = [seed for seed in space.seeds if workload.static_check(seed, device) is None]
+    firsts: dict[Any, dict[str, Any]] = {}
+    for seed in feasible:
+        firsts.setdefault(seed.get("kernel"), seed)
+    picked = list(firsts.values())
+    picked += [seed for seed in feasible if all(seed is not p for p in picked)]
+    return picked[:count]
 
 
 def study_export(workload_name: str, args: dict[str, Any], trials: int, name: str) -> dict[str, Any]:
     """Run an N-trial study of the case with the engine (its default search and remeasure) and return its export
     (``tuner export --format json``'s document)."""
     from bench.common import run_study
-    from tuner.export import export_document
-    from tuner.storage import StudyDB
+    from tuner.results.export import export_document
+    from tuner.store.storage import StudyDB
 
     spec = {"name": f"truth-{name}", "workload": workload_name, "args": args,
             "objectives": [{"metric": "latency_ms"}], "budget": {"trials": trials}}  # fmt: skip
@@ -215,8 +216,8 @@ def build_case(name: str, workload_name: str, args: dict[str, Any], family: str,
                exported: list[dict[str, Any]], count: int) -> Case:  # fmt: skip
     """The workload, each config's reported result and its call, and the library's calls. An exported winner's
     reported figures are the export's; a seed's are those of a trial of it run here (``workload.run``)."""
-    from tuner.registry import workload_class
-    from tuner.workload import TrialContext
+    from tuner.workloads.base import TrialContext
+    from tuner.workloads.registry import workload_class
 
     workload = workload_class(workload_name)(**args)
     case = Case(name, workload, family)
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
 
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     watch = Stopwatch(cuda=device.is_gpu)

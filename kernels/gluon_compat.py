@@ -1,6 +1,6 @@
 """Names that Gluon's Hopper API changed between Triton 3.6 (the oldest the project supports) and later releases,
-bound once for the Gluon kernel families (:mod:`kernels.gemm_ws`, :mod:`kernels.quant_gemm_ws` and the
-:mod:`kernels.attention_ws` modules). Empty where Gluon is missing."""
+bound once for the Gluon kernel families (:mod:`kernels.gemm.gemm_ws`, :mod:`kernels.quant.quant_gemm_ws` and the
+:mod:`kernels.attention.attention_ws` modules). Empty where Gluon is missing."""
 
 from __future__ import annotations
 

@@ -19,10 +19,11 @@ forward through ``torch._scaled_mm``) for training, weight-only quantized Linear
 Attention implementations (``attention=``): ``"sdpa"`` (:func:`torch.nn.functional.scaled_dot_product_attention`
 with ``is_causal=True``; the caller picks the backend with ``torch.nn.attention.sdpa_kernel``),
 ``"math"`` (explicit ``softmax(QK^T/sqrt(D)) V`` in the activations' dtype, softmax in fp32) and
-``"triton"`` (the project's flash kernel, :func:`kernels.attention.attention`, bf16/fp16 only;
-where a gradient is needed, through :func:`kernels.attention_grad.flash_attention` and its
+``"triton"`` (the project's flash kernel, :func:`kernels.attention.attention.attention`, bf16/fp16 only;
+where a gradient is needed, through :func:`kernels.attention.attention_grad.flash_attention` and its
 backward kernels) and ``"flash_decode"`` (SDPA as ``"sdpa"``, except that a decode step's attention over the cache
-is :func:`kernels.decode_attention.decode_attention`, split over the cache, which also writes the step's key and
+is :func:`kernels.attention.decode_attention.decode_attention`, split over the cache, which also writes the step's key
+and
 value into it).
 
 KV-cache decoding: :meth:`GPT.init_cache` allocates a :class:`KVCache` (per layer ``k`` and ``v``
@@ -261,10 +262,10 @@ class CausalSelfAttention(nn.Module):
         if q.dtype not in (torch.bfloat16, torch.float16):
             raise RuntimeError(f"attention='triton' needs bf16/fp16 activations, got {q.dtype}")
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-            from kernels.attention_grad import flash_attention
+            from kernels.attention.attention_grad import flash_attention
 
             return flash_attention(q, k, v, causal=True, **TRITON_ATTENTION_CONFIG)
-        from kernels.attention import attention as triton_attention
+        from kernels.attention.attention import attention as triton_attention
 
         return triton_attention(q.contiguous(), k.contiguous(), v.contiguous(), causal=True, **TRITON_ATTENTION_CONFIG)
 
@@ -290,7 +291,7 @@ class CausalSelfAttention(nn.Module):
         self, x: torch.Tensor, cache: KVCache, layer: int, index: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         if self.attention == "flash_decode":  # the kernel writes the step's key and value and attends
-            from kernels.decode_attention import decode_attention
+            from kernels.attention.decode_attention import decode_attention
 
             # a quantized qkv whose split-K partials the attention kernel sums as it loads them (no kernel between)
             partials = self.qkv.partials(x) if hasattr(self.qkv, "partials") else None

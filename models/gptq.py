@@ -1,6 +1,6 @@
 """GPTQ: weight-only quantization that corrects each column's rounding error with the next ones.
 
-Round-to-nearest (:func:`kernels.quant_gemm.quantize_weights`) rounds every weight on its own. GPTQ
+Round-to-nearest (:func:`kernels.quant.quant_gemm.quantize_weights`) rounds every weight on its own. GPTQ
 (Frantar et al., 2023, "GPTQ: Accurate Post-Training Quantization for Generative Pre-trained
 Transformers") quantizes a Linear's input features one after the other and spreads each rounding
 error over the features not yet quantized, weighted by the inverse of the layer's input Hessian
@@ -45,12 +45,12 @@ def gptq_quantize(
 ) -> Any:
     """GPTQ of an fp32 ``(K, N)`` matrix (``K`` input features) under a ``(K, K)`` input Hessian.
 
-    Returns :class:`kernels.quant_gemm.QuantizedWeights` in the layout round-to-nearest produces. With
+    Returns :class:`kernels.quant.quant_gemm.QuantizedWeights` in the layout round-to-nearest produces. With
     ``hessian`` the identity (uncorrelated unit inputs) no error is propagated and the result is
     round-to-nearest's. Raises ValueError for shapes that do not match or a group size that does not
     divide ``K``.
     """
-    from kernels.quant_gemm import BITS, QMAX, QuantizedWeights, pack_int4, quantize_groups
+    from kernels.quant.quant_gemm import BITS, QMAX, QuantizedWeights, pack_int4, quantize_groups
 
     if bits not in BITS:
         raise ValueError(f"bits must be one of {BITS}, got {bits!r}")

@@ -2,16 +2,16 @@
 
 :class:`QuantLinear` holds the weight of an ``nn.Linear`` (``out_features x in_features``)
 transposed to ``(K, N) = (in_features, out_features)`` and quantized by
-:func:`kernels.quant_gemm.quantize_weights` (symmetric, one bf16/fp16 scale per group of
+:func:`kernels.quant.quant_gemm.quantize_weights` (symmetric, one bf16/fp16 scale per group of
 ``group_size`` consecutive input features and per output feature, each scale the clipping of the
 group's maximum with the least squared error). Its forward is ``y = x @ dequant(W) + bias`` with
 fp32 accumulation, returned in x's dtype:
 
 - on a GPU (CUDA tensors, bf16/fp16 activations, Triton compiling for real) through
-  :func:`kernels.quant_gemm.quant_matmul`, with one tile config per product shape: the one
+  :func:`kernels.quant.quant_gemm.quant_matmul`, with one tile config per product shape: the one
   :func:`autotune_tiles` measured on this GPU, else the heuristic :func:`~models.quant_tiles.default_tile`; or, for a
   layer built with ``kernel="packed"`` (:func:`pack_linears`), through
-  :func:`kernels.quant_gemm_packed.packed_matmul` (int32 words, one launch per product), with the tile
+  :func:`kernels.quant.quant_gemm_packed.packed_matmul` (int32 words, one launch per product), with the tile
   set by :meth:`QuantLinear.set_tile` for a row count (what a tuned study found), else
   :func:`~models.quant_tiles.packed_tile`, the H200's measured winners (tile heuristics, candidates and
   their measurement: :mod:`models.quant_tiles`);
@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.runtime import interpreter_active
 from models.quant_tiles import (
     _device_smem_bytes,
     default_tile,
@@ -43,7 +44,6 @@ from models.quant_tiles import (
     tune_packed_tile,
     tune_tile,
 )
-from tuner.workload import interpreter_active
 
 #: Weight bit widths :class:`QuantLinear` supports (16 = not quantized: keep the ``nn.Linear``).
 BITS: tuple[int, ...] = (4, 8)
@@ -60,7 +60,7 @@ _PACKED_SCHEMA = (
 def _packed_call(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int,
                  names: list[str], values: list[int], sum_partials: bool) -> torch.Tensor:  # fmt: skip
     """:func:`~models.quant_tiles.packed_product` of an operator's arguments."""
-    from kernels.quant_gemm_packed import PackedWeights
+    from kernels.quant.quant_gemm_packed import PackedWeights
 
     weights = PackedWeights(qweight, scales, bits, group_size)
     return packed_product(x, weights, dict(zip(names, values, strict=True)), sum_partials=sum_partials)
@@ -69,7 +69,7 @@ def _packed_call(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, b
 @torch.library.custom_op("tuner::packed_linear", mutates_args=(), schema=_PACKED_SCHEMA)
 def packed_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int, group_size: int,
                   names: list[str], values: list[int]) -> torch.Tensor:  # fmt: skip
-    """:func:`kernels.quant_gemm_packed.packed_matmul` (tile ``dict(zip(names, values))``) as an opaque operator:
+    """:func:`kernels.quant.quant_gemm_packed.packed_matmul` (tile ``dict(zip(names, values))``) as an opaque operator:
     torch.compile calls it as it is. Traced as a Triton kernel instead, its non-pure inline PTX (split-K's barrier)
     defeats Inductor's mutation analysis, which then takes every tensor argument, the weights too, as written."""
     return _packed_call(x, qweight, scales, bits, group_size, names, values, sum_partials=True)
@@ -87,7 +87,7 @@ def packed_linear_partials(x: torch.Tensor, qweight: torch.Tensor, scales: torch
 @packed_linear_partials.register_fake
 def _packed_linear_partials_shape(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bits: int,
                                   group_size: int, names: list[str], values: list[int]) -> torch.Tensor:  # fmt: skip
-    from kernels.quant_gemm_packed import partials_dtype
+    from kernels.quant.quant_gemm_packed import partials_dtype
 
     tile = dict(zip(names, values, strict=True))
     dtype = partials_dtype(tile["PARTIALS"], x.dtype)
@@ -134,8 +134,8 @@ class QuantLinear(nn.Module):
     Build it with :meth:`from_linear`. ``use_kernel``: None picks the Triton kernel for CUDA
     bf16/fp16 inputs when the interpreter is off and the torch fallback otherwise; True / False
     force one (True also runs the kernel on CPU tensors under the interpreter, for tests).
-    Buffers: ``qweight`` (int8 in :mod:`kernels.quant_gemm`'s layout for ``kernel="tiled"``, int32
-    words of :mod:`kernels.quant_gemm_packed` for ``kernel="packed"``), ``scales`` (bf16/fp16),
+    Buffers: ``qweight`` (int8 in :mod:`kernels.quant.quant_gemm`'s layout for ``kernel="tiled"``, int32
+    words of :mod:`kernels.quant.quant_gemm_packed` for ``kernel="packed"``), ``scales`` (bf16/fp16),
     ``bias`` (or None); they move with ``.to(device)`` as any buffer does.
     """
 
@@ -178,12 +178,12 @@ class QuantLinear(nn.Module):
         """Quantize ``linear``'s weight (on its device); the bias is kept in ``scale_dtype``.
 
         ``clip_search`` (default on): each group's scale is the clipping of its maximum with the least
-        squared error (:func:`kernels.quant_gemm.quantize_weights`), which matters for int4.
+        squared error (:func:`kernels.quant.quant_gemm.quantize_weights`), which matters for int4.
 
         Raises ValueError when ``group_size`` does not divide ``in_features`` (or is not an even
         power of two) or ``bits`` is not 4 or 8.
         """
-        from kernels.quant_gemm import quantize_weights
+        from kernels.quant.quant_gemm import quantize_weights
 
         if bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits!r}")
@@ -203,12 +203,12 @@ class QuantLinear(nn.Module):
         """``q * scale`` as an fp32 (K, N) = (in_features, out_features) matrix."""
         if self.kernel == "packed":
             return self._packed_weights().dequantize()
-        from kernels.quant_gemm import QuantizedWeights
+        from kernels.quant.quant_gemm import QuantizedWeights
 
         return QuantizedWeights(self.qweight, self.scales, self.bits, self.group_size).dequantize()
 
     def _packed_weights(self) -> Any:
-        from kernels.quant_gemm_packed import PackedWeights
+        from kernels.quant.quant_gemm_packed import PackedWeights
 
         return PackedWeights(self.qweight, self.scales, self.bits, self.group_size)
 
@@ -216,7 +216,7 @@ class QuantLinear(nn.Module):
         """The same layer (values, scales, bias shared) for the packed kernel: its words made from this layout."""
         if self.kernel == "packed":
             return self
-        from kernels.quant_gemm_packed import repack
+        from kernels.quant.quant_gemm_packed import repack
 
         words = repack(self.qweight, self.scales, self.bits, self.group_size).qweight
         return QuantLinear(words, self.scales, self.bias, self.bits, self.group_size, self.use_kernel, "packed")
@@ -245,7 +245,7 @@ class QuantLinear(nn.Module):
     def partials(self, x: torch.Tensor) -> torch.Tensor | None:
         """``x``'s product as its ``SPLIT_K`` partials ``(SPLIT_K, M, N)`` (fp32 or x's dtype) where this layer runs
         it on the packed kernel with a ``PARTIALS`` tile and no bias, for a next operation that sums them itself
-        (:func:`kernels.decode_attention.decode_attention`); None otherwise (call the layer)."""
+        (:func:`kernels.attention.decode_attention.decode_attention`); None otherwise (call the layer)."""
         x2 = x.reshape(-1, self.in_features)
         if self.bias is not None or self.kernel != "packed" or not self._kernel_wanted(x2):
             return None
@@ -277,7 +277,7 @@ class QuantLinear(nn.Module):
             else:
                 y = packed_linear(*args)
         elif self._kernel_wanted(x2):
-            from kernels.quant_gemm import quant_matmul
+            from kernels.quant.quant_gemm import quant_matmul
 
             y = quant_matmul(
                 x2,

@@ -2,8 +2,8 @@
 
 :class:`models.quant_linear.QuantLinear` runs each product with one tile config per row count. Without a
 measurement it takes a heuristic: :func:`default_tile` (tensor cores) or :func:`gemv_tile` (one row) for the
-``tiled`` kernel (:func:`kernels.quant_gemm.quant_matmul`), :func:`packed_tile` (the H200's measured winners
-generalised by shape) for the ``packed`` one (:func:`kernels.quant_gemm_packed.packed_matmul`). Measured, on the
+``tiled`` kernel (:func:`kernels.quant.quant_gemm.quant_matmul`), :func:`packed_tile` (the H200's measured winners
+generalised by shape) for the ``packed`` one (:func:`kernels.quant.quant_gemm_packed.packed_matmul`). Measured, on the
 GPU at hand: :func:`tune_tile` and :func:`tune_packed_tile` time every candidate (:func:`_candidate_tiles`,
 :func:`packed_candidates`, :func:`ws_candidates` for the warp-specialized Gluon kernel, :func:`partial_candidates`
 for split-K tiles whose sums the next operation takes) in a CUDA graph over weight copies rotating through
@@ -47,10 +47,9 @@ def default_tile(m: int, n: int, k: int, bits: int, group_size: int, smem_bytes:
     split-K: at decode sizes (2-8 MB of int4 weights per Linear of a 1B model, microseconds) the
     wrapper's two extra kernels (workspace zeroing and the final copy) cost more than the extra
     programs gain; 4 warps; 4 pipeline stages, fewer when the estimate of
-    :func:`objectives.quant_gemm.shared_memory_bytes` exceeds ``smem_bytes``.
+    :func:`kernels.quant.quant_gemm.shared_memory_bytes` exceeds ``smem_bytes``.
     """
-    from kernels.quant_gemm import MIN_BLOCK_K
-    from objectives.quant_gemm import shared_memory_bytes
+    from kernels.quant.quant_gemm import MIN_BLOCK_K, shared_memory_bytes
 
     if m <= GEMV_MAX_M:
         return gemv_tile(n, k, bits)
@@ -93,7 +92,7 @@ def _candidate_tiles(m: int, n: int, k: int, bits: int) -> list[dict[str, int]]:
     """The tiles :func:`tune_tile` times: GEMV tiles (CUDA cores) up to 8 rows, and ``tl.dot`` tiles of
     16 rows and of M rounded up to a power of two (at most 64), with and without split-K, plain and
     swapped (``SWAP_AB``)."""
-    from kernels.quant_gemm import MIN_BLOCK_K
+    from kernels.quant.quant_gemm import MIN_BLOCK_K
 
     tiles: list[dict[str, int]] = []
     if m <= 8:
@@ -123,25 +122,26 @@ def packed_product(
     sum_partials: bool = True,
 ) -> torch.Tensor:
     """``x @ dequant(weights)`` with a packed-layout tile: ``WS: 1`` names the warp-specialized Gluon kernel
-    (:mod:`kernels.quant_gemm_ws`, the other keys its knobs), any other tile :func:`packed_matmul`'s. A ``PARTIALS``
+    (:mod:`kernels.quant.quant_gemm_ws`, the other keys its knobs), any other tile :func:`packed_matmul`'s. A
+    ``PARTIALS``
     tile's partial products (``out`` unused; fp32, or X's dtype with ``PARTIALS: 2``) are summed here in fp32 with
     ``sum_partials``, else returned as they are, ``(SPLIT_K, M, N)``. A ``TMA: 2`` tile reads X by tensor copies: an
     X without unit stride along K or 16-byte rows is copied to a contiguous one first."""
     if tile.get("TMA") == 2 and (x.stride(-1) != 1 or (x.stride(0) * x.element_size()) % 16):
         x = x.contiguous()
     if tile.get("PARTIALS"):
-        from kernels.quant_gemm_packed import packed_matmul
+        from kernels.quant.quant_gemm_packed import packed_matmul
 
         partials = packed_matmul(x, weights, **tile)
         return partials.sum(0, dtype=torch.float32).to(x.dtype) if sum_partials else partials
     if tile.get("WS") and weights.scales.dtype == x.dtype:
-        from kernels.quant_gemm_ws import ws_quant_matmul
+        from kernels.quant.quant_gemm_ws import ws_quant_matmul
 
         return ws_quant_matmul(x, weights, out=out, **{k: v for k, v in tile.items() if k != "WS"})
     if tile.get("WS"):  # the Gluon kernel takes scales in x's dtype only: the packed kernel's default tile
         m, n, k = x.shape[0], weights.qweight.shape[1], x.shape[1]
         tile = {**packed_tile(m, n, k, weights.bits), **({"ACT": tile["ACT"]} if "ACT" in tile else {})}
-    from kernels.quant_gemm_packed import packed_matmul
+    from kernels.quant.quant_gemm_packed import packed_matmul
 
     return packed_matmul(x, weights, out=out, **tile)
 
@@ -153,13 +153,13 @@ def ws_candidates(
     the product fits its rules (N a multiple of 8, groups of whole spans, shared memory). Each waits for its
     wgmmas a slice pair at a time and, for int4, reads swizzled words (the fastest at every shape measured on an
     H200); rings of 2-3 stages up to 16 rows (deeper ones measured slower there), 3-4 above; none whose
-    accumulators spill (:func:`kernels.quant_ws_rules.accumulators_spill`). ``wide`` (not yet measured on a GPU,
+    accumulators spill (:func:`kernels.quant.quant_ws_rules.accumulators_spill`). ``wide`` (not yet measured on a GPU,
     so not the decode tuner's default): from 32 rows also with X in 64-column boxes (``WIDE_X``), and at 64 rows of
     int4 the ``UNSWAPPED`` tiles, which read X once per 128-256 columns (at 64 rows X's re-reads by every
     64-column slab are four times the int4 words' bytes). ``pdl``: each launched as a programmatic dependent of
     the kernel before it (``PDL: 1``)."""
-    from kernels import quant_gemm_ws
-    from kernels.quant_ws_rules import accumulators_spill, loader_regs
+    from kernels.quant import quant_gemm_ws
+    from kernels.quant.quant_ws_rules import accumulators_spill, loader_regs
 
     if not quant_gemm_ws.available():
         return []
@@ -209,7 +209,7 @@ def _compiling(tiles: list[dict[str, int]], compile_tile: Callable[[dict[str, in
 def _ms_per_product(products: Callable[[], None], copies: int, info: Any) -> float:
     """``products`` (``copies`` products over rotating weight copies) timed inside a CUDA graph (no launch
     overhead, as in a graph-captured decode step): the median in ms per product."""
-    from tuner.measure import time_fn
+    from tuner.workloads.measure import time_fn
 
     timing = time_fn(products, info, warmup_ms=2.0, rep_ms=10.0, min_reps=5, max_reps=50, flush_l2=False,
                      cuda_graph=True, graph_calls=1)  # fmt: skip
@@ -235,8 +235,8 @@ def tune_tile(
     with their workspace zeroing and final copy. The default set's result is cached per GPU and shape
     for the process.
     """
-    from kernels.quant_gemm import compile_only, quant_matmul
-    from tuner.fingerprint import device_info
+    from kernels.quant.quant_gemm import compile_only, quant_matmul
+    from tuner.workloads.fingerprint import device_info
 
     key = (torch.cuda.get_device_name(device), m, n, k, bits, group_size, dtype)
     if candidates is None and key in _TUNED:
@@ -413,9 +413,9 @@ def time_packed_tiles(
     computes the right product (:func:`right_tiles`), as :func:`tune_tile` measures: compiled ahead on a thread
     pool, timed in a CUDA graph over copies of random weights rotating through :data:`ROTATE_BYTES` (each product
     streams its weights from HBM)."""
-    from kernels import quant_gemm_ws
-    from kernels.quant_gemm_packed import PackedWeights, compile_only, pack_factor
-    from tuner.fingerprint import device_info
+    from kernels.quant import quant_gemm_ws
+    from kernels.quant.quant_gemm_packed import PackedWeights, compile_only, pack_factor
+    from tuner.workloads.fingerprint import device_info
 
     precision = "bf16" if dtype == torch.bfloat16 else "fp16"
 

@@ -1,4 +1,4 @@
-"""The ``axpy`` workload: ``out = alpha * x + y`` over ``n`` elements (``kernels/axpy.py``).
+"""The ``axpy`` workload: ``out = alpha * x + y`` over ``n`` elements (``kernels/elementwise/axpy.py``).
 
 The README's example of a new workload: one class on the trial template (``KernelWorkload``) and
 one space file (``search_spaces/axpy.yaml``). Knobs: ``BLOCK`` (elements per program),
@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tuner.kernel_workload import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
-from tuner.workload import DeviceInfo, MetricSpec, missing_params, not_pow2
+from tuner.workloads.base import DeviceInfo, MetricSpec, missing_params, not_pow2
+from tuner.workloads.kernel import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
 
 BYTES_PER_ELEMENT: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}
 #: Largest ``max_rel_error`` per precision: half an ulp of the output (a whole ulp for bf16, whose
@@ -74,7 +74,7 @@ class Axpy(KernelWorkload):
         """x, y (standard normal, rounded to the precision), the fp32 reference and out; built once per precision."""
         import torch
 
-        from kernels.axpy import DTYPES, reference_axpy
+        from kernels.elementwise.axpy import DTYPES, reference_axpy
 
         key = (config["precision"], "cuda" if device.is_gpu else "cpu")
         if key not in self._cases:
@@ -87,12 +87,12 @@ class Axpy(KernelWorkload):
         return [case.out]
 
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
-        from kernels.axpy import axpy
+        from kernels.elementwise.axpy import axpy
 
         axpy(case.x, case.y, self.alpha, case.out, BLOCK=config["BLOCK"], num_warps=config["num_warps"])
 
     def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
-        from kernels.axpy import compile_only
+        from kernels.elementwise.axpy import compile_only
 
         compile_only(self.n, precision=config["precision"], BLOCK=config["BLOCK"], num_warps=config["num_warps"])
 

@@ -1,7 +1,7 @@
 """The ``collective`` workload: one NCCL (or gloo) collective over the ranks of a multi-GPU trial.
 
 A trial of ``world_size`` GPUs runs as ``world_size`` fresh processes that form a
-``torch.distributed`` group for that trial only (:mod:`tuner.gang`), with the config's NCCL
+``torch.distributed`` group for that trial only (:mod:`tuner.run.gang`), with the config's NCCL
 knobs exported as environment variables before the communicator is created (NCCL reads them
 then, several only once per process: a fresh process per trial is the honest way). The knobs
 (``search_spaces/collective.yaml``) are ``NCCL_ALGO``, ``NCCL_PROTO``, ``NCCL_MIN_NCHANNELS``,
@@ -26,7 +26,7 @@ buffer): every sum is an integer <= 252, exact in bf16, so each rank compares it
 with the expected values; the output is NaN-filled first (a launch that writes nothing fails).
 The ranks then agree (a MAX all-reduce of a flag) so that none goes on to the timed calls alone.
 
-Timing: :func:`tuner.measure.time_fn` with a fixed count (``iters`` repetitions, no adaptive rounds:
+Timing: :func:`tuner.workloads.measure.time_fn` with a fixed count (``iters`` repetitions, no adaptive rounds:
 every rank must make the same number of calls) and no L2 flush, after ``warmup_iters`` untimed
 calls and a barrier. Each rank takes the median of its samples; the slowest rank's median
 (a MAX all-reduce) is the latency. Metrics follow nccl-tests: ``algbw = size_bytes / latency``,
@@ -45,12 +45,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from tuner.rank_workload import RankWorkload, agree_on_failure, slowest
-from tuner.template import Checked
-from tuner.workload import DeviceInfo, MetricSpec, comment_text, is_pow2
+from tuner.workloads.base import DeviceInfo, MetricSpec, comment_text, is_pow2
+from tuner.workloads.rank import RankWorkload, agree_on_failure, slowest
+from tuner.workloads.template import Checked
 
 if TYPE_CHECKING:
-    from tuner.measure import Timing
+    from tuner.workloads.measure import Timing
 
 OPS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather")
 #: dtype arg -> (torch dtype attribute, bytes per element, roofline precision)
@@ -308,7 +308,7 @@ class Collective(RankWorkload):
         """``warmup_iters`` untimed calls, a barrier, then exactly ``iters`` timed calls on every rank."""
         import torch.distributed as dist
 
-        from tuner.measure import time_fn
+        from tuner.workloads.measure import time_fn
 
         case.expected = None
         if case.op == "all_reduce":
@@ -382,6 +382,17 @@ class Collective(RankWorkload):
             f"os.environ.update({env!r})\n"
         )
 
+    # ``tuner collective-table`` reaches these through the workload registry (tuner imports no workload).
+    @staticmethod
+    def table_from_db(db: Any, studies: list[str] | None = None) -> list[dict[str, Any]]:
+        """:func:`size_table_from_db`."""
+        return size_table_from_db(db, studies)
+
+    @staticmethod
+    def render_table(rows: list[dict[str, Any]], fmt: str) -> str:
+        """:func:`render_size_table`."""
+        return render_size_table(rows, fmt)
+
 
 # ---------------------------------------------------------------------------------------- helpers shared with ddp_step
 
@@ -452,7 +463,7 @@ def size_table(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def size_table_from_db(db: Any, studies: list[str] | None = None) -> list[dict[str, Any]]:
     """:func:`size_table` of the default picks of the ``collective`` studies in ``db`` (all, or those named)."""
-    from tuner.export import ExportError, export_document
+    from tuner.results.export import ExportError, export_document
 
     rows = db.list_studies()
     chosen = [r for r in rows if r.workload == "collective" and (studies is None or r.name in studies)]

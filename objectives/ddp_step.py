@@ -1,6 +1,6 @@
 """The ``ddp_step`` workload: a data-parallel training step of the GPT in ``models/gpt.py`` over a multi-GPU trial.
 
-Each of the ``world_size`` ranks (processes started by :mod:`tuner.gang`, one per GPU) holds the model
+Each of the ``world_size`` ranks (processes started by :mod:`tuner.run.gang`, one per GPU) holds the model
 wrapped in ``torch.nn.parallel.DistributedDataParallel`` and trains on its shard of the global batch
 (``batch_per_rank`` sequences each); DDP all-reduces the gradients in buckets while backward runs.
 Knobs (``search_spaces/ddp_step.yaml``): ``bucket_cap_mb`` (MB of gradients per all-reduce bucket),
@@ -46,10 +46,10 @@ from objectives.collective import (
     parse_faults,
     set_nccl_env,
 )
-from tuner.measure import Timing, step_intervals_ms, timed_steps
-from tuner.rank_workload import RankWorkload, agree_on_failure, slowest
-from tuner.template import Checked
-from tuner.workload import DeviceInfo, MetricSpec, missing_params
+from tuner.workloads.base import DeviceInfo, MetricSpec, missing_params
+from tuner.workloads.measure import Timing, step_intervals_ms, timed_steps
+from tuner.workloads.rank import RankWorkload, agree_on_failure, slowest
+from tuner.workloads.template import Checked
 
 COMM_HOOKS: tuple[str, ...] = ("none", "bf16", "fp16")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16")

@@ -7,7 +7,7 @@ from typing import Any
 
 from objectives.decode_rules import partials_store
 from objectives.decode_weights import CALIBRATION_LEN, CALIBRATION_SEQUENCES
-from tuner.workload import comment_text
+from tuner.workloads.base import comment_text
 
 
 def decoder_source(e: dict[str, Any]) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from models.config import GPTConfig
-from tuner.workload import DeviceInfo, interpreter_active, missing_params
+from tuner.workloads.base import DeviceInfo, interpreter_active, missing_params
 
 WEIGHT_BITS: tuple[int, ...] = (16, 8, 4)
 KV_DTYPES: tuple[str, ...] = ("bf16", "fp8_e4m3")
@@ -18,7 +18,7 @@ ATTENTION: tuple[str, ...] = ("sdpa", "math", "flash_decode")
 PARAMS: tuple[str, ...] = ("weight_bits", "kv_dtype", "attention", "cuda_graphs")
 QUANTIZERS: tuple[str, ...] = ("rtn", "gptq")
 #: The weight-only GEMM a quantized Linear runs on the GPU (models/quant_linear.py): ``tiled``
-#: (kernels/quant_gemm.py) or ``packed`` (kernels/quant_gemm_packed.py, one launch per product).
+#: (kernels/quant/quant_gemm.py) or ``packed`` (kernels/quant/quant_gemm_packed.py, one launch per product).
 QUANT_KERNELS: tuple[str, ...] = ("tiled", "packed")
 COMPILE_MODES: tuple[str, ...] = ("off", "default")
 #: Where a packed split-K tile's partial products are summed: in the kernel (atomics, the last program writes Y)
@@ -156,8 +156,8 @@ def static_violation(
         if d & (d - 1) or not 16 <= d <= 256:
             return f"attention=flash_decode needs a head_dim that is a power of two in [16, 256], the model has {d}"
         if not device.is_gpu and not interpreter_active():
-            return ("attention=flash_decode runs a Triton kernel (kernels/decode_attention.py): on a CPU only under "
-                    "the interpreter (TRITON_INTERPRET=1)")  # fmt: skip
+            return ("attention=flash_decode runs a Triton kernel (kernels/attention/decode_attention.py): "
+                    "on a CPU only under the interpreter (TRITON_INTERPRET=1)")  # fmt: skip
     if config.get("compile") is not None and config["compile"] not in COMPILE_MODES:
         return f"compile must be one of {COMPILE_MODES}, got {config['compile']!r}"
     sums = config.get("split_sums")
@@ -203,7 +203,7 @@ def _quant_kernel_reason(kernel: Any, bits: int, cfg: GPTConfig) -> str | None:
         return f"quant_kernel must be one of {QUANT_KERNELS}, got {kernel!r}"
     if bits == 16:
         return "quant_kernel applies to quantized weights only (weight_bits < 16)"
-    span = 16 * 32 // bits  # the packed layout's K span (kernels/quant_gemm_packed.py)
+    span = 16 * 32 // bits  # the packed layout's K span (kernels/quant/quant_gemm_packed.py)
     if kernel == "packed":
         for name, k in (("d_model", cfg.d_model), ("d_ff", cfg.ff)):
             if k % span:

@@ -28,11 +28,11 @@ weights need 0.41 ms at HBM speed: the step is bound by kernel count, not bytes.
 224 / 300 kernels and 1.25 / 1.34 x faster (bf16 / int4 group 128; ``bench/decode_overhead_probe.py``,
 ``bench/results/decode-overhead-h200.json``). The first compiled step takes 10-25 s.
 
-Why no ``attention: triton``: the project's flash kernel (``kernels/attention.py``) takes query
+Why no ``attention: triton``: the project's flash kernel (``kernels/attention/attention.py``) takes query
 and key blocks of one length with the causal diagonal at their start; a decode step has one query
 over a cache of ``max_len`` positions masked at a device-side ``pos`` (static shapes for CUDA
 graphs), which it cannot express, and ``GPT.decode`` runs ``attention="triton"`` through SDPA
-anyway. ``attention: flash_decode`` is the decode step's own kernel (:mod:`kernels.decode_attention`):
+anyway. ``attention: flash_decode`` is the decode step's own kernel (:mod:`kernels.attention.decode_attention`):
 the cache split over the SMs, positions past ``pos`` never read, the step's key and value written into
 the cache by the same kernel, an fp8 cache read as fp8 (half the bytes; the SDPA path dequantizes the
 layer's whole cache to bf16 first). Outside the default space until measured on a GPU.
@@ -85,8 +85,8 @@ from models.config import GPTConfig, model_flops_per_token, resolve_config
 from objectives import decode_rules as rules
 from objectives.decode_models import DecodeModels, _Reference
 from objectives.decode_weights import gptq_model
-from tuner.template import Checked, MeasuredWorkload
-from tuner.workload import DeviceInfo, MetricSpec
+from tuner.workloads.base import DeviceInfo, MetricSpec
+from tuner.workloads.template import Checked, MeasuredWorkload
 
 #: Default floor of ``top1_agreement`` below which a config is a NUMERICS_FAIL (see the module docstring).
 MIN_TOP1_AGREEMENT = 0.5
@@ -240,7 +240,7 @@ class DecodeStep(MeasuredWorkload):
 
     def space_document(self) -> dict[str, Any]:
         """The space file; with the ``batch`` arg set, without the ``batch`` param (and seeds deduplicated)."""
-        from tuner.space import load_space_file
+        from tuner.study.space import load_space_file
 
         document = load_space_file(self.space_file)
         if self.batch is None:

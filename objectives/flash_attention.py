@@ -1,11 +1,13 @@
-"""The ``flash_attention`` workload: one fused attention forward with the Triton kernel of ``kernels/attention.py``.
+"""The ``flash_attention`` workload: one fused attention forward with the Triton kernel of
+``kernels/attention/attention.py``.
 
 Args (the shape, fixed for a study): ``batch``, ``heads``, ``seq_len``,
 ``head_dim`` (64 or 128), ``causal`` and ``seed``. Knobs: ``kernel`` (the
 variant: ``tutorial``, the one-program-per-query-block kernel of
-``kernels/attention.py``; ``persistent_tma`` / ``persistent_tma_ws``, the persistent,
-causal-balanced TMA kernel of ``kernels/attention_persistent.py`` without / with warp
-specialization; ``gluon_ws``, the Gluon kernel of ``kernels/attention_ws.py`` with a TMA loader warp and two or three
+``kernels/attention/attention.py``; ``persistent_tma`` / ``persistent_tma_ws``, the persistent,
+causal-balanced TMA kernel of ``kernels/attention/attention_persistent.py`` without / with warp
+specialization; ``gluon_ws``, the Gluon kernel of ``kernels/attention/attention_ws.py`` with a TMA loader warp and two
+or three
 consumer warpgroups (CONSUMERS; three at head_dim 64 only), sm_90 only: BLOCK_M 128 and 4 warps per consumer fixed,
 num_stages its K/V stages, OVERLAP its intra-warpgroup overlap, ONE_LOOP its key blocks in one loop, CHAIN a
 persistent program's tiles as one overlapped stream, EPILOGUE how its output tile is stored, RELEASE_K a K slot
@@ -28,18 +30,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernels.attention_ws_rules import KNOBS, knob_conflict
-from tuner.kernel_workload import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
-from tuner.workload import DeviceInfo, MetricSpec, comment_text, interpreter_active, is_pow2, missing_params
+from kernels.attention.attention_ws_rules import KNOBS, knob_conflict
+from tuner.workloads.base import DeviceInfo, MetricSpec, comment_text, interpreter_active, is_pow2, missing_params
+from tuner.workloads.kernel import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
 #: The kernel variants (the ``kernel`` knob; a config without it is ``tutorial``) and the function each configures.
 KERNELS: dict[str, str] = {
-    "tutorial": "kernels.attention.attention",
-    "persistent_tma": "kernels.attention_persistent.attention_persistent",
-    "persistent_tma_ws": "kernels.attention_persistent.attention_persistent",
-    "gluon_ws": "kernels.attention_ws.attention_ws",
+    "tutorial": "kernels.attention.attention.attention",
+    "persistent_tma": "kernels.attention.attention_persistent.attention_persistent",
+    "persistent_tma_ws": "kernels.attention.attention_persistent.attention_persistent",
+    "gluon_ws": "kernels.attention.attention_ws.attention_ws",
 }
 PERSISTENT: tuple[str, ...] = ("persistent_tma", "persistent_tma_ws")
 #: Programs of the persistent kernel under the interpreter (no SMs to count): several, so tiles are shared.
@@ -129,7 +131,7 @@ def check_numerics(out: Any, ref: Any, precision: str) -> NumericsCheck:
     """
     import torch
 
-    from kernels.gemm import max_rel_error
+    from kernels.gemm.gemm import max_rel_error
 
     non_finite = int((~torch.isfinite(out)).sum())
     if non_finite:
@@ -168,7 +170,9 @@ class FlashAttention(KernelWorkload):
         LATENCY_METRIC,
         *TIMING_METRICS,
     )
-    description = "Triton flash attention forward (kernels/attention.py): tiles, warps, stages, TMA, bf16/fp16"
+    description = (
+        "Triton flash attention forward (kernels/attention/attention.py): tiles, warps, stages, TMA, bf16/fp16"
+    )
 
     def __init__(
         self,
@@ -263,7 +267,7 @@ class FlashAttention(KernelWorkload):
                     f"{device.name} has {device.smem_per_block_bytes} per block"
                 )
         if precision == "bf16" and (not device.is_gpu or interpreter_active()):
-            # Triton 3.9's interpreter computes bf16 tl.dot wrongly (see kernels/attention.py).
+            # Triton 3.9's interpreter computes bf16 tl.dot wrongly (see kernels/attention/attention.py).
             return "bf16 is not checked under the Triton interpreter (it computes bf16 products wrongly)"
         if device.is_gpu and device.compute_capability is not None:
             for feature, enabled in ((precision, True), ("use_tma", use_tma or persistent)):
@@ -304,8 +308,8 @@ class FlashAttention(KernelWorkload):
         capability = tuple(device.compute_capability or (0, 0))
         if capability[0] != 9:
             return f"gluon_ws needs compute capability 9.x (wgmma), {device.name} has {capability[0]}.{capability[1]}"
-        from kernels.attention_ws import available
-        from kernels.attention_ws_rules import check_config
+        from kernels.attention.attention_ws import available
+        from kernels.attention.attention_ws_rules import check_config
 
         if not available():
             return "gluon_ws needs Triton's Gluon (triton.experimental.gluon, Triton >= 3.6)"
@@ -333,16 +337,16 @@ class FlashAttention(KernelWorkload):
 
     def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
         """Compile for the calling thread's current CUDA device without launching (``compile_only``)."""
-        from kernels.attention import compile_only
+        from kernels.attention.attention import compile_only
 
         if config.get("kernel") == "gluon_ws":
-            from kernels.attention_ws import compile_only as compile_ws
+            from kernels.attention.attention_ws import compile_only as compile_ws
 
             compile_ws(self.batch, self.heads, self.seq_len, self.head_dim, causal=self.causal,
                        precision=config["precision"], **self._gluon_ws_kwargs(config))  # fmt: skip
             return
         if config.get("kernel", "tutorial") != "tutorial":
-            from kernels.attention_persistent import compile_only as compile_persistent
+            from kernels.attention.attention_persistent import compile_only as compile_persistent
 
             compile_persistent(
                 self.batch, self.heads, self.seq_len, self.head_dim, causal=self.causal,
@@ -409,7 +413,8 @@ class FlashAttention(KernelWorkload):
         }
 
     def export_python(self, config: dict[str, Any]) -> str:
-        """A call of the variant's function (``kernels.attention.attention`` or the persistent one), ready to paste."""
+        """A call of the variant's function (``kernels.attention.attention.attention`` or the persistent one), ready to
+        paste."""
         exported = self.export_config(config)
         kwargs = exported["kwargs"]
         causal = "causal" if self.causal else "non-causal"
@@ -447,15 +452,15 @@ class FlashAttention(KernelWorkload):
 
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
         """One launch of the config's kernel, writing ``case.out``: the only way ``run`` calls the kernel."""
-        from kernels.attention import attention
+        from kernels.attention.attention import attention
 
         if config.get("kernel") == "gluon_ws":
-            from kernels.attention_ws import attention_ws
+            from kernels.attention.attention_ws import attention_ws
 
             attention_ws(case.q, case.k, case.v, causal=self.causal, out=case.out, **self._gluon_ws_kwargs(config))
             return
         if config.get("kernel", "tutorial") != "tutorial":
-            from kernels.attention_persistent import attention_persistent
+            from kernels.attention.attention_persistent import attention_persistent
 
             attention_persistent(
                 case.q, case.k, case.v, causal=self.causal, out=case.out,
@@ -519,7 +524,7 @@ class FlashAttention(KernelWorkload):
             return case
         import torch
 
-        from kernels.attention import make_masters, quantize, reference_attention
+        from kernels.attention.attention import make_masters, quantize, reference_attention
 
         masters = self._masters.get(torch_device)
         if masters is None:

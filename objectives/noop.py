@@ -25,7 +25,7 @@ import os
 import time
 from typing import Any, ClassVar
 
-from tuner.workload import DeviceInfo, MetricSpec, TrialContext, TrialResult, TrialStatus, Workload
+from tuner.workloads.base import DeviceInfo, MetricSpec, TrialContext, TrialResult, TrialStatus, Workload
 
 FAULTS = ("hang", "exit", "exit_once", "segfault", "raise", "oom", "out_of_resources", "wrong")
 

@@ -1,4 +1,4 @@
-"""The ``quant_gemm`` workload: weight-only quantized ``Y = X @ dequant(W)`` with ``kernels/quant_gemm.py``.
+"""The ``quant_gemm`` workload: weight-only quantized ``Y = X @ dequant(W)`` with ``kernels/quant/quant_gemm.py``.
 
 Knobs: weight ``bits`` (int4 / int8), ``group_size`` (K rows per scale), the
 activation ``precision`` (bf16 / fp16), BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
@@ -30,9 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.kernel_workload import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
-from tuner.measure import L2_FLUSH_BYTES
-from tuner.workload import (
+from tuner.workloads.base import (
     DeviceInfo,
     MetricSpec,
     interpreter_active,
@@ -42,11 +40,13 @@ from tuner.workload import (
     timing_comparable,
     triton_configs_python,
 )
+from tuner.workloads.kernel import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
+from tuner.workloads.measure import L2_FLUSH_BYTES
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
-#: Kernel variants: ``tiled`` is kernels/quant_gemm.py (byte-packed weights, BLOCK_K tiles, SWAP_AB),
-#: ``packed`` kernels/quant_gemm_packed.py (K-interleaved int32 words, inline-PTX int4 decode, split-K
-#: reduced in the kernel, BLOCK_M 1 = GEMV), ``ws`` kernels/quant_gemm_ws.py (the packed words; Gluon, a TMA
+#: Kernel variants: ``tiled`` is kernels/quant/quant_gemm.py (byte-packed weights, BLOCK_K tiles, SWAP_AB),
+#: ``packed`` kernels/quant/quant_gemm_packed.py (K-interleaved int32 words, inline-PTX int4 decode, split-K
+#: reduced in the kernel, BLOCK_M 1 = GEMV), ``ws`` kernels/quant/quant_gemm_ws.py (the packed words; Gluon, a TMA
 #: loader warp and a decoding warpgroup on the tensor cores, Hopper only). A config without ``kernel`` is
 #: ``tiled`` (older studies).
 KERNELS: tuple[str, ...] = ("tiled", "packed", "ws")
@@ -55,7 +55,7 @@ KERNELS: tuple[str, ...] = ("tiled", "packed", "ws")
 WS_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_stages", "PROGRAMS_PER_SM")
 WS_FLAGS: tuple[str, ...] = ("SCALE_ACC", "SWIZZLE", "SLICE_WAIT")
 PACKED_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "SPLIT_K", "num_warps", "num_stages")
-#: The packed layout's K span per bit width and its smallest tensor-core BLOCK_M (kernels/quant_gemm_packed.py
+#: The packed layout's K span per bit width and its smallest tensor-core BLOCK_M (kernels/quant/quant_gemm_packed.py
 #: ``span`` and ``DOT_MIN_M``; a test keeps them equal).
 PACKED_SPAN: dict[int, int] = {4: 128, 8: 64}
 PACKED_DOT_MIN_M = 16
@@ -106,23 +106,6 @@ def packed_shared_memory_bytes(values: dict[str, int]) -> int:
     )
 
 
-def shared_memory_bytes(config: dict[str, Any]) -> int:
-    """Estimated shared memory of a config, in bytes (the space's ``shared_memory`` rule computes the same).
-
-    In the K loop each pipeline stage holds an X tile (2 bytes per element), a packed weight tile (bits / 8
-    bytes) and the scales it needs (one row, or one row per stored weight row when BLOCK_K > group_size);
-    the decoded 16-bit weight tile is staged once more for ``tl.dot`` (wgmma reads it from shared memory).
-    After the loop the accumulator's layout conversion for the store reuses the space (<= 4 bytes per
-    element). An upper bound: of 114 configs of the default space compiled for sm_90 with Triton 3.9 (which
-    needs no GPU), none needed more; not yet checked against Triton 3.6 on the H200.
-    """
-    bm, bn, bk = int(config["BLOCK_M"]), int(config["BLOCK_N"]), int(config["BLOCK_K"])
-    bits, group = int(config["bits"]), int(config["group_size"])
-    scale_rows = bk * bits // 8 if bk > group else 1
-    per_stage = bm * bk * 2 + bk * bn * bits // 8 + bn * 2 * scale_rows
-    return max(int(config["num_stages"]) * per_stage + bk * bn * 2, bm * bn * 4)
-
-
 @dataclass(frozen=True)
 class NumericsCheck:
     """Outcome of comparing one output with the references (errors relative to ``max|ref|``)."""
@@ -143,7 +126,7 @@ def check_numerics(out: Any, ref: Any, dequant_ref: Any, bits: int, precision: s
     """
     import torch
 
-    from kernels.gemm import max_rel_error
+    from kernels.gemm.gemm import max_rel_error
 
     non_finite = int((~torch.isfinite(out)).sum())
     if non_finite:
@@ -176,7 +159,7 @@ class _Case:
     """Operands, references and output buffers of one (bits, group_size, precision) on one device."""
 
     x: Any  # (M, K) activations
-    weights: list[Any]  # identical kernels.quant_gemm.QuantizedWeights copies; launches rotate over them
+    weights: list[Any]  # identical kernels.quant.quant_gemm.QuantizedWeights copies; launches rotate over them
     ref: Any  # fp32 product with the unquantized 16-bit weights
     dequant_ref: Any  # fp32 product with the dequantized weights
     out: Any  # (M, N) in the activation dtype
@@ -209,7 +192,7 @@ class QuantGemm(KernelWorkload):
             "max|Y - Y_ref| / max|Y_ref|, Y_ref = fp32 product of the 16-bit activations and unquantized weights",
         ),
     )
-    description = "Weight-only int4/int8 GEMM (kernels/quant_gemm.py): group size, tiles, split-K, warps, stages"
+    description = "Weight-only int4/int8 GEMM (kernels/quant/quant_gemm.py): group size, tiles, split-K, warps, stages"
 
     def __init__(self, m: int, n: int, k: int, seed: int = 0, timing: str = "eager") -> None:
         for arg, value in (("m", m), ("n", n), ("k", k)):
@@ -289,6 +272,8 @@ class QuantGemm(KernelWorkload):
         reason = _precision_reason(precision, device)
         if reason:
             return reason
+        from kernels.quant.quant_gemm import shared_memory_bytes
+
         smem = shared_memory_bytes({**config, **values})
         if device.smem_per_block_bytes is not None and smem > device.smem_per_block_bytes:
             return f"needs ~{smem} bytes of shared memory, {device.name} allows {device.smem_per_block_bytes}"
@@ -353,7 +338,7 @@ class QuantGemm(KernelWorkload):
         return None
 
     def _ws_static_check(self, config: dict[str, Any], device: DeviceInfo) -> str | None:
-        """The Gluon kernel's rules (:func:`kernels.quant_ws_rules.check_config`, pure Python) and its device: a
+        """The Gluon kernel's rules (:func:`kernels.quant.quant_ws_rules.check_config`, pure Python) and its device: a
         Hopper GPU, compiled (Gluon has no interpreter)."""
         reason = missing_params(config, (*QUANT_PARAMS, *WS_PARAMS))
         if reason:
@@ -368,7 +353,7 @@ class QuantGemm(KernelWorkload):
         cc = device.compute_capability
         if not device.is_gpu or interpreter_active() or cc is None or tuple(cc) < (9, 0):
             return f"kernel ws (Gluon, wgmma and TMA) runs only compiled on a Hopper GPU (sm_90), not on {device.name}"
-        from kernels.quant_ws_rules import check_config
+        from kernels.quant.quant_ws_rules import check_config
 
         reason = check_config(self.m, self.n, self.k, bits, group, **knobs)
         if reason:
@@ -380,19 +365,19 @@ class QuantGemm(KernelWorkload):
     def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
         """Compile for the calling thread's current CUDA device without launching (``compile_only``)."""
         if config.get("kernel") == "ws":
-            from kernels.quant_gemm import ACT_DTYPES
-            from kernels.quant_gemm_ws import compile_only as compile_ws
+            from kernels.quant.quant_gemm import ACT_DTYPES
+            from kernels.quant.quant_gemm_ws import compile_only as compile_ws
 
             compile_ws(self.m, self.n, self.k, bits=int(config["bits"]), group_size=int(config["group_size"]),
                        precision=ACT_DTYPES[config["precision"]], **self._ws_knobs(config))  # fmt: skip
             return
         if config.get("kernel") == "packed":
-            from kernels.quant_gemm_packed import compile_only as compile_packed
+            from kernels.quant.quant_gemm_packed import compile_only as compile_packed
 
             compile_packed(self.m, self.n, self.k, precision=config["precision"], bits=int(config["bits"]),
                            group_size=int(config["group_size"]), **self._packed_tile(config))  # fmt: skip
             return
-        from kernels.quant_gemm import compile_only
+        from kernels.quant.quant_gemm import compile_only
 
         compile_only(
             self.m,
@@ -411,16 +396,16 @@ class QuantGemm(KernelWorkload):
         weights = case.weights[case.next_copy]
         case.next_copy = (case.next_copy + 1) % len(case.weights)
         if config.get("kernel") == "packed":
-            from kernels.quant_gemm_packed import packed_matmul
+            from kernels.quant.quant_gemm_packed import packed_matmul
 
             packed_matmul(case.x, weights, out=case.out, **self._packed_tile(config))
             return
         if config.get("kernel") == "ws":
-            from kernels.quant_gemm_ws import ws_quant_matmul
+            from kernels.quant.quant_gemm_ws import ws_quant_matmul
 
             ws_quant_matmul(case.x, weights, out=case.out, **self._ws_knobs(config))
             return
-        from kernels.quant_gemm import quant_matmul
+        from kernels.quant.quant_gemm import quant_matmul
 
         quant_matmul(
             case.x,
@@ -461,7 +446,7 @@ class QuantGemm(KernelWorkload):
             knobs = self._ws_knobs(config)
             return {
                 "kernel": "ws",
-                "function": "kernels.quant_gemm_ws.ws_quant_matmul",
+                "function": "kernels.quant.quant_gemm_ws.ws_quant_matmul",
                 "kwargs": knobs,
                 "num_warps": 4,
                 "num_stages": knobs["NUM_STAGES"],
@@ -473,7 +458,7 @@ class QuantGemm(KernelWorkload):
             tile = self._packed_tile(config)
             return {
                 "kernel": "packed",
-                "function": "kernels.quant_gemm_packed.packed_matmul",
+                "function": "kernels.quant.quant_gemm_packed.packed_matmul",
                 "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "SPLIT_K", "PREFETCH", "TMA", "SWAP", "STREAM")},
                 "num_warps": tile["num_warps"],
                 "num_stages": tile["num_stages"],
@@ -484,7 +469,7 @@ class QuantGemm(KernelWorkload):
         tile = self._tile(config)
         return {
             "kernel": "tiled",
-            "function": "kernels.quant_gemm.quant_matmul",
+            "function": "kernels.quant.quant_gemm.quant_matmul",
             "kwargs": {p: tile[p] for p in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "SWAP_AB") if p in tile},
             "num_warps": tile["num_warps"],
             "num_stages": tile["num_stages"],
@@ -494,7 +479,7 @@ class QuantGemm(KernelWorkload):
         }
 
     def export_python(self, config: dict[str, Any]) -> str:
-        """The quantization settings and a ``triton.Config`` list for ``kernels.quant_gemm.quant_matmul``."""
+        """The quantization settings and a ``triton.Config`` list for ``kernels.quant.quant_gemm.quant_matmul``."""
         exported = self.export_config(config)
         quant = {key: exported[key] for key in ("bits", "group_size", "precision")}
         comment = (
@@ -505,8 +490,8 @@ class QuantGemm(KernelWorkload):
             return (
                 f"# {comment}\n"
                 f"quantization = {quant!r}\n"
-                "# weights = kernels.quant_layout.quantize_packed(w, bits, group_size, scale_dtype=x.dtype)\n"
-                "# y = kernels.quant_gemm_ws.ws_quant_matmul(x, weights, **kwargs)\n"
+                "# weights = kernels.quant.quant_layout.quantize_packed(w, bits, group_size, scale_dtype=x.dtype)\n"
+                "# y = kernels.quant.quant_gemm_ws.ws_quant_matmul(x, weights, **kwargs)\n"
                 f"kwargs = {exported['kwargs']!r}\n"
             )
         return triton_configs_python(comment, exported, preamble=f"quantization = {quant!r}\n")
@@ -525,7 +510,7 @@ class QuantGemm(KernelWorkload):
     def _ws_knobs(config: dict[str, Any]) -> dict[str, int]:
         """The Gluon kernel's knobs: BLOCK_M 1 is its 8-row tile, the ring ``num_stages`` deep, the loader's
         registers 24 at three or more programs an SM (else 40), the optional flags off when absent."""
-        from kernels.quant_ws_rules import loader_regs
+        from kernels.quant.quant_ws_rules import loader_regs
 
         programs = int(config["PROGRAMS_PER_SM"])
         return {
@@ -564,8 +549,8 @@ class QuantGemm(KernelWorkload):
             return case
         import torch
 
-        from kernels.gemm import reference_matmul
-        from kernels.quant_gemm import ACT_DTYPES, quantize_weights, reference_quant_matmul
+        from kernels.gemm.gemm import reference_matmul
+        from kernels.quant.quant_gemm import ACT_DTYPES, quantize_weights, reference_quant_matmul
 
         dtype = ACT_DTYPES[precision]
         masters = self._masters.get(torch_device)
@@ -584,7 +569,7 @@ class QuantGemm(KernelWorkload):
         weights = quantize_weights(w_master, bits, group, scale_dtype=dtype)
         dequant_ref = reference_quant_matmul(x, weights)
         if layout == "packed":
-            from kernels.quant_gemm_packed import repack
+            from kernels.quant.quant_gemm_packed import repack
 
             weights = repack(weights.qweight, weights.scales, bits, group)  # the same values and scales
         copies = 1

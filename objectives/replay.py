@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tuner.workload import DeviceInfo, MetricSpec, TrialContext, TrialResult, TrialStatus, Workload, is_pow2
+from tuner.workloads.base import DeviceInfo, MetricSpec, TrialContext, TrialResult, TrialStatus, Workload, is_pow2
 
 FORMAT = 1
 #: Where a relative ``file`` is also looked for: the repository root (Ray workers may run elsewhere).

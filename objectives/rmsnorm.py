@@ -1,4 +1,4 @@
-"""The ``rmsnorm`` workload: RMSNorm over the last dim of a rows x cols tensor (``kernels/rmsnorm.py``).
+"""The ``rmsnorm`` workload: RMSNorm over the last dim of a rows x cols tensor (``kernels/norms/rmsnorm.py``).
 
 Also home of :class:`RowWiseWorkload`, the base shared with ``softmax`` (``objectives/softmax.py``):
 both are memory-bound row-wise kernels with the same knobs (BLOCK columns per step, num_warps,
@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tuner.kernel_workload import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
-from tuner.workload import DeviceInfo, MetricSpec, missing_params, not_pow2, triton_configs_python
+from tuner.workloads.base import DeviceInfo, MetricSpec, missing_params, not_pow2, triton_configs_python
+from tuner.workloads.kernel import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK", "ROWS_PER_PROGRAM", "num_warps", "num_stages")
@@ -80,7 +80,7 @@ def check_numerics(out: Any, ref: Any, operand_ref: Any | None, precision: str) 
     """
     import torch
 
-    from kernels.rmsnorm import row_rel_error
+    from kernels.norms.rmsnorm import row_rel_error
 
     non_finite = int((~torch.isfinite(out)).sum())
     if non_finite:
@@ -250,7 +250,7 @@ LATENCY_METRIC,
 
 
 class RMSNorm(RowWiseWorkload):
-    """``y = x / sqrt(mean(x^2, -1) + eps) * w`` with the Triton kernel of ``kernels/rmsnorm.py``.
+    """``y = x / sqrt(mean(x^2, -1) + eps) * w`` with the Triton kernel of ``kernels/norms/rmsnorm.py``.
 
     Args: ``rows``, ``cols`` (positive ints), ``eps`` (finite float >= 0, default 1e-6) and
     ``seed`` (int, default 0) for the fp32 masters: x standard normal, w = 1 + 0.5 * N(0, 1).
@@ -258,7 +258,9 @@ class RMSNorm(RowWiseWorkload):
 
     name = "rmsnorm"
     space_file = "rmsnorm.yaml"
-    description = "Triton RMSNorm over the last dim (kernels/rmsnorm.py): BLOCK, rows per program, warps, precision"
+    description = (
+        "Triton RMSNorm over the last dim (kernels/norms/rmsnorm.py): BLOCK, rows per program, warps, precision"
+    )
     kernel_name = "rmsnorm"
     #: x*x, the sum's add, the scale by rstd and by the weight.
     flops_per_element = 4
@@ -276,7 +278,7 @@ class RMSNorm(RowWiseWorkload):
     def _build_case(self, precision: str, torch_device: str) -> _Case:
         import torch
 
-        from kernels.rmsnorm import DTYPES, make_masters, reference_rmsnorm
+        from kernels.norms.rmsnorm import DTYPES, make_masters, reference_rmsnorm
 
         x_master, w_master = make_masters(self.rows, self.cols, torch_device, self.seed)
         ref = reference_rmsnorm(x_master, w_master, self.eps)
@@ -286,12 +288,12 @@ class RMSNorm(RowWiseWorkload):
         return _Case((x, w), ref, operand_ref, out)
 
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
-        from kernels.rmsnorm import rmsnorm
+        from kernels.norms.rmsnorm import rmsnorm
 
         x, w = case.inputs
         rmsnorm(x, w, precision=config["precision"], eps=self.eps, out=case.out, **self._tile(config))
 
     def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
-        from kernels.rmsnorm import compile_only
+        from kernels.norms.rmsnorm import compile_only
 
         compile_only(self.rows, self.cols, precision=config["precision"], eps=self.eps, **self._tile(config))

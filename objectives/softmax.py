@@ -1,4 +1,4 @@
-"""The ``softmax`` workload: numerically stable softmax over the last dim (``kernels/softmax.py``).
+"""The ``softmax`` workload: numerically stable softmax over the last dim (``kernels/norms/softmax.py``).
 
 Knobs, metrics and numerics check are those of :class:`objectives.rmsnorm.RowWiseWorkload`: BLOCK,
 ROWS_PER_PROGRAM, num_warps, num_stages and precision (fp32/fp16/bf16 input and output, fp32 math);
@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 from objectives.rmsnorm import TOLERANCE_VS_OPERANDS, RowWiseWorkload, _Case
-from tuner.workload import DeviceInfo
+from tuner.workloads.base import DeviceInfo
 
 
 class Softmax(RowWiseWorkload):
-    """``y = softmax(x, dim=-1)`` (row max subtracted) with the Triton kernel of ``kernels/softmax.py``.
+    """``y = softmax(x, dim=-1)`` (row max subtracted) with the Triton kernel of ``kernels/norms/softmax.py``.
 
     Args: ``rows``, ``cols`` (positive ints) and ``seed`` (int, default 0) for the fp32 master x
     (standard normal).
@@ -22,7 +22,9 @@ class Softmax(RowWiseWorkload):
 
     name = "softmax"
     space_file = "softmax.yaml"
-    description = "Triton softmax over the last dim (kernels/softmax.py): BLOCK, rows per program, warps, precision"
+    description = (
+        "Triton softmax over the last dim (kernels/norms/softmax.py): BLOCK, rows per program, warps, precision"
+    )
     kernel_name = "softmax"
     #: The max's compare, x - max, exp, the sum's add and the scale by 1/sum.
     flops_per_element = 5
@@ -30,7 +32,7 @@ class Softmax(RowWiseWorkload):
     def _build_case(self, precision: str, torch_device: str) -> _Case:
         import torch
 
-        from kernels.softmax import DTYPES, make_input, reference_softmax
+        from kernels.norms.softmax import DTYPES, make_input, reference_softmax
 
         x_master = make_input(self.rows, self.cols, torch_device, self.seed)
         ref = reference_softmax(x_master)
@@ -39,12 +41,12 @@ class Softmax(RowWiseWorkload):
         return _Case((x,), ref, operand_ref, torch.empty_like(x))
 
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
-        from kernels.softmax import softmax
+        from kernels.norms.softmax import softmax
 
         (x,) = case.inputs
         softmax(x, precision=config["precision"], out=case.out, **self._tile(config))
 
     def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
-        from kernels.softmax import compile_only
+        from kernels.norms.softmax import compile_only
 
         compile_only(self.rows, self.cols, precision=config["precision"], **self._tile(config))

@@ -7,7 +7,7 @@ autocast with ``torch.amp.GradScaler``, fp8 block Linears through ``torch._scale
 backward -- :class:`models.gpt.Fp8Linear`), ``checkpoint`` (activation checkpointing of every k-th
 block, 0 = none), ``compile`` (``torch.compile`` mode or "off"), ``attention`` (SDPA with torch's
 pick, SDPA with one forced backend, the explicit "math" softmax, or "triton": the project's flash
-kernel with its backward, ``kernels/attention_grad.py``) and ``optimizer`` (AdamW with
+kernel with its backward, ``kernels/attention/attention_grad.py``) and ``optimizer`` (AdamW with
 ``foreach=True`` or ``fused=True``).
 
 One trial: a fresh model from ``seed`` and its optimizer; ``warmup_steps`` untimed steps (they
@@ -18,7 +18,7 @@ Metrics:
 
 - ``tokens_per_s`` = ``global_batch * seq_len`` / median step time; ``step_ms`` the median step time.
 - ``mfu`` = ``model_flops_per_token(training=True) * tokens_per_s`` / the dense peak of the GPU for
-  the precision (``tuner.roofline.PEAK_TFLOPS``). fp8 runs a third of its FLOPs in fp8 (the block
+  the precision (``tuner.workloads.roofline.PEAK_TFLOPS``). fp8 runs a third of its FLOPs in fp8 (the block
   Linears' forward) and the rest in bf16, so its peak is the harmonic mix
   ``1 / (1/(3 P_fp8) + 2/(3 P_bf16))``. 0.0 where no peak is known (a CPU, an unknown GPU).
 - ``peak_mem_gb`` (1e9 bytes): on a GPU ``torch.cuda.max_memory_allocated()`` over the timed steps
@@ -33,7 +33,7 @@ Metrics:
   sign is noise), so minimizing the signed delta would reward the drift.
 
 Timing: a training step changes the model, so the stopwatch repetitions of
-:func:`tuner.measure.time_fn` (adaptive count, L2 flushes) do not fit; instead the ``steps`` timed
+:func:`tuner.workloads.measure.time_fn` (adaptive count, L2 flushes) do not fit; instead the ``steps`` timed
 steps run back to back, with a CUDA event recorded between consecutive steps (``time.perf_counter``
 on a CPU) and one synchronization at the end: ``samples_ms`` holds the per-step times.
 
@@ -61,9 +61,9 @@ from typing import Any
 
 from models.config import PRESETS, GPTConfig, model_flops_per_token, resolve_config
 from objectives.train_export import trainer_source
-from tuner.measure import Timing, step_intervals_ms, timed_steps
-from tuner.template import Checked, MeasuredWorkload
-from tuner.workload import DeviceInfo, MetricSpec, TrialContext, TrialStatus, missing_params
+from tuner.workloads.base import DeviceInfo, MetricSpec, TrialContext, TrialStatus, missing_params
+from tuner.workloads.measure import Timing, step_intervals_ms, timed_steps
+from tuner.workloads.template import Checked, MeasuredWorkload
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 #: attention knob -> (GPT attention mode, forced SDPA backend name or None for torch's pick)
@@ -479,7 +479,7 @@ class TrainStep(MeasuredWorkload):
     # ------------------------------------------------------------------ helpers
 
     def _mfu(self, tokens_per_s: float, precision: str, device: DeviceInfo) -> float:
-        from tuner.roofline import peaks_for
+        from tuner.workloads.roofline import peaks_for
 
         peaks = peaks_for(device.name) if device.is_gpu else None
         if not peaks:

@@ -1,8 +1,8 @@
-"""The ``triton_gemm`` workload: one M x N x K product with the Triton kernel of ``kernels/gemm.py``.
+"""The ``triton_gemm`` workload: one M x N x K product with the Triton kernel of ``kernels/gemm/gemm.py``.
 
 Knobs: ``kernel`` (the variant: ``tutorial``, the tile-per-program kernel of
-``kernels/gemm.py``; ``persistent_tma`` and ``persistent_tma_ws``, the persistent TMA
-kernel of ``kernels/gemm_tma.py`` without and with warp specialization), BLOCK_M,
+``kernels/gemm/gemm.py``; ``persistent_tma`` and ``persistent_tma_ws``, the persistent TMA
+kernel of ``kernels/gemm/gemm_tma.py`` without and with warp specialization), BLOCK_M,
 BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, precision (fp32, tf32, bf16, fp16,
 fp8), and for the persistent variants EPILOGUE_SUBTILE, FP8_FAST_ACCUM and STREAM_K (the last partial
 wave of tiles split by K iterations over every SM). Metrics: TFLOP/s, latency and the
@@ -19,8 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.kernel_workload import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
-from tuner.workload import (
+from tuner.workloads.base import (
     DeviceInfo,
     MetricSpec,
     interpreter_active,
@@ -28,14 +27,15 @@ from tuner.workload import (
     not_pow2,
     triton_configs_python,
 )
+from tuner.workloads.kernel import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
 #: The kernel variants (the ``kernel`` knob; a config without it is ``tutorial``) and the function each configures.
 KERNELS: dict[str, str] = {
-    "tutorial": "kernels.gemm.matmul",
-    "persistent_tma": "kernels.gemm_tma.matmul_persistent",
-    "persistent_tma_ws": "kernels.gemm_tma.matmul_persistent",
+    "tutorial": "kernels.gemm.gemm.matmul",
+    "persistent_tma": "kernels.gemm.gemm_tma.matmul_persistent",
+    "persistent_tma_ws": "kernels.gemm.gemm_tma.matmul_persistent",
 }
 #: Precisions of the persistent TMA variants.
 TMA_PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp8")
@@ -69,7 +69,7 @@ MIN_CAPABILITY: dict[str, tuple[int, int]] = {"tf32": (8, 0), "bf16": (8, 0), "f
 class _Case:
     """Inputs, references and output buffer of one precision on one device, reused across trials."""
 
-    inputs: Any  # kernels.gemm.GemmInputs
+    inputs: Any  # kernels.gemm.gemm.GemmInputs
     ref: Any  # fp32 product of the masters
     operand_ref: Any | None  # fp32 product of the dequantized operands (None for fp32/tf32)
     out: Any
@@ -93,7 +93,7 @@ class NumericsCheck:
 def tma_rows_aligned(m: int, n: int, k: int, precision: str) -> bool:
     """Whether every row stride of the persistent kernels' TMA descriptors is a multiple of 16 bytes: A (and
     fp8's K-major B) rows of K elements, 16-bit B rows and C rows of N. The same rule as
-    ``kernels.gemm_tma.tma_strides_aligned``, here without importing torch or triton (static checks stay light)."""
+    ``kernels.gemm.gemm_tma.tma_strides_aligned``, here without importing torch or triton (static checks stay light)."""
     in_bytes = 1 if precision == "fp8" else 2
     b_row = k * in_bytes if precision == "fp8" else n * in_bytes
     return all(stride % 16 == 0 for stride in (k * in_bytes, b_row, n * 2))
@@ -115,7 +115,7 @@ def check_numerics(out: Any, ref: Any, operand_ref: Any | None, precision: str, 
     """
     import torch
 
-    from kernels.gemm import max_rel_error
+    from kernels.gemm.gemm import max_rel_error
 
     non_finite = int((~torch.isfinite(out)).sum())
     if non_finite:
@@ -168,7 +168,7 @@ class TritonGemm(KernelWorkload):
         LATENCY_METRIC,
         *TIMING_METRICS,
     )
-    description = "Triton GEMM (kernels/gemm.py): tiles, warps, stages and precision fp32/tf32/bf16/fp16/fp8"
+    description = "Triton GEMM (kernels/gemm/gemm.py): tiles, warps, stages and precision fp32/tf32/bf16/fp16/fp8"
 
     def __init__(self, m: int, n: int, k: int, seed: int = 0, timing: str = "eager") -> None:
         for arg, value in (("m", m), ("n", n), ("k", k)):
@@ -255,9 +255,9 @@ class TritonGemm(KernelWorkload):
     def _compile(self, config: dict[str, Any], device: DeviceInfo) -> None:
         """Compile for the calling thread's current CUDA device without launching (the kernel's ``compile_only``)."""
         if config.get("kernel", "tutorial") == "tutorial":
-            from kernels.gemm import compile_only
+            from kernels.gemm.gemm import compile_only
         else:
-            from kernels.gemm_tma import compile_only  # type: ignore[assignment]
+            from kernels.gemm.gemm_tma import compile_only  # type: ignore[assignment]
         compile_only(
             self.m, self.n, self._k_run(config), precision=config["precision"], **self._kernel_kwargs(config, device)
         )
@@ -346,7 +346,7 @@ class TritonGemm(KernelWorkload):
 
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
         """One launch of the config's kernel, writing ``case.out``: the only way ``run`` calls the kernel."""
-        from kernels.gemm import matmul
+        from kernels.gemm.gemm import matmul
 
         inputs = case.inputs
         a, b = inputs.a, inputs.b
@@ -356,7 +356,7 @@ class TritonGemm(KernelWorkload):
             b_pad[: self.k].copy_(b)
             a, b = a_pad, b_pad
         if config.get("kernel", "tutorial") != "tutorial":
-            from kernels.gemm_tma import matmul_persistent as matmul  # type: ignore[assignment]
+            from kernels.gemm.gemm_tma import matmul_persistent as matmul  # type: ignore[assignment]
         matmul(
             a,
             b,
@@ -417,7 +417,7 @@ class TritonGemm(KernelWorkload):
             return case
         import torch
 
-        from kernels.gemm import OUTPUT_DTYPES, make_masters, quantize_inputs, reference_matmul, torch_matmul
+        from kernels.gemm.gemm import OUTPUT_DTYPES, make_masters, quantize_inputs, reference_matmul, torch_matmul
 
         masters = self._masters.get(torch_device)
         if masters is None:

@@ -30,8 +30,8 @@ def _import_kernels() -> None:
 
     import kernels
 
-    for module in pkgutil.iter_modules(kernels.__path__):
-        importlib.import_module(f"kernels.{module.name}")
+    for module in pkgutil.walk_packages(kernels.__path__, "kernels."):
+        importlib.import_module(module.name)
 
 
 _import_kernels()
@@ -91,7 +91,7 @@ def ray_session() -> Iterator[None]:
     """One local Ray for the whole test session (starting one costs seconds)."""
     import ray
 
-    from tuner.orchestrator import ensure_ray
+    from tuner.run.orchestrator import ensure_ray
 
     ensure_ray(None, min_cpus=4)
     yield
@@ -145,7 +145,7 @@ def interpreter() -> None:
     """Skip unless Triton kernels run under the interpreter (TRITON_INTERPRET=1 before triton was imported)."""
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 before triton is imported)")
-    from kernels.gemm import matmul_kernel
+    from kernels.gemm.gemm import matmul_kernel
 
     if type(matmul_kernel).__name__ != "InterpretedFunction":
         pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: kernels compile, not interpret")

@@ -15,8 +15,9 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import Settings
-from tuner.service import StudyRunner
-from tuner.storage import StudyDB
+from tuner.run.service import StudyRunner
+from tuner.store import lifecycle
+from tuner.store.storage import StudyDB
 
 pytestmark = [pytest.mark.timeout(300)]
 TOKEN = "s3cret-token"
@@ -50,7 +51,7 @@ def run_queued(client: TestClient) -> None:
     """What `tuner worker` does, here in the test's thread: claim the next queued study and run it."""
     db: StudyDB = client.app.state.db
     runner = StudyRunner(db, workers=2)
-    row = db.claim_next(runner.owner, runner.lease_s)
+    row = lifecycle.claim_next(db, runner.owner, runner.lease_s)
     assert row is not None, "nothing was queued"
     runner.run_study(row)
 
@@ -124,7 +125,8 @@ def test_stop_a_running_study_then_resume_it(sqlite_url: str) -> None:
         study = client.post("/api/studies", json=spec, headers=AUTH).json()
         db: StudyDB = app.state.db
         runner = StudyRunner(db, workers=1, lease_s=3)
-        thread = threading.Thread(target=runner.run_study, args=(db.claim_next(runner.owner, runner.lease_s),))
+        claimed = lifecycle.claim_next(db, runner.owner, runner.lease_s)
+        thread = threading.Thread(target=runner.run_study, args=(claimed,))
         thread.start()
         deadline = time.monotonic() + 120
         while client.get(study["url"]).json()["measured"] < 3:
@@ -139,7 +141,7 @@ def test_stop_a_running_study_then_resume_it(sqlite_url: str) -> None:
         assert resumed.status_code == 202 and resumed.json()["status"] == "queued"
         assert client.post(f"{study['url']}/resume", headers=AUTH).status_code == 409
         db.update_study(study["id"], spec={**db.get_study(study["id"]).spec, "budget": {"trials": 6}})
-        runner.run_study(db.claim_next(runner.owner, runner.lease_s))
+        runner.run_study(lifecycle.claim_next(db, runner.owner, runner.lease_s))
         final = client.get(study["url"]).json()
         assert final["status"] == "completed" and final["measured"] >= stopped["measured"]
     db.dispose()

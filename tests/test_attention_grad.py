@@ -1,4 +1,4 @@
-"""The fused attention's backward pass (kernels/attention_grad.py) against autograd through fp32 SDPA.
+"""The fused attention's backward pass (kernels/attention/attention_grad.py) against autograd through fp32 SDPA.
 
 On a CPU the kernels run under the Triton interpreter (fp16 only: its bf16 ``tl.dot`` is wrong);
 the GPU tests at the end check bf16 at a training shape. Kernel modules are imported inside the
@@ -33,8 +33,8 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_gradients_match_sdpa_in_fp32(
     interpreter: None, shape: tuple[int, ...], forward: tuple[int, int], backward: tuple[int, int], causal: bool
 ) -> None:
-    from kernels.attention import attention
-    from kernels.attention_grad import attention_backward, flash_attention, reference_attention_grads
+    from kernels.attention.attention import attention
+    from kernels.attention.attention_grad import attention_backward, flash_attention, reference_attention_grads
 
     gen = torch.Generator().manual_seed(sum(shape) + causal)
     q, k, v = (torch.randn(shape, generator=gen).to(torch.float16) for _ in range(3))
@@ -60,7 +60,7 @@ def test_gradients_match_sdpa_in_fp32(
 
 def test_the_custom_ops_pass_torch_opcheck(interpreter: None) -> None:
     """Schema, autograd registration, fake tensors (what torch.compile propagates) and AOT dispatch."""
-    import kernels.attention_grad  # noqa: F401  (registers the ops)
+    import kernels.attention.attention_grad  # noqa: F401  (registers the ops)
 
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 32, 16, generator=gen).to(torch.float16).requires_grad_(True) for _ in range(3))
@@ -69,7 +69,7 @@ def test_the_custom_ops_pass_torch_opcheck(interpreter: None) -> None:
 
 
 def test_the_stored_log_sum_exp_is_that_of_the_scaled_scores(interpreter: None) -> None:
-    from kernels.attention import attention
+    from kernels.attention.attention import attention
 
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 1, 40, 16, generator=gen).to(torch.float16) for _ in range(3))
@@ -82,8 +82,8 @@ def test_the_stored_log_sum_exp_is_that_of_the_scaled_scores(interpreter: None) 
 
 
 def test_bad_inputs_are_refused_naming_them() -> None:
-    from kernels.attention import attention
-    from kernels.attention_grad import attention_backward
+    from kernels.attention.attention import attention
+    from kernels.attention.attention_grad import attention_backward
 
     q = torch.zeros(1, 1, 16, 16, dtype=torch.float16)
     lse = torch.zeros(1, 1, 16)
@@ -99,7 +99,7 @@ def test_bad_inputs_are_refused_naming_them() -> None:
 #: head dims of BACKWARD_TILES, one JSON line per (head_dim, causal), or {"skip": reason}.
 _AOT_SCRIPT = """
 import json
-from kernels.attention_grad import BACKWARD_TILES, compile_backward_for_target
+from kernels.attention.attention_grad import BACKWARD_TILES, compile_backward_for_target
 for head_dim in sorted(BACKWARD_TILES):
     for causal in (False, True):
         kernels = compile_or_skip(
@@ -132,7 +132,7 @@ def test_backward_kernels_compile_for_sm90_within_its_shared_memory(aot_child: A
 def test_bf16_gradients_at_a_training_shape_on_gpu(causal: bool) -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from kernels.attention_grad import flash_attention, reference_attention_grads
+    from kernels.attention.attention_grad import flash_attention, reference_attention_grads
     from models.gpt import TRITON_ATTENTION_CONFIG
 
     gen = torch.Generator(device="cuda").manual_seed(0)

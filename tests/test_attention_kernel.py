@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import compiled_gpu
 
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus
 
 CPU = DeviceInfo(kind="cpu", name="cpu")
 H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
@@ -48,7 +48,7 @@ def _shape_id(shape: tuple[int, ...]) -> str:
 def interpreter() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 before triton is imported)")
-    from kernels.attention import attention_fwd_kernel
+    from kernels.attention.attention import attention_fwd_kernel
 
     if type(attention_fwd_kernel).__name__ != "InterpretedFunction":
         pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: kernels compile, not interpret")
@@ -63,8 +63,8 @@ def interpreter() -> None:
 def test_kernel_matches_sdpa(interpreter: None, shape: tuple[int, int, int, int], causal: bool) -> None:
     import torch
 
-    from kernels import attention as attn
-    from kernels.gemm import max_rel_error
+    from kernels.attention import attention as attn
+    from kernels.gemm.gemm import max_rel_error
     from objectives.flash_attention import TOLERANCE_VS_FP32
 
     masters = attn.make_masters(*shape, "cpu", seed=1)
@@ -89,8 +89,8 @@ def test_kernel_matches_sdpa(interpreter: None, shape: tuple[int, int, int, int]
 @pytest.mark.timeout(60)
 def test_causal_mask_and_scale_matter(interpreter: None) -> None:
     """The tolerance is tight enough to see a missing mask or a wrong scale (the errors a kernel makes)."""
-    from kernels import attention as attn
-    from kernels.gemm import max_rel_error
+    from kernels.attention import attention as attn
+    from kernels.gemm.gemm import max_rel_error
     from objectives.flash_attention import TOLERANCE_VS_FP32
 
     masters = attn.make_masters(1, 1, 64, 64, "cpu", seed=2)
@@ -108,8 +108,8 @@ def test_causal_mask_and_scale_matter(interpreter: None) -> None:
 def test_kernel_writes_into_out(interpreter: None) -> None:
     import torch
 
-    from kernels import attention as attn
-    from kernels.gemm import max_rel_error
+    from kernels.attention import attention as attn
+    from kernels.gemm.gemm import max_rel_error
 
     masters = attn.make_masters(1, 2, 48, 64, "cpu", seed=3)
     q, k, v = attn.quantize(masters, "fp16")
@@ -123,7 +123,7 @@ def test_kernel_writes_into_out(interpreter: None) -> None:
 def test_attention_rejects_bad_inputs(interpreter: None) -> None:
     import torch
 
-    from kernels import attention as attn
+    from kernels.attention import attention as attn
 
     tile = {"causal": False, "BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 4, "num_stages": 2}
     x = torch.zeros(1, 1, 16, 64, dtype=torch.float16)
@@ -145,7 +145,7 @@ def test_attention_rejects_bad_inputs(interpreter: None) -> None:
 
 @pytest.mark.timeout(30)
 def test_compile_only_is_a_no_op_under_the_interpreter(interpreter: None) -> None:
-    from kernels import attention as attn
+    from kernels.attention import attention as attn
 
     assert attn.tma_available()
     assert attn.compile_only(1, 2, 80, 64, causal=True, precision="fp16", **_tile((128, 64))) is None
@@ -159,7 +159,7 @@ def _tile(blocks: tuple[int, int]) -> dict:
 
 @pytest.mark.timeout(10)
 def test_flops_count() -> None:
-    from kernels.attention import attention_flops
+    from kernels.attention.attention import attention_flops
     from objectives.flash_attention import FlashAttention
 
     assert attention_flops(2, 16, 8192, 128, False) == 4 * 2 * 16 * 8192 * 8192 * 128
@@ -228,7 +228,7 @@ def test_static_check_on_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.timeout(120)  # about 20 s: every point of the 96,480-point grid through the rules and two checks
 def test_default_space_seeds_and_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     import objectives.flash_attention as fa
-    from tuner.space import compile_space, load_space_file
+    from tuner.study.space import compile_space, load_space_file
 
     raw = load_space_file(fa.FlashAttention.space_file)
     assert raw["workloads"] == [fa.FlashAttention.name]
@@ -265,11 +265,11 @@ def test_default_space_seeds_and_rules(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 #: Run in a child process without TRITON_INTERPRET (this one interprets the kernels): compiles each
-#: seed for sm_90 with kernels.attention.compile_for_target and prints one JSON line per compile, or
+#: seed for sm_90 with kernels.attention.attention.compile_for_target and prints one JSON line per compile, or
 #: {"skip": reason} when this Triton cannot compile ahead of time.
 _AOT_SCRIPT = """
 import json, sys
-from kernels.attention import compile_for_target
+from kernels.attention.attention import compile_for_target
 jobs = json.loads(sys.argv[1])
 for job in jobs:
     shape, config = job["shape"], dict(job["config"])
@@ -296,7 +296,7 @@ def test_seeds_compile_for_sm90_within_the_shared_memory_estimate(aot_child: Any
     seeds must use Hopper's wgmma, and TMA exactly when they ask for it.
     """
     from objectives.flash_attention import TMA_SHARED_OVERHEAD_BYTES, FlashAttention, smem_estimate_bytes
-    from tuner.space import compile_space, load_space_file
+    from tuner.study.space import compile_space, load_space_file
 
     seeds = compile_space(load_space_file(FlashAttention.space_file)).seeds
     shapes = (((2, 16, 4096, 128), True), ((2, 16, 1000, 64), False))
@@ -346,13 +346,14 @@ def test_exports() -> None:
         "precision": "bf16",
         "use_tma": True,
         "kernel": "tutorial",
-        "function": "kernels.attention.attention",
+        "function": "kernels.attention.attention.attention",
     }
     json.dumps(exported)
     source = workload.export_python(config)
     compile(source, "<export>", "exec")
     namespace: dict = {}
-    exec(compile(source.replace("from kernels.attention import attention\n", ""), "<export>", "exec"), namespace)
+    source = source.replace("from kernels.attention.attention import attention\n", "")
+    exec(compile(source, "<export>", "exec"), namespace)
     assert namespace["ATTENTION_CONFIG"] == {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3,
                                              "use_tma": True}  # fmt: skip
     assert workload.export_env(config)["USE_TMA"] == "1"  # booleans as shell flags
@@ -360,8 +361,8 @@ def test_exports() -> None:
 
 @pytest.mark.timeout(30)
 def test_spec_with_bf16_only_space() -> None:
-    from tuner.registry import workload_class
-    from tuner.spec import load_spec
+    from tuner.study.spec import load_spec
+    from tuner.workloads.registry import workload_class
 
     assert workload_class("flash_attention").__name__ == "FlashAttention"
     compiled = load_spec(
@@ -432,7 +433,7 @@ def test_wrong_results_are_numerics_fail(interpreter: None, monkeypatch: pytest.
 
     def non_causal(self, config, case):
         # The kernel run without the mask the workload asked for.
-        from kernels.attention import attention
+        from kernels.attention.attention import attention
 
         attention(case.q, case.k, case.v, causal=False, out=case.out, **self._tile(config))
 
@@ -451,7 +452,7 @@ def test_wrong_results_are_numerics_fail(interpreter: None, monkeypatch: pytest.
 def test_compile_failures_become_statuses(monkeypatch: pytest.MonkeyPatch) -> None:
     from triton.runtime.errors import OutOfResources
 
-    import kernels.attention
+    import kernels.attention.attention
     import objectives.flash_attention as fa
 
     class CompilationError(Exception):  # matched by name, like triton.compiler.errors.CompilationError
@@ -466,13 +467,13 @@ def test_compile_failures_become_statuses(monkeypatch: pytest.MonkeyPatch) -> No
         raise CompilationError("at 12:8: unsupported layout")
 
     for fake, status in ((raise_oor, TrialStatus.OUT_OF_RESOURCES), (raise_compile, TrialStatus.COMPILE_ERROR)):
-        monkeypatch.setattr(kernels.attention, "attention", fake)
+        monkeypatch.setattr(kernels.attention.attention, "attention", fake)
         result = fa.FlashAttention(**SMALL).run(config, CPU, TrialContext())
         assert result.status == status and result.error
 
     # prepare() on a GPU keeps the failure, and run() reports it without compiling again.
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on a GPU (the kernels stay interpreted)
-    monkeypatch.setattr(kernels.attention, "compile_only", raise_oor)
+    monkeypatch.setattr(kernels.attention.attention, "compile_only", raise_oor)
     workload = fa.FlashAttention(batch=2, heads=16, seq_len=8192, head_dim=128)
     gpu_config = _config(128, 64, "bf16", True, num_stages=3)
     workload.prepare(gpu_config, H200)  # must not raise
@@ -494,8 +495,8 @@ def test_compile_failures_become_statuses(monkeypatch: pytest.MonkeyPatch) -> No
 def test_gpu_numerics_against_sdpa(shape: tuple[int, int, int, int], causal: bool, precision: str) -> None:
     import torch
 
-    from kernels import attention as attn
-    from kernels.gemm import max_rel_error
+    from kernels.attention import attention as attn
+    from kernels.gemm.gemm import max_rel_error
     from objectives.flash_attention import TOLERANCE_VS_FP32
 
     masters = attn.make_masters(*shape, "cuda", seed=4)
@@ -523,7 +524,7 @@ def test_gpu_numerics_against_sdpa(shape: tuple[int, int, int, int], causal: boo
 @pytest.mark.parametrize("use_tma", [False, True], ids=["pointers", "tma"])
 def test_gpu_workload_prepare_then_run(use_tma: bool) -> None:
     from objectives.flash_attention import FlashAttention
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     workload = FlashAttention(batch=2, heads=16, seq_len=2048, head_dim=128, causal=True)

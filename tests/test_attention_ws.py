@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon attention kernel (``kernels/attention_ws.py``), the ``gluon_ws`` variant of
+"""The warp-specialized Gluon attention kernel (``kernels/attention/attention_ws.py``), the ``gluon_ws`` variant of
 ``flash_attention``.
 
 The Triton interpreter does not run Gluon, so on the CPU the kernel is compiled ahead of time for sm_90 in a
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import compiled_gpu
 
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus
 
 CPU = DeviceInfo(kind="cpu", name="cpu")
 H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
@@ -37,7 +37,7 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
     assert "interpreter" in (workload.static_check(_config(), CPU) or "")
     # Import Triton (through the kernel module) while the interpreter is still on: the first import decides
     # whether kernels interpret for the rest of the process, and later tests here need the interpreter.
-    import kernels.attention_ws  # noqa: F401
+    import kernels.attention.attention_ws  # noqa: F401
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert "compute capability 9.x" in (workload.static_check(_config(), B200) or "")
@@ -80,7 +80,7 @@ def test_static_check_names_what_the_gluon_kernel_needs(monkeypatch: pytest.Monk
 
 @pytest.mark.timeout(60)
 def test_the_space_proposes_only_the_kernels_fixed_tile() -> None:
-    from tuner.space import compile_space, load_space_file
+    from tuner.study.space import compile_space, load_space_file
 
     space = compile_space(load_space_file("attention.yaml"))
     assert "gluon_ws" in space.params["kernel"].choices
@@ -96,7 +96,7 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
 
     workload = FlashAttention(batch=4, heads=16, seq_len=8192, head_dim=128, causal=True)
     exported = workload.export_config(_config(persistent=True))
-    assert exported["function"] == "kernels.attention_ws.attention_ws"
+    assert exported["function"] == "kernels.attention.attention_ws.attention_ws"
     assert exported["kwargs"] == {"BLOCK_N": 128, "NUM_BUFFERS": 3, "OVERLAP": True, "PERSISTENT": True,
                                   "PINGPONG": False, "CONSUMERS": 2, "ONE_LOOP": False, "CHAIN": False,
                                   "EPILOGUE": 0, "RELEASE_K": False, "HALF_DIAG": False, "EXP_POLY": 0,
@@ -115,7 +115,7 @@ def test_python_export_names_the_kernel_function_and_its_arguments() -> None:
 
 _AOT_SCRIPT = """
 import json, re, sys
-from kernels import attention_ws
+from kernels.attention import attention_ws
 if not attention_ws.available():
     print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
     sys.exit(0)
@@ -143,7 +143,7 @@ def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_chi
     """Causal and full, D 64 and 128, with and without the overlap, one program per tile and persistent: wgmma
     and TMA in the PTX, the loader's 24-register budget carved out, shared memory within the static check's
     estimate."""
-    from kernels.attention_ws_rules import check_config, consumer_regs_limit
+    from kernels.attention.attention_ws_rules import check_config, consumer_regs_limit
 
     variants = ((128, True, True, False, 2, False), (128, False, False, True, 2, False),
                 (64, True, False, True, 2, True), (64, False, True, False, 2, False), (128, True, True, True, 2, True),
@@ -383,7 +383,7 @@ def _where_wrong(q: Any, k: Any, v: Any, expected: Any, causal: bool, base: dict
     """Which rows of a failing launch are unwritten (NaN) or wrong: counts, and the first few (batch*head, row)."""
     import torch
 
-    from kernels.attention_ws import attention_ws
+    from kernels.attention.attention_ws import attention_ws
 
     out = torch.full_like(q, float("nan"))
     attention_ws(q, k, v, causal=causal, out=out, **{**base, **knobs})
@@ -394,7 +394,7 @@ def _where_wrong(q: Any, k: Any, v: Any, expected: Any, causal: bool, base: dict
 
 
 def _run_exp2_ptx(asm: str, x: Any) -> Any:
-    """Run the straight-line PTX of :func:`kernels.attention_ws_steps.exp2_asm` on fp32 arrays, one lane per
+    """Run the straight-line PTX of :func:`kernels.attention.attention_ws_steps.exp2_asm` on fp32 arrays, one lane per
     value, ``x`` split round-robin over its ``EXP_PACK`` inputs; returns the outputs in ``x``'s order. Registers
     hold raw 32-bit words; each fp32 operation rounds to fp32 (an FMA through fp64, where a float32 product is
     exact); ``ex2.approx`` is taken as exact (the hardware's error, 2^-22, is not what is checked here)."""
@@ -402,7 +402,7 @@ def _run_exp2_ptx(asm: str, x: Any) -> Any:
 
     import numpy as np
 
-    from kernels.attention_ws_steps import EXP_PACK
+    from kernels.attention.attention_ws_steps import EXP_PACK
 
     lanes = x.reshape(-1, EXP_PACK).astype(np.float32)
     regs: dict[str, Any] = {f"${EXP_PACK + i}": lanes[:, i].view(np.uint32) for i in range(EXP_PACK)}
@@ -456,8 +456,8 @@ def test_polynomial_exponential_ptx_matches_exp2_and_keeps_masked_scores_tiny() 
     the polynomial takes the last ``poly`` of every 8 values, the exponential unit the rest."""
     import numpy as np
 
-    from kernels.attention_ws_rules import EXP_POLY_CHOICES
-    from kernels.attention_ws_steps import exp2_asm
+    from kernels.attention.attention_ws_rules import EXP_POLY_CHOICES
+    from kernels.attention.attention_ws_steps import exp2_asm
 
     x = np.concatenate([np.linspace(-125.0, 0.0, 200_000), -np.arange(126.0), -np.arange(125.0) - 0.5,
                         np.array([-1e-7, -0.25, -0.75])]).astype(np.float32)  # fmt: skip
@@ -475,7 +475,7 @@ def test_polynomial_exponential_ptx_matches_exp2_and_keeps_masked_scores_tiny() 
 
 _EXP_SCRIPT = """
 import json, re, sys
-from kernels import attention_ws
+from kernels.attention import attention_ws
 if not attention_ws.available():
     print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
     sys.exit(0)
@@ -569,8 +569,8 @@ def test_warp_arrive_frees_slots_in_inline_ptx_at_the_barriers_offset(aot_child:
 def test_empty_barrier_offsets_read_from_ptx() -> None:
     """The offsets WARP_ARRIVE's inline PTX uses: the barriers initialized with the given count, in order, each
     address formed from ``global_smem`` plus an immediate; none when the PTX has no such base."""
-    from kernels.attention_ws import _check
-    from kernels.attention_ws_steps import empty_barrier_offsets
+    from kernels.attention.attention_ws import _check
+    from kernels.attention.attention_ws_steps import empty_barrier_offsets
 
     ptx = """
         mov.b32 	%r9, global_smem;
@@ -594,7 +594,7 @@ def test_vector_epilogue_stores_16_byte_rows_within_the_checked_shared_memory(ao
     layout's 4-byte pieces), with and without the persistent grid, chained tiles and three consumers; their shared
     memory within :func:`check_config`'s bounds (2 well under 1's), which refuse the stage count they no longer
     fit."""
-    from kernels.attention_ws_rules import EPILOGUE_SHUFFLE_SCRATCH, check_config
+    from kernels.attention.attention_ws_rules import EPILOGUE_SHUFFLE_SCRATCH, check_config
 
     jobs = []
     for d, consumers, extra in ((128, 2, {}), (128, 2, {"PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}),
@@ -695,9 +695,9 @@ def test_gpu_gluon_attention_trial_and_log_sum_exp(shape: tuple[int, int, int, i
 
     import torch
 
-    from kernels.attention_ws import attention_ws
+    from kernels.attention.attention_ws import attention_ws
     from objectives.flash_attention import FlashAttention
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     batch, heads, seq_len, head_dim = shape
@@ -729,8 +729,8 @@ def test_gpu_gluon_attention_trial_and_log_sum_exp(shape: tuple[int, int, int, i
 @pytest.mark.timeout(60)
 def test_three_consumers_are_checked_before_compiling() -> None:
     """Three consumer warpgroups leave 160 registers a thread: D = 64 only, and the budget is bounded."""
-    from kernels.attention_ws import _check
-    from kernels.attention_ws_rules import check_config, consumer_regs_limit
+    from kernels.attention.attention_ws import _check
+    from kernels.attention.attention_ws_rules import check_config, consumer_regs_limit
 
     assert (consumer_regs_limit(2), consumer_regs_limit(3)) == (240, 160)
     assert check_config(64, 128, 3, "bf16", 3) is None
@@ -743,18 +743,19 @@ def test_three_consumers_are_checked_before_compiling() -> None:
 @pytest.mark.timeout(60)
 def test_the_kernel_and_the_workload_refuse_a_knob_combination_with_the_same_reason(
         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """One rule book (``kernels.attention_ws_rules``): the workload's static check and the kernel's launch check
+    """One rule book (``kernels.attention.attention_ws_rules``): the workload's static check and the kernel's launch
+    check
     give the same reason for knobs that cannot go together, and the rules import without torch."""
     import subprocess
     import sys
 
-    from kernels.attention import PRECISIONS
-    from kernels.attention_ws import _check
-    from kernels.attention_ws_rules import PRECISIONS as RULE_PRECISIONS
+    from kernels.attention.attention import PRECISIONS
+    from kernels.attention.attention_ws import _check
+    from kernels.attention.attention_ws_rules import PRECISIONS as RULE_PRECISIONS
     from objectives.flash_attention import FlashAttention
 
     assert RULE_PRECISIONS == PRECISIONS
-    code = "import sys, kernels.attention_ws_rules; print('torch' in sys.modules)"
+    code = "import sys, kernels.attention.attention_ws_rules; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     workload = FlashAttention(batch=2, heads=16, seq_len=4096, head_dim=128, causal=True)
@@ -772,8 +773,8 @@ def test_the_kernel_and_the_workload_refuse_a_knob_combination_with_the_same_rea
 def test_row_sums_by_wgmma_are_checked_before_compiling() -> None:
     """``SUM_MMA`` takes 2 KiB of ones beside the K/V ring (three stages at D = 128 no longer fit with the vector
     epilogue), a second copy of P that three consumers cannot hold, and the tile loops, not ``CHAIN``'s stream."""
-    from kernels.attention_ws import _check
-    from kernels.attention_ws_rules import check_config
+    from kernels.attention.attention_ws import _check
+    from kernels.attention.attention_ws_rules import check_config
 
     assert check_config(128, 128, 2, "bf16", 2, 1, 2, sum_mma=True) is None
     assert check_config(64, 128, 3, "bf16", 2, 1, 2, sum_mma=True) is None
@@ -806,7 +807,7 @@ def test_streamed_last_round_is_checked_before_compiling() -> None:
     """``STREAM_KV`` needs the persistent grid's one-loop, overlapped tiles (each part of a tile is such a loop over
     some of its key blocks), not ``HALF_DIAG`` or ``CHAIN``, and key blocks that divide a tile's rows (a key block's
     tile is found from the blocks a tile reads); its grid is every SM."""
-    from kernels.attention_ws import _check, _grid
+    from kernels.attention.attention_ws import _check, _grid
 
     stream = {"STREAM_KV": True, "PERSISTENT": True, "OVERLAP": True, "ONE_LOOP": True}
     _check(64, "bf16", stream)
@@ -826,8 +827,8 @@ def test_double_buffered_q_takes_a_second_q_tile_of_shared_memory(aot_child: Any
     """``Q_BUFFERS=2`` (sm_90 PTX, no GPU): a second 64 x D Q tile a consumer in shared memory and its two barriers,
     the same wgmmas, in the persistent one-loop, ping-pong and three-consumer loops; the static check counts it (two
     buffers and three K/V stages do not fit at D = 128) and refuses it outside the persistent grid and with CHAIN."""
-    from kernels.attention_ws import _check
-    from kernels.attention_ws_rules import check_config
+    from kernels.attention.attention_ws import _check
+    from kernels.attention.attention_ws_rules import check_config
 
     loops = ((64, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "EPILOGUE": 2}),
              (128, {"OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True, "PINGPONG": True}),
@@ -872,13 +873,20 @@ def test_longest_first_schedule_reads_each_programs_tiles_from_its_table(aot_chi
 
 @pytest.mark.timeout(60)
 def test_longest_first_schedule_gives_every_tile_once_and_ends_the_programs_together() -> None:
-    """:func:`kernels.attention_ws_rules.lpt_schedule`: every query tile of every head exactly once, programs' lists
+    """:func:`kernels.attention.attention_ws_rules.lpt_schedule`: every query tile of every head exactly once,
+    programs' lists
     behind ``programs + 1`` offsets, each list in group order (a group's K/V stays in L2 while its tiles run); at the
     causal target shapes the most loaded program carries at most 1% over the mean (key blocks plus the tile
     overhead), where the round-robin pairs leave 3.1% (a partial last round of equal items). The rules: a
     persistent grid without CHAIN or STREAM_KV, a group size from the list; the grid counts tiles, not pairs."""
-    from kernels.attention_ws import _check, _grid
-    from kernels.attention_ws_rules import LPT_TILE_OVERHEAD, lpt_schedule, query_tiles, tile_blocks, work_items
+    from kernels.attention.attention_ws import _check, _grid
+    from kernels.attention.attention_ws_rules import (
+        LPT_TILE_OVERHEAD,
+        lpt_schedule,
+        query_tiles,
+        tile_blocks,
+        work_items,
+    )
 
     def work(tiles: list[int], num_m: int, seq_len: int, causal: bool) -> float:
         return sum(tile_blocks(t % num_m, seq_len, 128, 2, causal) + LPT_TILE_OVERHEAD for t in tiles)
@@ -919,8 +927,8 @@ def test_longest_first_schedule_gives_every_tile_once_and_ends_the_programs_toge
 def test_one_consumer_programs_share_an_sm_within_its_registers_and_shared_memory() -> None:
     """One consumer warpgroup a program (64 query rows) with two programs an SM: 128 registers a thread at launch,
     232 for the consumer; a K/V ring that fits twice in the SM's 228 KiB; no ping-pong (no one to hand over to)."""
-    from kernels.attention_ws import _check, _grid
-    from kernels.attention_ws_rules import _maxnreg, check_config, consumer_regs_limit
+    from kernels.attention.attention_ws import _check, _grid
+    from kernels.attention.attention_ws_rules import _maxnreg, check_config, consumer_regs_limit
 
     assert (_maxnreg(1, 2), consumer_regs_limit(1, 2), consumer_regs_limit(1)) == (128, 232, 256)
     assert check_config(128, 64, 2, "bf16", 1, 2) is None  # 82 KB a program
@@ -950,7 +958,7 @@ def test_knob_phases_offer_each_loop_with_every_value_of_the_knob_within_the_rul
     of the phase's knob (without it: the contrast the phase re-measures), all pass the kernel's knob rules, and at
     each head dim some fit the shared memory with the knob off and on."""
     from bench.attention_ws import PER_SHAPE_PHASES, _unusable
-    from kernels.attention_ws import _check
+    from kernels.attention.attention_ws import _check
 
     configs, contrast = PER_SHAPE_PHASES[phase]
     assert contrast == knob
@@ -980,8 +988,8 @@ def test_persistent_grid_counts_its_work_items_once() -> None:
     """The persistent grid and the wave benchmark count work items with one function: 128-row tiles (two
     consumers) or 192-row ones (three), causal items pairing two tiles; the grid is capped at the SMs."""
     from bench.attention_waves import winners
-    from kernels.attention_ws import _grid
-    from kernels.attention_ws_rules import work_items
+    from kernels.attention.attention_ws import _grid
+    from kernels.attention.attention_ws_rules import work_items
 
     assert work_items(256, 1024, 2, causal=True) == 1024 and work_items(256, 1024, 2, causal=False) == 2048
     assert work_items(1, 1000, 3, causal=False) == 6 and work_items(1, 1000, 3, causal=True) == 3
@@ -1011,11 +1019,12 @@ def _inputs_and_fp32_reference(shape: tuple[int, int, int, int], causal: bool, s
 
 def _assert_matches_fp32(q: Any, k: Any, v: Any, expected: Any, expected_lse: Any, causal: bool,
                          **knobs: Any) -> None:  # fmt: skip
-    """One :func:`kernels.attention_ws.attention_ws` launch with ``knobs`` into NaN-filled output and log-sum-exp
+    """One :func:`kernels.attention.attention_ws.attention_ws` launch with ``knobs`` into NaN-filled output and
+    log-sum-exp
     (a row never stored fails), both against the fp32 reference of :func:`_inputs_and_fp32_reference`."""
     import torch
 
-    from kernels.attention_ws import attention_ws
+    from kernels.attention.attention_ws import attention_ws
 
     lse = torch.full(q.shape[:3], float("nan"), device="cuda", dtype=torch.float32)
     out = torch.full_like(q, float("nan"))
@@ -1037,7 +1046,7 @@ def test_gpu_three_consumers_and_one_loop_match_fp32_attention(shape: tuple[int,
 
     import torch
 
-    from kernels.attention_ws import attention_ws
+    from kernels.attention.attention_ws import attention_ws
 
     q, k, v, expected, expected_lse = _inputs_and_fp32_reference(shape, causal, shape[2])
     for block_n, overlap, persistent, pingpong, consumers, one_loop in (
@@ -1079,7 +1088,7 @@ def test_a_launch_checks_and_derives_a_config_once_and_refuses_a_bad_one_every_t
     config (host time a launch), equal to checking afresh; a refused config raises on every call, and an unhashable
     knob value is checked without the cache."""
     pytest.importorskip("triton.experimental.gluon")
-    from kernels.attention_ws import _check, _checked_meta, _meta
+    from kernels.attention.attention_ws import _check, _checked_meta, _meta
 
     knobs = {"BLOCK_N": 128, "NUM_BUFFERS": 2, "OVERLAP": True, "PERSISTENT": True, "ONE_LOOP": True,
              "EPILOGUE": 2, "RELEASE_K": True, "HALF_DIAG": True, "LPT_HEADS": 32}  # fmt: skip
@@ -1104,7 +1113,7 @@ def test_descriptors_share_one_shared_layout_per_box() -> None:
     import torch
     from triton.experimental.gluon import language as gl
 
-    from kernels.attention_ws import _shared_layout
+    from kernels.attention.attention_ws import _shared_layout
 
     assert _shared_layout(128, 64, torch.bfloat16) is _shared_layout(128, 64, torch.bfloat16)
     assert _shared_layout(128, 64, torch.bfloat16) == gl.NVMMASharedLayout.get_default_for([128, 64], gl.bfloat16)

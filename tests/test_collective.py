@@ -8,10 +8,10 @@ import math
 import pytest
 
 from objectives.collective import Collective, nccl_static_check, render_size_table, size_table, size_table_from_db
-from tuner.gang import run_gang
-from tuner.spec import load_spec
-from tuner.storage import StudyDB
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+from tuner.run.gang import run_gang
+from tuner.store.storage import StudyDB
+from tuner.study.spec import load_spec
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus
 
 H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
 TUNED = {

@@ -20,10 +20,10 @@ from test_configs import CPU, gemm_config, measured_study
 
 from api.main import create_app
 from api.settings import Settings
-from tuner import configs
+from tuner.best_configs import registry as configs
 from tuner.cli import main
 from tuner.client import ConfigNotFound, RegistryClient
-from tuner.storage import StudyDB
+from tuner.store.storage import StudyDB
 
 pytestmark = pytest.mark.timeout(300)
 TOKEN = "registry-token"

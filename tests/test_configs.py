@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
-from tuner import configs
-from tuner.configs import ConfigEntryRow, RegistryError
-from tuner.fingerprint import fingerprint
-from tuner.orchestrator import Orchestrator
-from tuner.recheck import recheck
-from tuner.spec import load_spec
-from tuner.storage import StudyDB
+from tuner.best_configs import registry as configs
+from tuner.best_configs.recheck import recheck
+from tuner.best_configs.registry import ConfigEntryRow, RegistryError
+from tuner.run.orchestrator import Orchestrator
+from tuner.store.storage import StudyDB
+from tuner.study.spec import load_spec
+from tuner.workloads.fingerprint import fingerprint
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -366,8 +366,9 @@ def test_registry_page_in_a_real_browser(server: str, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
     from test_configs import gemm_config, measured_study
 
-    from tuner import configs, jobs
-    from tuner.storage import StudyDB
+    from tuner.best_configs import registry as configs
+    from tuner.run import jobs
+    from tuner.store.storage import StudyDB
 
     db_url = f"sqlite:///{tmp_path / 'e2e.db'}"
     client = httpx.Client(base_url=server, timeout=30)
@@ -392,7 +393,7 @@ def test_registry_page_in_a_real_browser(server: str, tmp_path: Path) -> None:
     gemm_entry = configs.publish(db, gemm).entry.id
     assert configs.mark_unverified(db, "NVIDIA H200", {"driver": "999.0"}) == [gemm_entry]
     noop_entry = client.get("/api/configs/entries", params={"workload": "noop"}).json()["items"][0]
-    # What a runner's scheduled recheck (tuner/jobs.py) records, as the page reads it.
+    # What a runner's scheduled recheck (tuner/run/jobs.py) records, as the page reads it.
     assert jobs.claim(db, jobs.RECHECK, "runner e2e", 86400)
     flagged = {"entry": noop_entry["id"], "was": noop_entry["recheck"]["previous"], "now": noop_entry["interval"]}
     jobs.record(db, jobs.RECHECK, "runner e2e", {"entries": 2, "checked": 2, "regressed": [flagged]}, finished=True)

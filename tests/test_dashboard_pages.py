@@ -28,7 +28,7 @@ from fastapi.responses import PlainTextResponse
 from fastapi.testclient import TestClient
 
 from api import dashboard
-from tuner.pareto import pareto_front
+from tuner.results.pareto import pareto_front
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = '<img src=x onerror="window.__pwned=1">&amp;<b>'

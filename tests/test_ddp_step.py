@@ -7,8 +7,8 @@ import math
 import pytest
 
 from objectives.ddp_step import DDPStep
-from tuner.gang import run_gang
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+from tuner.run.gang import run_gang
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus
 
 H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
 BASE = {

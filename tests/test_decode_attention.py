@@ -1,4 +1,5 @@
-"""The split decode-attention kernel (``kernels/decode_attention.py``): numerics and the fused cache write under
+"""The split decode-attention kernel (``kernels/attention/decode_attention.py``): numerics and the fused cache write
+under
 the Triton interpreter (bf16, fp32 and fp8 caches; one split and several; ``pos`` at the ends and at chunk
 boundaries), its split plan, its operand checks, ``torch.compile`` calling it in place, sm_90 compiles in a child
 process, and on a GPU its CUDA-graph replay against SDPA."""
@@ -62,7 +63,7 @@ def test_decode_attention_matches_fp32_math_and_writes_only_its_row(cache_dtype:
     "SMs"), ``pos`` first, last, at a chunk's first and last position and inside: the output, and the cache equal
     to the old one except row ``pos``, which holds the step's k and v as the cache stores them (fp8: on e4m3's
     grid, see :func:`_case`)."""
-    from kernels.decode_attention import decode_attention, split_plan
+    from kernels.attention.decode_attention import decode_attention, split_plan
 
     dtype = getattr(torch, cache_dtype)
     tolerance = {"float32": 1e-5, "bfloat16": 1e-2, "float8_e4m3fn": 1e-2}[cache_dtype]
@@ -88,7 +89,7 @@ def test_split_k_partials_of_qkv_are_summed_as_the_product_would_be(parts_dtype:
     the summed bf16 projection, bit for bit, with several splits of the cache and one. The partials are multiples
     of 1/16 under 2, so their sum is exact in bf16: the interpreter rounds fp32 to bf16 toward zero, the GPU (and
     torch) to nearest."""
-    from kernels.decode_attention import decode_attention
+    from kernels.attention.decode_attention import decode_attention
 
     for cache_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         for batch, heads, max_len, d in ((1, 4, 200, 64), (16, 2, 70, 32)):
@@ -113,7 +114,7 @@ def test_split_k_partials_of_qkv_are_summed_as_the_product_would_be(parts_dtype:
 def test_split_plan_covers_the_cache_with_about_two_programs_an_sm() -> None:
     """Chunks are whole blocks of 32 positions and cover ``max_len`` with no empty split; the programs come to
     about two an SM where the cache has blocks enough, one split per (batch, head) where there are as many."""
-    from kernels.decode_attention import BLOCK_N, split_plan
+    from kernels.attention.decode_attention import BLOCK_N, split_plan
 
     for batch_heads in (1, 16, 128, 1024):
         for max_len in (1, 31, 32, 576, 2048):
@@ -125,7 +126,7 @@ def test_split_plan_covers_the_cache_with_about_two_programs_an_sm() -> None:
 
 
 def test_operand_checks_name_what_is_wrong() -> None:
-    from kernels.decode_attention import check_operands, decode_attention
+    from kernels.attention.decode_attention import check_operands, decode_attention
 
     qkv, k_cache, v_cache, k_scale, v_scale = _case(2, 4, 64, 32, torch.bfloat16, seed=0)
     assert check_operands(qkv, k_cache, v_cache, 4) is None
@@ -147,7 +148,7 @@ def test_compiled_step_calls_the_kernel_on_the_cache_in_place() -> None:
     """``torch.compile`` (Inductor's CPU backend) of a step that projects qkv and calls the operator: the cache is
     written in place (the caller's tensors hold each step's row, no copy of them taken) and the output is the
     eager one."""
-    from kernels.decode_attention import decode_attention
+    from kernels.attention.decode_attention import decode_attention
 
     batch, heads, max_len, d = 2, 2, 64, 16
     proj = torch.nn.Linear(8, 3 * heads * d)
@@ -171,7 +172,7 @@ def test_compiled_step_calls_the_kernel_on_the_cache_in_place() -> None:
 _AOT_SCRIPT = """
 import json, sys
 import torch
-from kernels.decode_attention import compile_for_target, split_plan
+from kernels.attention.decode_attention import compile_for_target, split_plan
 for batch, dtype, pdl in json.loads(sys.argv[1]):
     kernels = compile_or_skip(lambda: compile_for_target(batch, 16, 576, 128, cache_dtype=getattr(torch, dtype),
                                                          pdl=pdl))
@@ -210,7 +211,7 @@ def test_kernels_compile_for_sm90_with_vector_loads(aot_child: Any) -> None:
 _PARTS_SCRIPT = """
 import json, sys
 import torch
-from kernels.decode_attention import compile_for_target
+from kernels.attention.decode_attention import compile_for_target
 for parts, dtype in json.loads(sys.argv[1]):
     kernels = compile_or_skip(lambda: compile_for_target(64, 16, 576, 128, cache_dtype=torch.bfloat16, parts=parts,
                                                          parts_dtype=getattr(torch, dtype), pdl=True))
@@ -240,7 +241,7 @@ def test_kernel_with_qkv_partials_compiles_for_sm90(aot_child: Any) -> None:
 def test_gpu_decode_attention_replays_in_a_graph_and_matches_fp32_math(cache_dtype: str) -> None:
     """On the GPU at the 1B model's decode shapes (batches 1, 8 and 64; 16 heads of 128, 576 positions): one
     captured call replayed at advancing positions, each against fp32 math over the cache as it stood."""
-    from kernels.decode_attention import decode_attention
+    from kernels.attention.decode_attention import decode_attention
 
     dtype = getattr(torch, cache_dtype)
     for batch in (1, 8, 64):

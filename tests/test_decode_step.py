@@ -27,7 +27,7 @@ from models.quant_linear import (  # noqa: E402
 )
 from models.quant_tiles import _candidate_tiles, _compiling, default_tile  # noqa: E402
 from objectives.decode_step import DecodeStep  # noqa: E402
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus  # noqa: E402
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus  # noqa: E402
 
 CPU = DeviceInfo(kind="cpu", name="cpu")
 H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
@@ -180,7 +180,7 @@ def test_flash_decode_takes_the_qkv_partials_unsummed(interpreter: None, monkeyp
     decode kernel as they are (no sum between the two products' kernels, eagerly and as torch.compile traces the
     step): the logits of three steps are those of the step that sums them first, within the rounding of q, k and v
     to bf16."""
-    import kernels.decode_attention as decode_attention
+    import kernels.attention.decode_attention as decode_attention
     from models.config import GPTConfig
     from models.quant_linear import pack_linears
 
@@ -286,7 +286,7 @@ def test_default_tile_fits_decode_and_prefill_shapes() -> None:
     assert default_tile(64, 16384, 2048, 8, 32)["BLOCK_N"] == 64  # 256 tiles
     big = default_tile(4096, 8192, 8192, 8, 32, smem_bytes=232448)
     assert big["BLOCK_M"] == 64 and big["BLOCK_N"] == 128
-    from objectives.quant_gemm import shared_memory_bytes
+    from kernels.quant.quant_gemm import shared_memory_bytes
 
     small = default_tile(4096, 8192, 8192, 8, 32, smem_bytes=100_000)
     assert shared_memory_bytes({**small, "bits": 8, "group_size": 32}) <= 100_000
@@ -337,7 +337,7 @@ def test_construction_and_static_check_need_no_torch() -> None:
     code = (
         "import sys\n"
         "from objectives.decode_step import DecodeStep\n"
-        "from tuner.workload import DeviceInfo\n"
+        "from tuner.workloads.base import DeviceInfo\n"
         "w = DecodeStep(model='1b', prompt_len=128, gen_tokens=32)\n"
         "print(w.static_check({'batch': 1, 'weight_bits': 4, 'group_size': 128, 'kv_dtype': 'bf16',"
         " 'attention': 'sdpa', 'cuda_graphs': True}, DeviceInfo(kind='cuda', compute_capability=(9, 0))))\n"
@@ -367,7 +367,7 @@ def test_args_are_validated_naming_the_arg() -> None:
 
 
 def test_space_seeds_and_the_batch_arg(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.space import compile_space
+    from tuner.study.space import compile_space
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     knob = DecodeStep(model="1b", prompt_len=128, gen_tokens=32)
@@ -468,7 +468,7 @@ def test_static_check_reasons_and_refusals_never_compute(monkeypatch: pytest.Mon
 
 
 def test_work_exports_and_registry() -> None:
-    from tuner.registry import workload_class
+    from tuner.workloads.registry import workload_class
 
     w = DecodeStep(**ARGS)
     config = _cfg(bits=4, group=32, kv_dtype="fp8_e4m3", attention="math")
@@ -800,9 +800,9 @@ def test_compile_failures_become_statuses(workload: DecodeStep, monkeypatch: pyt
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("ray_session")
 def test_engine_study_on_cpu(sqlite_url: str) -> None:
-    from tuner.orchestrator import Orchestrator
-    from tuner.spec import load_spec
-    from tuner.storage import StudyDB
+    from tuner.run.orchestrator import Orchestrator
+    from tuner.store.storage import StudyDB
+    from tuner.study.spec import load_spec
 
     db = StudyDB(sqlite_url)
     spec = {
@@ -847,7 +847,7 @@ def gpu_test(fn):
 def _cuda() -> DeviceInfo:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     return device_info()
 
@@ -872,7 +872,7 @@ def test_quant_linear_kernel_on_gpu(bits: int) -> None:
 def test_autotuned_tiles_are_correct_and_no_slower_than_the_heuristic() -> None:
     device = _cuda()
     from models.quant_tiles import tune_tile
-    from tuner.measure import time_fn
+    from tuner.workloads.measure import time_fn
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     linear = torch.nn.Linear(2048, 6144, bias=False, device="cuda")
@@ -890,7 +890,7 @@ def test_autotuned_tiles_are_correct_and_no_slower_than_the_heuristic() -> None:
     heuristic = default_tile(1, 6144, 2048, 4, 128)
     # Both timed here the same way (CUDA graph of 64 products over rotating weights): the tuned tile
     # was the fastest of a set that the heuristic's neighbours belong to; allow 10% for noise.
-    from kernels.quant_gemm import quant_matmul
+    from kernels.quant.quant_gemm import quant_matmul
 
     x = torch.randn(1, 2048, device="cuda").to(torch.bfloat16)
     weights = [QuantLinear.from_linear(linear, 4, 128) for _ in range(16)]  # 100 MB: more than L2

@@ -91,7 +91,7 @@ def test_api_and_a_runner_on_a_ray_cluster_run_a_submitted_study(
 ) -> None:
     import httpx
 
-    from tuner.storage import StudyDB
+    from tuner.store.storage import StudyDB
 
     address, ray_env = ray_cluster
     StudyDB(db_url).create_tables()
@@ -152,7 +152,7 @@ def test_a_local_run_starts_its_own_ray_beside_a_running_cluster(
     CPU count asked for a local one): ``tuner run`` starts its own local Ray instead."""
     import yaml
 
-    from tuner.storage import StudyDB
+    from tuner.store.storage import StudyDB
 
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(dict(SPEC, name="local-beside-cluster", budget={"trials": 3})))

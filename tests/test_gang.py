@@ -1,7 +1,7 @@
 """Multi-GPU trials on the CPU: gangs of gloo ranks under the real orchestrator, with real faults.
 
 A study of the ``collective`` workload with ``resources.gpus_per_trial: 2`` runs each trial as two
-fresh rank processes (tuner/gang.py). A rank that never joins the collective leaves the other blocked
+fresh rank processes (tuner/run/gang.py). A rank that never joins the collective leaves the other blocked
 in it until the process-group timeout (``timeout``); a rank that exits mid-trial makes the trial
 ``worker_lost`` and the other rank is ended; the gang worker takes the next trial and the study
 completes its budget, re-measurement included.
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from tuner.gang import PROTECTED_ENV, _merge, gang_deadline_s, pg_timeout_s, rank_env
-from tuner.orchestrator import Orchestrator
-from tuner.spec import SpecError, load_spec
-from tuner.storage import StudyDB
+from tuner.run.gang import PROTECTED_ENV, _merge, gang_deadline_s, pg_timeout_s, rank_env
+from tuner.run.orchestrator import Orchestrator
+from tuner.store.storage import StudyDB
+from tuner.study.spec import SpecError, load_spec
 
 DEFAULTS = {
     "NCCL_ALGO": "default",
@@ -145,4 +145,4 @@ def test_gang_study_with_a_hung_collective_and_a_dead_rank_completes(sqlite_url:
 def test_no_rank_process_outlives_its_trial() -> None:
     """The rank processes of earlier tests are gone (killed with their session or exited)."""
     out = os.popen("ps -eo args").read()
-    assert "tuner.gang_rank" not in out
+    assert "tuner.run.gang_rank" not in out

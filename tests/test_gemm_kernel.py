@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus
 
 CPU = DeviceInfo(kind="cpu", name="cpu")
 H100 = DeviceInfo(kind="cuda", name="NVIDIA H100", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
@@ -35,7 +35,7 @@ def _config(tile: tuple[int, ...], precision: str) -> dict:
 def interpreter() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 before triton is imported)")
-    from kernels.gemm import matmul_kernel
+    from kernels.gemm.gemm import matmul_kernel
 
     if type(matmul_kernel).__name__ != "InterpretedFunction":
         pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: kernels compile, not interpret")
@@ -48,7 +48,7 @@ def interpreter() -> None:
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "fp8"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 def test_kernel_matches_torch_reference(interpreter: None, precision: str, shape: tuple[int, int, int]) -> None:
-    from kernels import gemm
+    from kernels.gemm import gemm
     from objectives.triton_gemm import TOLERANCE_VS_FP32, TOLERANCE_VS_OPERANDS
 
     m, n, k = shape
@@ -76,7 +76,7 @@ def test_kernel_matches_torch_reference(interpreter: None, precision: str, shape
 def test_kernel_writes_into_out_and_handles_k_multiple_of_block(interpreter: None) -> None:
     import torch
 
-    from kernels import gemm
+    from kernels.gemm import gemm
 
     inputs = gemm.prepare_inputs(32, 48, 64, "fp32", "cpu", seed=2)  # EVEN_K path: no K mask
     out = torch.full((32, 48), float("nan"))
@@ -89,7 +89,7 @@ def test_kernel_writes_into_out_and_handles_k_multiple_of_block(interpreter: Non
 def test_matmul_rejects_wrong_dtypes_and_shapes(interpreter: None) -> None:
     import torch
 
-    from kernels import gemm
+    from kernels.gemm import gemm
 
     tile = _config((16, 16, 16, 1, 4, 2), "fp16")
     a = torch.zeros(16, 16)
@@ -103,7 +103,7 @@ def test_matmul_rejects_wrong_dtypes_and_shapes(interpreter: None) -> None:
 
 @pytest.mark.timeout(30)
 def test_compile_only_is_a_no_op_under_the_interpreter(interpreter: None) -> None:
-    from kernels import gemm
+    from kernels.gemm import gemm
 
     kwargs = _config((16, 16, 32, 1, 4, 2), "fp8")
     assert gemm.compile_only(48, 80, 64, **kwargs) is None
@@ -169,7 +169,7 @@ def test_export_config_is_ready_for_triton_config() -> None:
         "precision": "bf16",
         "pad_k": False,
         "kernel": "tutorial",
-        "function": "kernels.gemm.matmul",
+        "function": "kernels.gemm.gemm.matmul",
     }
 
 
@@ -232,10 +232,10 @@ def test_run_refuses_bf16_on_cpu_without_computing() -> None:
 
 @pytest.mark.timeout(60)
 def test_wrong_results_are_numerics_fail(interpreter: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kernels.gemm
+    import kernels.gemm.gemm
     from objectives.triton_gemm import TritonGemm
 
-    real_matmul = kernels.gemm.matmul
+    real_matmul = kernels.gemm.gemm.matmul
     config = _config((32, 32, 32, 4, 4, 2), "fp16")
 
     def zeros(a, b, *, out, **kwargs):
@@ -252,12 +252,12 @@ def test_wrong_results_are_numerics_fail(interpreter: None, monkeypatch: pytest.
 
     expected = {zeros: "exceeds", writes_nothing: "NaN", off_by_one_percent: "the kernel"}
     for fake, message in expected.items():
-        monkeypatch.setattr(kernels.gemm, "matmul", fake)
+        monkeypatch.setattr(kernels.gemm.gemm, "matmul", fake)
         result = TritonGemm(m=48, n=80, k=64).run(config, CPU, TrialContext())
         assert result.status == TrialStatus.NUMERICS_FAIL, fake.__name__
         assert message in (result.error or ""), result.error
         assert "max_rel_error" in result.metrics and not result.samples_ms
-    monkeypatch.setattr(kernels.gemm, "matmul", real_matmul)
+    monkeypatch.setattr(kernels.gemm.gemm, "matmul", real_matmul)
     assert TritonGemm(m=48, n=80, k=64).run(config, CPU, TrialContext()).ok
 
 
@@ -281,7 +281,7 @@ def test_check_numerics_directly() -> None:
 def test_compile_failures_become_statuses(monkeypatch: pytest.MonkeyPatch) -> None:
     from triton.runtime.errors import OutOfResources
 
-    import kernels.gemm
+    import kernels.gemm.gemm
     import objectives.triton_gemm as triton_gemm
 
     class CompilationError(Exception):  # matched by name, like triton.compiler.errors.CompilationError
@@ -299,13 +299,13 @@ def test_compile_failures_become_statuses(monkeypatch: pytest.MonkeyPatch) -> No
         (raise_oor, TrialStatus.OUT_OF_RESOURCES),
         (raise_compile, TrialStatus.COMPILE_ERROR),
     ):
-        monkeypatch.setattr(kernels.gemm, "matmul", fake)
+        monkeypatch.setattr(kernels.gemm.gemm, "matmul", fake)
         result = triton_gemm.TritonGemm(m=48, n=80, k=64).run(config, CPU, TrialContext())
         assert result.status == status and result.error
 
     # prepare() on a GPU keeps the failure, and run() reports it without compiling again.
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on a GPU (the kernels stay interpreted: nothing launches)
-    monkeypatch.setattr(kernels.gemm, "compile_only", raise_oor)
+    monkeypatch.setattr(kernels.gemm.gemm, "compile_only", raise_oor)
     workload = triton_gemm.TritonGemm(m=4096, n=4096, k=4096)
     workload.prepare(config, H100)  # must not raise
     result = workload.run(config, H100, TrialContext())
@@ -318,7 +318,7 @@ def test_compile_failures_become_statuses(monkeypatch: pytest.MonkeyPatch) -> No
 
 @pytest.mark.timeout(30)
 def test_time_fn_on_cpu_returns_requested_samples() -> None:
-    from tuner.measure import time_fn
+    from tuner.workloads.measure import time_fn
 
     calls = []
     timing = time_fn(lambda: calls.append(1), CPU, warmup_ms=0, rep_ms=0, min_reps=7, max_reps=7)
@@ -335,7 +335,7 @@ def test_time_fn_on_cpu_returns_requested_samples() -> None:
 
 @pytest.mark.timeout(10)
 def test_timing_statistics() -> None:
-    from tuner.measure import Timing, median_ci95, time_fn
+    from tuner.workloads.measure import Timing, median_ci95, time_fn
 
     timing = Timing.from_samples([float(x) for x in range(10, 0, -1)])
     assert timing.median_ms == 5.5 and timing.iqr_ms == pytest.approx(4.5)
@@ -352,7 +352,7 @@ def test_timing_statistics() -> None:
 def test_fingerprint_and_device_info_on_cpu() -> None:
     import torch
 
-    from tuner.fingerprint import device_info, fingerprint
+    from tuner.workloads.fingerprint import device_info, fingerprint
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU fingerprint; this machine has a GPU")

@@ -1,4 +1,4 @@
-"""The Gluon ping-pong GEMM (``kernels/gemm_ws.py``): its static rules on the CPU, an ahead-of-time sm_90 compile
+"""The Gluon ping-pong GEMM (``kernels/gemm/gemm_ws.py``): its static rules on the CPU, an ahead-of-time sm_90 compile
 (wgmma, TMA loads and stores, the partitions' register budgets, shared memory against the rule), and numerics
 on a GPU with several tiles per program, so both consumers take turns over the ring (the case that once read a
 stage two phases early)."""
@@ -13,7 +13,7 @@ from conftest import compiled_gpu
 
 
 def test_check_config_names_what_the_kernel_refuses() -> None:
-    from kernels.gemm_ws import check_config, shared_memory_bytes
+    from kernels.gemm.gemm_ws import check_config, shared_memory_bytes
 
     assert check_config("bf16", 128, 128, 64, 4, 240) is None
     assert "precision" in (check_config("fp8", 128, 128, 64, 4, 240) or "")
@@ -25,7 +25,7 @@ def test_check_config_names_what_the_kernel_refuses() -> None:
 
 _AOT_SCRIPT = """
 import json, re, sys
-from kernels import gemm_ws
+from kernels.gemm import gemm_ws
 if not gemm_ws.available():
     print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
     sys.exit(0)
@@ -43,7 +43,7 @@ for job in json.loads(sys.argv[1]):
 
 @pytest.mark.timeout(240)
 def test_kernel_compiles_for_sm90_with_wgmma_tma_and_partition_registers(aot_child: Any) -> None:
-    from kernels.gemm_ws import shared_memory_bytes
+    from kernels.gemm.gemm_ws import shared_memory_bytes
 
     jobs = [
         {"precision": "bf16", "knobs": {}},
@@ -69,7 +69,7 @@ def test_gpu_pingpong_numerics_with_many_tiles_per_program(precision: str) -> No
     """Ragged M, N and K; 1, 3 and 7 programs (each consumer takes several tiles in turn), and a full grid."""
     import torch
 
-    from kernels.gemm_ws import DTYPES, matmul_pingpong
+    from kernels.gemm.gemm_ws import DTYPES, matmul_pingpong
 
     dtype = DTYPES[precision]
     gen = torch.Generator(device="cuda").manual_seed(3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.quant_gemm import quantize_weights
+from kernels.quant.quant_gemm import quantize_weights
 from models.config import PRESETS
 from models.gpt import make_model
 from models.gptq import gptq_decoder, gptq_quantize, hessian_of

@@ -23,8 +23,8 @@ CONFIG = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warp
 @pytest.mark.parametrize("shape", [(1024, 1024, 1024), (1000, 777, 513)])
 def test_gemm_numerics_on_gpu(precision: str, shape: tuple[int, int, int]) -> None:
     from objectives.triton_gemm import TritonGemm
-    from tuner.fingerprint import device_info
-    from tuner.workload import TrialContext, TrialStatus
+    from tuner.workloads.base import TrialContext, TrialStatus
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     workload = TritonGemm(m=shape[0], n=shape[1], k=shape[2])
@@ -41,7 +41,7 @@ def test_gemm_numerics_on_gpu(precision: str, shape: tuple[int, int, int]) -> No
 
 
 def test_worker_reports_roofline_position_and_clocks() -> None:
-    from tuner.worker import TrialWorker
+    from tuner.run.worker import TrialWorker
 
     worker = TrialWorker("triton_gemm", {"m": 4096, "n": 4096, "k": 4096}, "w-test")
     info = worker.describe()

@@ -17,10 +17,10 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import Settings, is_loopback
-from tuner import expr
-from tuner.export import render
-from tuner.registry import workload_class
-from tuner.space import SpaceError, compile_space, load_space_file
+from tuner.results.export import render
+from tuner.study import expr
+from tuner.study.space import SpaceError, compile_space, load_space_file
+from tuner.workloads.registry import workload_class
 
 pytestmark = [pytest.mark.timeout(60)]  # each refusal is immediate; before the fix some took many seconds
 TOKEN = "s3cret-token"

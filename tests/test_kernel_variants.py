@@ -1,5 +1,6 @@
-"""The Hopper kernel variants: persistent TMA GEMM (``kernels/gemm_tma.py``) and persistent attention
-(``kernels/attention_persistent.py``), selected by the ``kernel`` knob of ``triton_gemm`` / ``flash_attention``.
+"""The Hopper kernel variants: persistent TMA GEMM (``kernels/gemm/gemm_tma.py``) and persistent attention
+(``kernels/attention/attention_persistent.py``), selected by the ``kernel`` knob of ``triton_gemm`` /
+``flash_attention``.
 
 On the CPU the kernels run under the Triton interpreter (numerics at small ragged shapes, through the
 workloads' trial), compile ahead of time for sm_90 in a child process (shared memory against the space's
@@ -15,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import compiled_gpu
 
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus
 
 CPU = DeviceInfo(kind="cpu", name="cpu")
 H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
@@ -70,7 +71,7 @@ def test_stream_k_tail_sums_the_partials_of_every_program_sharing_a_tile(interpr
     with the partials of ranks 2 and 3. A missing or doubled partial is off by a whole segment's sum."""
     import torch
 
-    from kernels.gemm_tma import matmul_persistent, stream_k_buffers
+    from kernels.gemm.gemm_tma import matmul_persistent, stream_k_buffers
 
     gen = torch.Generator().manual_seed(7)
     a = torch.randn(80, 224, generator=gen).half()
@@ -118,8 +119,8 @@ def test_persistent_attention_trial_is_ok_on_a_ragged_sequence(interpreter: None
 def test_persistent_attention_stores_the_log_sum_exp_the_backward_reads(interpreter: None) -> None:
     import torch
 
-    from kernels.attention import LOG2E, make_masters, quantize
-    from kernels.attention_persistent import attention_persistent
+    from kernels.attention.attention import LOG2E, make_masters, quantize
+    from kernels.attention.attention_persistent import attention_persistent
 
     q, k, v = quantize(make_masters(1, 2, 48, 64, "cpu", 5), "fp16")
     lse = torch.empty(1, 2, 48)
@@ -156,10 +157,11 @@ def test_gemm_python_export_of_a_persistent_variant_names_its_function_and_runs(
     config = _gemm("persistent_tma_ws", "fp8", True, (128, 256, 128), fast=False, STREAM_K=True)
     workload = TritonGemm(m=8192, n=8192, k=8192)
     exported = workload.export_config(config)
-    assert exported["function"] == "kernels.gemm_tma.matmul_persistent" and exported["kernel"] == "persistent_tma_ws"
+    assert exported["function"] == "kernels.gemm.gemm_tma.matmul_persistent"
+    assert exported["kernel"] == "persistent_tma_ws"
     assert exported["kwargs"]["WARP_SPECIALIZE"] is True and exported["kwargs"]["FP8_FAST_ACCUM"] is False
     source = workload.export_python(config)
-    assert "kernels.gemm_tma.matmul_persistent" in source
+    assert "kernels.gemm.gemm_tma.matmul_persistent" in source
     namespace: dict = {}
     exec(compile(source, "<export>", "exec"), namespace)
     assert namespace["GEMM_CONFIG"] == {
@@ -178,7 +180,7 @@ def test_attention_python_export_of_the_persistent_variant_runs() -> None:
     workload = FlashAttention(batch=2, heads=4, seq_len=1024, head_dim=64, causal=True)
     config = _attention("persistent_tma_ws", "bf16", True, 128, 64)
     source = workload.export_python(config)
-    assert "from kernels.attention_persistent import attention_persistent" in source
+    assert "from kernels.attention.attention_persistent import attention_persistent" in source
     namespace: dict = {}
     exec(compile(source, "<export>", "exec"), namespace)
     assert namespace["ATTENTION_CONFIG"]["split_m"] is True and namespace["ATTENTION_CONFIG"]["warp_specialize"]
@@ -194,9 +196,9 @@ import json, sys
 jobs = json.loads(sys.argv[1])
 for job in jobs:
     if job["family"] == "gemm":
-        from kernels.gemm_tma import compile_for_target
+        from kernels.gemm.gemm_tma import compile_for_target
     else:
-        from kernels.attention_persistent import compile_for_target
+        from kernels.attention.attention_persistent import compile_for_target
     kernel = compile_or_skip(lambda: compile_for_target(*job["shape"], **job["config"], capability=90))
     ptx = kernel.asm["ptx"]
     print(json.dumps({**job, "shared": kernel.metadata.shared, "wgmma": "wgmma.mma_async" in ptx,
@@ -221,7 +223,7 @@ def test_persistent_seeds_compile_for_sm90_within_the_shared_memory_rule(aot_chi
     """The GEMM space's persistent seeds and a few attention tiles: wgmma + TMA, shared memory within the
     rule's estimate (and the estimate tight: at most 1024 bytes of barriers and alignment above the tiles)."""
     from objectives.flash_attention import smem_estimate_bytes
-    from tuner.space import compile_space, load_space_file
+    from tuner.study.space import compile_space, load_space_file
 
     space = compile_space(load_space_file("gemm.yaml"))
     seeds = [s for s in space.seeds if s["kernel"] != "tutorial"]
@@ -267,7 +269,7 @@ def test_gpu_persistent_gemm_numerics(precision: str, shape: tuple[int, int, int
     """With STREAM_K, 4096^3 (512 tiles) leaves 116 tiles to share out; 2000x3000x1008 (192 tiles, ragged M, N
     and K) 60 tiles of 16 K iterations, each split between two programs."""
     from objectives.triton_gemm import TritonGemm
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     m, n, k = shape
@@ -288,7 +290,7 @@ def test_gpu_persistent_gemm_numerics(precision: str, shape: tuple[int, int, int
 @pytest.mark.parametrize("shape", [(1, 3, 1000, 128), (2, 4, 2048, 64)], ids=lambda s: "x".join(map(str, s)))
 def test_gpu_persistent_attention_numerics(shape: tuple[int, int, int, int], causal: bool) -> None:
     from objectives.flash_attention import FlashAttention
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     batch, heads, seq_len, head_dim = shape

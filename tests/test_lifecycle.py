@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import Settings
-from tuner import lifecycle
-from tuner.storage import StudyDB
+from tuner.store import lifecycle
+from tuner.store.storage import StudyDB
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -196,9 +196,9 @@ def test_idempotency_is_atomic_under_16_concurrent_submits(db_url: str) -> None:
 def test_two_first_runs_of_one_new_spec_one_runs_the_other_is_told_who(db_url: str) -> None:
     """Two `tuner run`s of a spec no study has yet, opening it at the same moment: one creates and holds
     it, the other gets the 'is being run by' refusal (never an IntegrityError)."""
-    from tuner.orchestrator import Orchestrator, StudyConflict
-    from tuner.spec import StudySpec, compile_study
-    from tuner.storage import lease_owner_name
+    from tuner.run.orchestrator import Orchestrator, StudyConflict
+    from tuner.store.storage import lease_owner_name
+    from tuner.study.spec import StudySpec, compile_study
 
     db = StudyDB(db_url)
     db.create_tables()

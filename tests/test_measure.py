@@ -1,4 +1,4 @@
-"""The stopwatch (tuner/measure.py): adaptive repetition, its statistics, and the CUDA-graph mode on a GPU."""
+"""The stopwatch (tuner/workloads/measure.py): adaptive repetition, its statistics, and the CUDA-graph mode on a GPU."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import os
 
 import pytest
 
-from tuner.measure import Timing, median_ci95, rel_ci_half_width, step_intervals_ms, time_fn, timed_steps
-from tuner.workload import DeviceInfo
+from tuner.workloads.base import DeviceInfo
+from tuner.workloads.measure import Timing, median_ci95, rel_ci_half_width, step_intervals_ms, time_fn, timed_steps
 
 CPU = DeviceInfo()
 
 
 class FakeClock:
-    """Stands in for ``time.perf_counter`` in tuner.measure: only the timed function advances it,
+    """Stands in for ``time.perf_counter`` in tuner.workloads.measure: only the timed function advances it,
     so the samples are exactly the durations it is given, however loaded the machine is."""
 
     def __init__(self) -> None:
@@ -26,10 +26,10 @@ class FakeClock:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    import tuner.measure
+    import tuner.workloads.measure
 
     fake = FakeClock()
-    monkeypatch.setattr(tuner.measure, "time", fake)
+    monkeypatch.setattr(tuner.workloads.measure, "time", fake)
     return fake
 
 
@@ -118,7 +118,7 @@ torch = pytest.importorskip("torch")
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="compiled kernels, not the interpreter")
 def test_cuda_graph_mode_removes_launch_overhead_of_a_tiny_kernel() -> None:
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     x = torch.zeros(1024, device="cuda")

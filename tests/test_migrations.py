@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import inspect, text
 from sqlalchemy.exc import IntegrityError
 
-from tuner import lifecycle
 from tuner.cli import main
-from tuner.migrations import VERSION_TABLE, current, head
-from tuner.storage import StudyDB, make_engine, resolve_url
+from tuner.store import lifecycle
+from tuner.store.migrations import VERSION_TABLE, current, head
+from tuner.store.storage import StudyDB, make_engine, resolve_url
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -114,7 +114,7 @@ def test_a_database_grown_by_release_0_1_0s_alter_loop_upgrades(sqlite_url: str)
 
 
 def test_an_empty_database_gets_the_schema_the_models_describe(db_url: str) -> None:
-    from tuner.storage import Base
+    from tuner.store.storage import Base
 
     db = StudyDB(db_url)
     db.create_tables()

@@ -78,9 +78,9 @@ def _demo_spec(name: str, **changes: object) -> dict:
 @pytest.fixture(scope="module")
 def replayed_study(tmp_path_factory: pytest.TempPathFactory, ray_session: None) -> tuple[str, int]:
     """The demo's replay study (no per-trial delay) run on the engine: (database URL, study id)."""
-    from tuner.orchestrator import Orchestrator
-    from tuner.spec import load_spec
-    from tuner.storage import StudyDB
+    from tuner.run.orchestrator import Orchestrator
+    from tuner.store.storage import StudyDB
+    from tuner.study.spec import load_spec
 
     spec = _demo_spec("demo-replay.yaml")  # one worker, as the demo: its trials come in a fixed order
     spec["args"] = {**spec["args"], "delay_ms": 0}
@@ -93,7 +93,7 @@ def replayed_study(tmp_path_factory: pytest.TempPathFactory, ray_session: None) 
 
 def test_demo_specs_compile_with_fronts_to_find() -> None:
     """The three demo studies are valid; the live one keeps several precisions the interpreter computes."""
-    from tuner.spec import load_spec
+    from tuner.study.spec import load_spec
 
     replay = load_spec(ROOT / "examples" / "demo-replay.yaml")
     assert replay.spec.workload == "replay" and [m for m, _ in replay.objectives] == ["tflops", "max_rel_error"]
@@ -104,9 +104,9 @@ def test_demo_specs_compile_with_fronts_to_find() -> None:
 
 
 def test_demo_replay_study_has_a_front_and_is_labelled_replayed(replayed_study: tuple[str, int]) -> None:
-    from tuner.export import export_document, render
-    from tuner.pareto import pareto_front
-    from tuner.storage import StudyDB
+    from tuner.results.export import export_document, render
+    from tuner.results.pareto import pareto_front
+    from tuner.store.storage import StudyDB
 
     url, study_id = replayed_study
     db = StudyDB(url)
@@ -166,7 +166,7 @@ def test_cli_names_the_database_it_searched_and_the_studies_it_has(
 def test_elapsed_runs_on_while_the_lease_is_live_and_stops_with_it() -> None:
     import datetime as dt
 
-    from tuner.progress import live_elapsed_s
+    from tuner.store.progress import live_elapsed_s
 
     now = dt.datetime(2026, 1, 1, 12, 0, 30, tzinfo=dt.timezone.utc)
     written = now - dt.timedelta(seconds=30)
@@ -180,7 +180,7 @@ def test_elapsed_runs_on_while_the_lease_is_live_and_stops_with_it() -> None:
 def test_eta_is_the_earlier_of_the_trial_budget_and_the_minutes() -> None:
     import datetime as dt
 
-    from tuner.progress import eta_s, recent_rate
+    from tuner.store.progress import eta_s, recent_rate
 
     now = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
     # 10 trials over the last 20 s: 0.5 trials/s, 10 trials to go: 20 s; the minutes leave more.
@@ -248,7 +248,7 @@ BAD_SPEC = {
 
 
 def test_a_spec_gets_every_error_in_one_answer_with_the_workload_args_listed() -> None:
-    from tuner.spec import SpecError, load_spec
+    from tuner.study.spec import SpecError, load_spec
 
     with pytest.raises(SpecError) as info:
         load_spec(BAD_SPEC)
@@ -275,7 +275,7 @@ def test_the_api_answers_every_error_of_a_spec_in_one_422(api_client) -> None:
 
 
 def test_a_space_without_a_statically_feasible_point_is_refused_at_submit(api_client) -> None:
-    from tuner.spec import SpecError, load_spec
+    from tuner.study.spec import SpecError, load_spec
 
     spec = {
         "name": "warps-3",
@@ -300,7 +300,7 @@ def test_a_space_without_a_statically_feasible_point_is_refused_at_submit(api_cl
 
 
 def test_sampled_points_come_from_the_space_and_enumeration_is_exhaustive_when_small() -> None:
-    from tuner.space import compile_space
+    from tuner.study.space import compile_space
 
     space = compile_space(
         {
@@ -355,7 +355,7 @@ def test_one_vocabulary_on_the_page_the_cli_and_the_readme() -> None:
     sources = [
         ROOT / "api" / "static" / "dashboard.js",
         *sorted((ROOT / "api" / "templates").glob("*.html")),
-        ROOT / "tuner" / "cli.py",
+        ROOT / "tuner" / "cli" / "main.py",
         ROOT / "README.md",
     ]
     for path in sources:
@@ -367,8 +367,8 @@ def test_one_vocabulary_on_the_page_the_cli_and_the_readme() -> None:
 def test_exports_of_an_interpreter_trial_carry_the_caveat_and_real_literals(tmp_path: Path) -> None:
     import ast
 
-    from tuner.export import export_document, render
-    from tuner.storage import StudyDB
+    from tuner.results.export import export_document, render
+    from tuner.store.storage import StudyDB
 
     db = StudyDB(f"sqlite:///{tmp_path / 'export.db'}")
     db.create_tables()

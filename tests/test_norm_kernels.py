@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus
 
 CPU = DeviceInfo(kind="cpu", name="cpu")
 H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
@@ -34,7 +34,7 @@ def _config(tile: tuple[int, int, int, int], precision: str) -> dict:
 
 
 def _workload(name: str, **args):
-    from tuner.registry import workload_class
+    from tuner.workloads.registry import workload_class
 
     return workload_class(name)(**args)
 
@@ -43,15 +43,15 @@ def _workload(name: str, **args):
 def interpreter() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 before triton is imported)")
-    from kernels.rmsnorm import rmsnorm_kernel
+    from kernels.norms.rmsnorm import rmsnorm_kernel
 
     if type(rmsnorm_kernel).__name__ != "InterpretedFunction":
         pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: kernels compile, not interpret")
 
 
 def _run_kernel(name: str, inputs: tuple, config: dict, out=None):
-    from kernels.rmsnorm import rmsnorm
-    from kernels.softmax import softmax
+    from kernels.norms.rmsnorm import rmsnorm
+    from kernels.norms.softmax import softmax
 
     if name == "rmsnorm":
         return rmsnorm(*inputs, eps=1e-6, out=out, **config)
@@ -60,7 +60,7 @@ def _run_kernel(name: str, inputs: tuple, config: dict, out=None):
 
 def _masters_and_refs(name: str, rows: int, cols: int, precision: str, seed: int = 1):
     """(inputs in the precision, fp32 ref of the masters, fp32 ref of the rounded inputs)."""
-    from kernels import rmsnorm, softmax
+    from kernels.norms import rmsnorm, softmax
 
     x, w = rmsnorm.make_masters(rows, cols, "cpu", seed)
     dtype = rmsnorm.DTYPES[precision]
@@ -77,7 +77,7 @@ def _masters_and_refs(name: str, rows: int, cols: int, precision: str, seed: int
 @pytest.mark.parametrize("name", WORKLOADS)
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_kernels_match_the_torch_reference(interpreter: None, name: str, precision: str) -> None:
-    from kernels.rmsnorm import DTYPES, row_rel_error
+    from kernels.norms.rmsnorm import DTYPES, row_rel_error
     from objectives.rmsnorm import TOLERANCE_VS_FP32, TOLERANCE_VS_OPERANDS
 
     for rows, cols in SHAPES:
@@ -95,7 +95,7 @@ def test_kernels_match_the_torch_reference(interpreter: None, name: str, precisi
 def test_softmax_is_stable_where_exp_overflows_and_the_running_max_grows(interpreter: None) -> None:
     import torch
 
-    from kernels.softmax import softmax
+    from kernels.norms.softmax import softmax
 
     # exp(x) overflows fp32 past 88.7; the rows rise, so every block of the two-pass loop raises the
     # running max and the sum so far must be rescaled.
@@ -113,7 +113,7 @@ def test_softmax_is_stable_where_exp_overflows_and_the_running_max_grows(interpr
 def test_rmsnorm_formula_eps_and_in_place_output(interpreter: None) -> None:
     import torch
 
-    from kernels.rmsnorm import rmsnorm
+    from kernels.norms.rmsnorm import rmsnorm
 
     x = torch.tensor([[3.0, 4.0], [0.0, 0.0], [1.0, -1.0]])
     w = torch.tensor([2.0, 0.5])
@@ -129,8 +129,8 @@ def test_rmsnorm_formula_eps_and_in_place_output(interpreter: None) -> None:
 def test_launchers_reject_wrong_dtypes_shapes_and_knobs(interpreter: None) -> None:
     import torch
 
-    from kernels.rmsnorm import rmsnorm
-    from kernels.softmax import softmax
+    from kernels.norms.rmsnorm import rmsnorm
+    from kernels.norms.softmax import softmax
 
     tile = _config((64, 1, 2, 1), "fp16")
     x = torch.zeros(4, 8)
@@ -150,7 +150,7 @@ def test_launchers_reject_wrong_dtypes_shapes_and_knobs(interpreter: None) -> No
 
 @pytest.mark.timeout(30)
 def test_compile_only_is_a_no_op_under_the_interpreter(interpreter: None) -> None:
-    from kernels import rmsnorm, softmax
+    from kernels.norms import rmsnorm, softmax
 
     tile = {"BLOCK": 8192, "ROWS_PER_PROGRAM": 1, "num_warps": 16, "num_stages": 1}
     assert rmsnorm.compile_only(8192, 8192, precision="bf16", **tile) is None
@@ -165,7 +165,7 @@ def test_compile_only_is_a_no_op_under_the_interpreter(interpreter: None) -> Non
 @pytest.mark.timeout(10)
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_default_space_loads_and_seeds_pass_static_check(name: str) -> None:
-    from tuner.space import compile_space, load_space_file
+    from tuner.study.space import compile_space, load_space_file
 
     workload = _workload(name, **SMALL)
     raw = load_space_file(workload.space_file)
@@ -224,7 +224,7 @@ def test_args_are_validated_naming_the_arg() -> None:
 
 @pytest.mark.timeout(10)
 def test_work_bytes_timing_mode_and_exports() -> None:
-    from tuner.registry import workload_class
+    from tuner.workloads.registry import workload_class
 
     big = workload_class("rmsnorm")(rows=8192, cols=8192)
     config = {"BLOCK": 8192, "ROWS_PER_PROGRAM": 1, "num_warps": 16, "num_stages": 1, "precision": "bf16"}
@@ -258,7 +258,7 @@ def test_registry_and_objective_import_stay_light() -> None:
     import sys
 
     code = (
-        "import sys; from tuner.registry import workload_class; "
+        "import sys; from tuner.workloads.registry import workload_class; "
         "[workload_class(n) for n in ('rmsnorm', 'softmax')]; "
         "print('torch' in sys.modules, 'triton' in sys.modules)"
     )
@@ -389,7 +389,7 @@ def _gpu_or_skip() -> DeviceInfo:
         pytest.skip("needs a CUDA GPU")
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("compiled kernels, not the interpreter")
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     return device_info()
 
@@ -432,7 +432,7 @@ def test_numerics_and_timing_on_gpu(name: str, precision: str) -> None:
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_seeds_run_on_gpu_at_the_benchmark_shape(name: str) -> None:
     device = _gpu_or_skip()
-    from tuner.space import compile_space, load_space_file
+    from tuner.study.space import compile_space, load_space_file
 
     workload = _workload(name, rows=8192, cols=8192)
     space = compile_space(load_space_file(workload.space_file))
@@ -451,10 +451,10 @@ def test_compile_only_fits_the_shared_memory_rule_on_gpu(name: str) -> None:
     _gpu_or_skip()
     import importlib
 
-    from tuner import expr
-    from tuner.space import compile_space, load_space_file
+    from tuner.study import expr
+    from tuner.study.space import compile_space, load_space_file
 
-    kernels = importlib.import_module(f"kernels.{name}")
+    kernels = importlib.import_module(f"kernels.norms.{name}")
     rule = next(r for r in compile_space(load_space_file(f"{name}.yaml")).rules if r.name == "shared_memory")
     # The rule's left-hand side: the bytes it expects the compiled kernel to take at most.
     estimate = expr.parse(rule.expression.text.split("<=")[0].strip())

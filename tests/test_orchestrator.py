@@ -8,10 +8,10 @@ from typing import Any
 import optuna
 import pytest
 
-from tuner.orchestrator import Orchestrator, StudyConflict
-from tuner.sampler_adapter import SamplerAdapter
-from tuner.spec import load_spec
-from tuner.storage import StudyDB, TrialWrite
+from tuner.run.orchestrator import Orchestrator, StudyConflict
+from tuner.store.storage import StudyDB, TrialWrite
+from tuner.strategy.adapter import SamplerAdapter
+from tuner.study.spec import load_spec
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("ray_session")]
 
@@ -185,7 +185,7 @@ def test_nsga2_with_one_intersection_for_the_study_proposes_what_stock_nsga2_doe
     import optuna
     from optuna.search_space import IntersectionSearchSpace
 
-    from tuner.samplers import SharedSpaceNSGAII
+    from tuner.strategy.samplers import SharedSpaceNSGAII
 
     def run(make: Any) -> list[dict[str, Any]]:
         storage = optuna.storages.InMemoryStorage()
@@ -373,13 +373,13 @@ def test_warm_start_enqueues_seeds_for_a_quarter_of_the_budget_and_says_so(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from objectives.noop import NoOp
-    from tuner.space import load_space_file
+    from tuner.study.space import load_space_file
 
     document = load_space_file(NoOp.space_file)
     seeds = [{"x": x, "tile": 32, "stages": 2, "mode": "fast"} for x in (0.11, 0.22, 0.33, 0.44)]
     monkeypatch.setattr(NoOp, "space_document", lambda self: {**document, "seeds": seeds})
     db = StudyDB(sqlite_url)
-    with caplog.at_level("WARNING", logger="tuner.orchestrator"):
+    with caplog.at_level("WARNING", logger="tuner.run.orchestrator"):
         summary = run(noop_spec("seeds", budget={"trials": 8, "trial_timeout_s": 30}), db, workers=1)
     trials = sorted(db.trials(summary.study_id), key=lambda t: t.number)
     assert [t.params["x"] for t in trials[:2]] == [0.11, 0.22]  # 8 // 4 seeds, in the space's order
@@ -421,7 +421,7 @@ def test_a_lease_held_by_a_dead_process_of_this_host_is_taken_at_once(db_url: st
     import subprocess
     import sys
 
-    from tuner.storage import lease_owner_name, owner_is_dead
+    from tuner.store.storage import lease_owner_name, owner_is_dead
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -444,7 +444,7 @@ def test_dispatch_order_runs_turns_by_number_and_passes_on_after_a_failure() -> 
     import threading
     import time
 
-    from tuner.worker import DispatchOrder
+    from tuner.run.worker import DispatchOrder
 
     order, ran = DispatchOrder(), []
 
@@ -475,7 +475,7 @@ def test_results_that_end_together_are_taken_one_at_a_time() -> None:
     a slot before taking the next result)."""
     import ray
 
-    from tuner.worker_pool import Work, WorkerPool
+    from tuner.run.worker_pool import Work, WorkerPool
 
     compiled = load_spec(noop_spec("one-at-a-time", args={"sleep_ms": 0}))
     pool = WorkerPool(compiled, compiled.workload_cls(**compiled.spec.args), workers=2, trials_per_worker=None)
@@ -498,7 +498,7 @@ def test_results_that_end_together_are_taken_one_at_a_time() -> None:
 def test_a_result_commits_the_rows_of_the_trials_dispatched_before_it(sqlite_url: str, monkeypatch) -> None:
     """One transaction per trial, not two: the running rows of trials just dispatched wait for the next
     result's commit (long enough here never to go alone), and every told result is already in the table."""
-    import tuner.orchestrator as orchestrator_module
+    import tuner.run.orchestrator as orchestrator_module
 
     monkeypatch.setattr(orchestrator_module, "RUNNING_ROWS_WAIT_S", 60.0)
     db = StudyDB(sqlite_url)

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus
 
 CPU = DeviceInfo(kind="cpu", name="cpu")
 H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
@@ -31,7 +31,7 @@ def _config(bits: int = 4, group_size: int = 128, precision: str = "fp16", **til
 def interpreter() -> None:
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 before triton is imported)")
-    from kernels.quant_gemm import quant_matmul_kernel
+    from kernels.quant.quant_gemm import quant_matmul_kernel
 
     if type(quant_matmul_kernel).__name__ != "InterpretedFunction":
         pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: kernels compile, not interpret")
@@ -44,7 +44,7 @@ def interpreter() -> None:
 def test_int4_packing_layout_and_round_trip() -> None:
     import torch
 
-    from kernels.quant_gemm import pack_int4, unpack_int4
+    from kernels.quant.quant_gemm import pack_int4, unpack_int4
 
     q = torch.tensor([[-7, 7], [3, -8], [0, 1], [5, -1]], dtype=torch.int8)  # (K=4, N=2)
     packed = pack_int4(q)
@@ -62,7 +62,7 @@ def test_int4_packing_layout_and_round_trip() -> None:
 def test_quantize_weights_is_symmetric_per_group_and_nearest(bits: int) -> None:
     import torch
 
-    from kernels.quant_gemm import QMAX, quantize_weights
+    from kernels.quant.quant_gemm import QMAX, quantize_weights
 
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(256, 24, generator=gen)
@@ -87,7 +87,7 @@ def test_quantize_weights_is_symmetric_per_group_and_nearest(bits: int) -> None:
 def test_clip_search_lowers_the_error_of_every_group(bits: int) -> None:
     import torch
 
-    from kernels.quant_gemm import CLIP_RATIOS, QMAX, quantize_weights
+    from kernels.quant.quant_gemm import CLIP_RATIOS, QMAX, quantize_weights
 
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(512, 64, generator=gen) * torch.rand(1, 64, generator=gen)  # columns of varied scale
@@ -113,7 +113,7 @@ def test_clip_search_lowers_the_error_of_every_group(bits: int) -> None:
 def test_quantize_weights_rejects_bad_arguments() -> None:
     import torch
 
-    from kernels.quant_gemm import quantize_weights
+    from kernels.quant.quant_gemm import quantize_weights
 
     w = torch.zeros(128, 8)
     with pytest.raises(ValueError, match="bits"):
@@ -135,8 +135,8 @@ def test_quantize_weights_rejects_bad_arguments() -> None:
 def test_kernel_matches_dequantized_reference(interpreter: None, bits: int, swap_ab: int) -> None:
     import torch
 
-    from kernels.gemm import max_rel_error
-    from kernels.quant_gemm import quant_matmul, quantize_weights, reference_quant_matmul
+    from kernels.gemm.gemm import max_rel_error
+    from kernels.quant.quant_gemm import quant_matmul, quantize_weights, reference_quant_matmul
     from objectives.quant_gemm import TOLERANCE_VS_DEQUANTIZED
 
     gen = torch.Generator().manual_seed(1)
@@ -165,8 +165,8 @@ def test_gemv_kernel_matches_dequantized_reference(interpreter: None, bits: int)
     """BLOCK_M = 1 launches the GEMV kernel (no tl.dot): one row per program, bf16 too (no dot to get wrong)."""
     import torch
 
-    from kernels.gemm import max_rel_error
-    from kernels.quant_gemm import quant_matmul, quantize_weights, reference_quant_matmul
+    from kernels.gemm.gemm import max_rel_error
+    from kernels.quant.quant_gemm import quant_matmul, quantize_weights, reference_quant_matmul
     from objectives.quant_gemm import TOLERANCE_VS_DEQUANTIZED
 
     gen = torch.Generator().manual_seed(2)
@@ -199,8 +199,8 @@ def test_gemv_kernel_matches_dequantized_reference(interpreter: None, bits: int)
 def test_kernel_single_row_and_stale_workspace(interpreter: None) -> None:
     import torch
 
-    from kernels.gemm import max_rel_error
-    from kernels.quant_gemm import quant_matmul, quantize_weights, reference_quant_matmul
+    from kernels.gemm.gemm import max_rel_error
+    from kernels.quant.quant_gemm import quant_matmul, quantize_weights, reference_quant_matmul
 
     gen = torch.Generator().manual_seed(2)
     x = torch.randn(1, 128, generator=gen).to(torch.float16)  # decode: M = 1
@@ -218,7 +218,7 @@ def test_kernel_single_row_and_stale_workspace(interpreter: None) -> None:
 def test_quant_matmul_rejects_bad_operands(interpreter: None) -> None:
     import torch
 
-    from kernels.quant_gemm import quant_matmul, quantize_weights
+    from kernels.quant.quant_gemm import quant_matmul, quantize_weights
 
     qw = quantize_weights(torch.randn(128, 32), 4, 32, scale_dtype=torch.float16)
     x = torch.zeros(4, 128, dtype=torch.float16)
@@ -237,7 +237,7 @@ def test_quant_matmul_rejects_bad_operands(interpreter: None) -> None:
 
 @pytest.mark.timeout(30)
 def test_compile_only_is_a_no_op_under_the_interpreter(interpreter: None) -> None:
-    from kernels.quant_gemm import compile_only
+    from kernels.quant.quant_gemm import compile_only
 
     tile = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4}
     assert compile_only(16, 8192, 8192, precision="bf16", bits=4, group_size=128, **tile) is None
@@ -297,8 +297,9 @@ def test_static_check_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.timeout(30)
 def test_default_space_loads_and_matches_static_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    from objectives.quant_gemm import PARAMS, WS_FLAGS, WS_PARAMS, QuantGemm, shared_memory_bytes
-    from tuner.space import compile_space, load_space_file
+    from kernels.quant.quant_gemm import shared_memory_bytes
+    from objectives.quant_gemm import PARAMS, WS_FLAGS, WS_PARAMS, QuantGemm
+    from tuner.study.space import compile_space, load_space_file
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     raw = load_space_file(QuantGemm.space_file)
@@ -327,7 +328,7 @@ def test_default_space_loads_and_matches_static_check(monkeypatch: pytest.Monkey
 @pytest.mark.timeout(30)
 def test_benchmark_specs_load_and_keep_matching_seeds(monkeypatch: pytest.MonkeyPatch) -> None:
     from bench.quant_gemm_study import TARGETS, make_spec
-    from tuner.spec import load_spec
+    from tuner.study.spec import load_spec
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert sorted(TARGETS.values()) == [(m, bits) for m in (1, 16, 64) for bits in (4, 8)]
@@ -367,10 +368,10 @@ def test_ws_kernel_is_refused_off_hopper_checked_by_its_rules_and_exported_as_kw
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``kernel: ws`` (the Gluon kernel): refused on a CPU and before sm_90 naming the device, its tile rules
-    (kernels/quant_ws_rules.py) applied on an H200, BLOCK_M 1 run as its 8-row tile, and the export the launcher's
+    (kernels/quant/quant_ws_rules.py) applied on an H200, BLOCK_M 1 run as its 8-row tile, and the export the launcher's
     keyword arguments (a runnable Python snippet, not a triton.Config)."""
     from objectives.quant_gemm import QuantGemm
-    from tuner.workload import DeviceInfo
+    from tuner.workloads.base import DeviceInfo
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     workload = QuantGemm(m=1, n=4096, k=14336)
@@ -389,14 +390,14 @@ def test_ws_kernel_is_refused_off_hopper_checked_by_its_rules_and_exported_as_kw
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert "Hopper" in (workload.static_check(ws, H200) or "")  # Gluon has no interpreter
     exported = workload.export_config(ws)
-    assert exported["function"] == "kernels.quant_gemm_ws.ws_quant_matmul"
+    assert exported["function"] == "kernels.quant.quant_gemm_ws.ws_quant_matmul"
     assert exported["kwargs"] == {"BLOCK_M": 8, "BLOCK_N": 256, "NUM_STAGES": 2, "PROGRAMS_PER_SM": 2,
                                   "LOADER_REGS": 40, "SCALE_ACC": 1, "SWIZZLE": 1, "SLICE_WAIT": 1}  # fmt: skip
     assert workload.export_config({**ws, "PROGRAMS_PER_SM": 3})["kwargs"]["LOADER_REGS"] == 24
     namespace: dict = {}
     exec(workload.export_python(ws), namespace)  # the export is meant to be pasted and run
     assert namespace["kwargs"] == exported["kwargs"] and namespace["quantization"]["bits"] == 4
-    from kernels.quant_ws_rules import check_config
+    from kernels.quant.quant_ws_rules import check_config
 
     assert check_config(1, 4096, 14336, 4, 128, **namespace["kwargs"]) is None
 
@@ -404,7 +405,7 @@ def test_ws_kernel_is_refused_off_hopper_checked_by_its_rules_and_exported_as_kw
 @pytest.mark.timeout(10)
 def test_registered() -> None:
     from objectives.quant_gemm import QuantGemm
-    from tuner.registry import workload_class
+    from tuner.workloads.registry import workload_class
 
     assert workload_class("quant_gemm") is QuantGemm
 
@@ -481,7 +482,7 @@ def test_packed_kernel_runs_as_a_variant_with_the_same_checks(interpreter: None,
     assert "span-wide swapped" in (workload.static_check({**x_tma, "group_size": 32}, H200) or "")
     assert "TMA must be 0, 1" in (workload.static_check({**x_tma, "TMA": 3}, H200) or "")
     exported = workload.export_config({**base, "BLOCK_M": 1, "SPLIT_K": 2})
-    assert exported["function"] == "kernels.quant_gemm_packed.packed_matmul"
+    assert exported["function"] == "kernels.quant.quant_gemm_packed.packed_matmul"
     assert exported["kwargs"] == {"BLOCK_M": 1, "BLOCK_N": 32, "SPLIT_K": 2, "PREFETCH": 1, "TMA": 0, "SWAP": 0,
                                   "STREAM": 0}  # fmt: skip
     assert "packed_matmul" in workload.export_python({**base, "BLOCK_M": 1, "SPLIT_K": 2})
@@ -532,7 +533,7 @@ def test_launches_rotate_over_weight_copies(interpreter: None, monkeypatch: pyte
     import torch
 
     import objectives.quant_gemm as quant_gemm
-    from kernels.gemm import max_rel_error
+    from kernels.gemm.gemm import max_rel_error
 
     monkeypatch.setattr(quant_gemm, "timing_comparable", lambda device: True)  # as on a GPU
     workload = quant_gemm.QuantGemm(**ARGS)
@@ -554,7 +555,7 @@ def test_launches_rotate_over_weight_copies(interpreter: None, monkeypatch: pyte
 def test_compile_failures_become_statuses(monkeypatch: pytest.MonkeyPatch) -> None:
     from triton.runtime.errors import OutOfResources
 
-    import kernels.quant_gemm
+    import kernels.quant.quant_gemm
     import objectives.quant_gemm as quant_gemm
 
     class CompilationError(Exception):  # matched by name, like triton.compiler.errors.CompilationError
@@ -569,13 +570,13 @@ def test_compile_failures_become_statuses(monkeypatch: pytest.MonkeyPatch) -> No
         raise CompilationError("at 12:8: unsupported layout")
 
     for fake, status in ((raise_oor, TrialStatus.OUT_OF_RESOURCES), (raise_compile, TrialStatus.COMPILE_ERROR)):
-        monkeypatch.setattr(kernels.quant_gemm, "quant_matmul", fake)
+        monkeypatch.setattr(kernels.quant.quant_gemm, "quant_matmul", fake)
         result = quant_gemm.QuantGemm(**ARGS).run(config, CPU, TrialContext())
         assert result.status == status and result.error
 
     # prepare() on a GPU keeps the failure; run() reports it without launching.
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # as on a GPU (the kernels stay interpreted)
-    monkeypatch.setattr(kernels.quant_gemm, "compile_only", raise_oor)
+    monkeypatch.setattr(kernels.quant.quant_gemm, "compile_only", raise_oor)
     workload = quant_gemm.QuantGemm(**ARGS)
     workload.prepare(config, H200)
     result = workload.run(config, H200, TrialContext())
@@ -602,7 +603,7 @@ def _cuda() -> DeviceInfo:
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     return device_info()
 
@@ -643,7 +644,7 @@ def test_numerics_on_gpu(precision: str, bits: int, shape: tuple[int, int, int],
 @pytest.mark.parametrize("bits", [4, 8])
 def test_seeds_run_on_gpu_at_the_benchmark_shape(bits: int) -> None:
     from objectives.quant_gemm import QuantGemm
-    from tuner.space import compile_space, load_space_file
+    from tuner.study.space import compile_space, load_space_file
 
     device = _cuda()
     workload = QuantGemm(m=16, n=8192, k=8192)
@@ -660,7 +661,7 @@ def test_compile_only_reports_out_of_shared_memory_on_gpu() -> None:
     _cuda()
     from triton.runtime.errors import OutOfResources
 
-    from kernels.quant_gemm import compile_only
+    from kernels.quant.quant_gemm import compile_only
 
     tile = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 8, "num_stages": 6}
     with pytest.raises(OutOfResources):

@@ -1,4 +1,4 @@
-"""The packed weight-only GEMM (kernels/quant_gemm_packed.py): layout round trips, numerics under the
+"""The packed weight-only GEMM (kernels/quant/quant_gemm_packed.py): layout round trips, numerics under the
 interpreter at ragged shapes (GEMV and tensor-core paths, split-K reduced in the kernel), argument
 checks, and ahead-of-time sm_90 compiles (inline-PTX decode included) in a child process."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import compiled_gpu
 
-from kernels.quant_gemm import quantize_weights
-from kernels.quant_gemm_packed import (
+from kernels.quant.quant_gemm import quantize_weights
+from kernels.quant.quant_gemm_packed import (
     PackedWeights,
     pack_weights,
     packed_matmul,
@@ -28,7 +28,7 @@ import ast, importlib, json
 from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code as closure
 for name in ("quant_gemm_packed.packed_quant_kernel", "quant_gemm.quant_matmul_kernel", "quant_gemm.quant_gemv_kernel"):
     module, kernel = name.rsplit(".", 1)
-    source = closure(getattr(importlib.import_module("kernels." + module), kernel))
+    source = closure(getattr(importlib.import_module("kernels.quant." + module), kernel))
     pasted = ast.literal_eval("'''" + source.replace("'''", "\\\\'\\\\'\\\\'") + "'''")  # as torch 2.11 pastes it
     try:
         ast.parse(pasted)
@@ -73,7 +73,7 @@ def test_layout_puts_slot_i_of_word_j_at_k_row_16i_plus_j(bits: int) -> None:
 
 @pytest.mark.timeout(10)
 def test_the_workload_knows_the_layout_without_importing_the_kernel() -> None:
-    from kernels.quant_gemm_packed import DOT_MIN_M
+    from kernels.quant.quant_gemm_packed import DOT_MIN_M
     from objectives.quant_gemm import PACKED_DOT_MIN_M, PACKED_SPAN
 
     assert PACKED_SPAN == {bits: span(bits) for bits in (4, 8)} and PACKED_DOT_MIN_M == DOT_MIN_M
@@ -479,7 +479,7 @@ def test_packed_product_hands_a_tma2_tile_a_contiguous_x(interpreter: None) -> N
 
 _AOT_SCRIPT = """
 import json, sys
-from kernels.quant_gemm_packed import compile_for_target
+from kernels.quant.quant_gemm_packed import compile_for_target
 for job in json.loads(sys.argv[1]):
     kernel = compile_or_skip(lambda: compile_for_target(*job["shape"], **job["config"], capability=90))
     ptx = kernel.asm["ptx"]
@@ -548,7 +548,7 @@ def test_tiles_compile_for_sm90_with_the_inline_ptx_decode(aot_child: Any) -> No
 
 _STORE_SCRIPT = """
 import json, re, sys
-from kernels.quant_gemm_packed import compile_for_target
+from kernels.quant.quant_gemm_packed import compile_for_target
 for job in json.loads(sys.argv[1]):
     ptx = compile_or_skip(lambda: compile_for_target(*job["shape"], **job["config"], capability=90)).asm["ptx"]
     print(json.dumps({**job, "stores": re.findall(r"st\\.global[.\\w]*", ptx)}), flush=True)
@@ -569,7 +569,7 @@ def test_sm90_16bit_partials_store_half_the_vectors(aot_child: Any) -> None:
 
 _SASS_SCRIPT = """
 import json, re, sys
-from kernels.quant_gemm_packed import compile_for_target
+from kernels.quant.quant_gemm_packed import compile_for_target
 for job in json.loads(sys.argv[1]):
     sass = sass_or_skip(compile_or_skip(lambda: compile_for_target(*job["shape"], **job["config"], capability=90)))
     print(json.dumps({"hgmma": len(re.findall(r"HGMMA\\.", sass)),
@@ -592,7 +592,7 @@ def test_sm90_split_k_span_wgmmas_are_not_serialized(aot_child: Any) -> None:
 
 _ORDER_SCRIPT = """
 import json, re, sys
-from kernels.quant_gemm_packed import compile_for_target
+from kernels.quant.quant_gemm_packed import compile_for_target
 for job in json.loads(sys.argv[1]):
     ptx = compile_or_skip(lambda: compile_for_target(*job["shape"], **job["config"], capability=90)).asm["ptx"]
     out = {**job, "fences": ptx.count("fence.proxy.async"), "groups": ptx.count("wgmma.commit_group")}
@@ -644,7 +644,7 @@ def test_scratch_that_a_larger_product_replaces_stays_allocated_for_the_graphs_c
 
     import torch
 
-    from kernels import quant_gemm_packed as packed
+    from kernels.quant import quant_gemm_packed as packed
 
     device = torch.device("cpu")
     held, _ = packed._scratch.get((device.type, device.index), (torch.empty(0), None))

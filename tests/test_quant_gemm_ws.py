@@ -1,4 +1,4 @@
-"""The warp-specialized Gluon int4/int8 GEMM (``kernels/quant_gemm_ws.py``): its static rules on the CPU, an
+"""The warp-specialized Gluon int4/int8 GEMM (``kernels/quant/quant_gemm_ws.py``): its static rules on the CPU, an
 ahead-of-time sm_90 compile (wgmma with the decoded weights in registers, TMA loads, the two-word PTX decode,
 no spills at two and three programs an SM), and on a GPU the product against the fp32 one for ragged shapes,
 both bit widths and both 16-bit types, and many launches of a split tile's in-kernel sum."""
@@ -13,7 +13,7 @@ from conftest import compiled_gpu
 
 
 def test_check_config_names_the_field_it_refuses() -> None:
-    from kernels.quant_gemm_ws import KNOBS, check_config, shared_memory_bytes
+    from kernels.quant.quant_gemm_ws import KNOBS, check_config, shared_memory_bytes
 
     ok = dict(KNOBS)
     assert check_config(1, 4096, 14336, 4, 128, **ok) is None
@@ -38,7 +38,7 @@ def test_check_config_names_the_field_it_refuses() -> None:
 
 _AOT_SCRIPT = """
 import json, re, subprocess, sys, tempfile
-from kernels import quant_gemm_ws
+from kernels.quant import quant_gemm_ws
 if not quant_gemm_ws.available():
     print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
     sys.exit(0)
@@ -61,7 +61,7 @@ for job in json.loads(sys.argv[1]):
 
 @pytest.mark.timeout(300)
 def test_kernel_compiles_for_sm90_with_register_operands_and_tma(aot_child: Any) -> None:
-    from kernels.quant_gemm_ws import shared_memory_bytes
+    from kernels.quant.quant_gemm_ws import shared_memory_bytes
 
     jobs = [
         {"shape": [1, 4096, 14336], "bits": 4, "knobs": {}},
@@ -92,7 +92,7 @@ def test_kernel_compiles_for_sm90_with_register_operands_and_tma(aot_child: Any)
 
 _ACT_SCRIPT = """
 import json, sys
-from kernels import quant_gemm_ws
+from kernels.quant import quant_gemm_ws
 if not quant_gemm_ws.available():
     print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
     sys.exit(0)
@@ -109,7 +109,7 @@ def test_gelu_epilogue_adds_exponentials_to_the_stores_only(aot_child: Any) -> N
     """``ACT=1`` (sm_90 PTX, no GPU): the GELU goes into the epilogue's two stores (a whole tile, and the last
     program's sum of a split tile), as exponentials the kernel had none of, with the same wgmmas and shared memory:
     swapped, wide and ``UNSWAPPED`` tiles; out-of-range values are refused naming the field."""
-    from kernels.quant_gemm_ws import check_config
+    from kernels.quant.quant_gemm_ws import check_config
 
     loops = ({}, {"BLOCK_M": 8, "BLOCK_N": 256, "SLICE_WAIT": 1}, {"WIDE_X": 1, "PDL": 1},
              {"BLOCK_M": 64, "BLOCK_N": 128, "UNSWAPPED": 1, "NUM_STAGES": 3, "PROGRAMS_PER_SM": 1})  # fmt: skip
@@ -141,7 +141,7 @@ def test_pdl_copies_the_words_before_waiting_for_the_kernel_before(aot_child: An
 
 _SASS_SCRIPT = """
 import json, re, sys
-from kernels import quant_gemm_ws
+from kernels.quant import quant_gemm_ws
 if not quant_gemm_ws.available():
     print(json.dumps({"skip": "this Triton has no Gluon Hopper API"}))
     sys.exit(0)
@@ -185,7 +185,7 @@ def test_quant_gemm_space_ws_seeds_compile_for_sm90(aot_child: Any) -> None:
     """The ``quant_gemm`` workload's ``kernel: ws`` seeds (int4), as its ``_ws_knobs`` hands them to the kernel,
     compile for sm_90 with the wgmma and no serialization beyond the slice pairs' waits."""
     from objectives.quant_gemm import QuantGemm
-    from tuner.space import compile_space, load_space_file
+    from tuner.study.space import compile_space, load_space_file
 
     seeds = [s for s in compile_space(load_space_file(QuantGemm.space_file)).seeds if s.get("kernel") == "ws"]
     jobs = [QuantGemm._ws_knobs(seed) for seed in seeds if seed["bits"] == 4]
@@ -198,7 +198,7 @@ def test_quant_gemm_space_ws_seeds_compile_for_sm90(aot_child: Any) -> None:
 def _product(m: int, n: int, k: int, bits: int, dtype: Any, seed: int) -> tuple[Any, Any, Any]:
     import torch
 
-    from kernels.quant_layout import quantize_packed
+    from kernels.quant.quant_layout import quantize_packed
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     w = torch.randn(k, n, device="cuda", generator=gen) * 0.05
@@ -217,7 +217,7 @@ def test_gpu_product_matches_fp32_for_ragged_shapes(bits: int, precision: str) -
     split between several (few spans, many programs), one program for everything."""
     import torch
 
-    from kernels.quant_gemm_ws import ws_quant_matmul
+    from kernels.quant.quant_gemm_ws import ws_quant_matmul
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float16
     cases = [
@@ -267,7 +267,7 @@ def test_gpu_gelu_epilogue_matches_gelu_of_the_fp32_product() -> None:
     last program, ``UNSWAPPED``), against ``F.gelu`` of the fp32 product."""
     import torch
 
-    from kernels.quant_gemm_ws import ws_quant_matmul
+    from kernels.quant.quant_gemm_ws import ws_quant_matmul
 
     for (m, n, k), sms, knobs in (((1, 8192, 2048), None, {}), ((8, 4104, 2048), None, {"BLOCK_M": 8, "BLOCK_N": 256}),
                                   ((33, 512, 8192), 3, {"BLOCK_M": 32}),
@@ -289,7 +289,7 @@ def test_gpu_pdl_chain_reads_the_x_the_kernel_before_wrote() -> None:
     stale X (the previous round's, a different matrix) would show in either output."""
     import torch
 
-    from kernels.quant_gemm_ws import ws_quant_matmul
+    from kernels.quant.quant_gemm_ws import ws_quant_matmul
 
     rounds, m = 100, 8
     _, first, _ = _product(m, 2048, 2048, 4, torch.bfloat16, seed=1)
@@ -324,7 +324,7 @@ def test_gpu_split_tiles_are_summed_right_in_every_launch() -> None:
     result equal to the first (fp32 atomics commute to within rounding: compared with a tolerance) and right."""
     import torch
 
-    from kernels.quant_gemm_ws import ws_quant_matmul
+    from kernels.quant.quant_gemm_ws import ws_quant_matmul
 
     x, packed, reference = _product(16, 4096, 14336, 4, torch.bfloat16, seed=7)
     side = torch.cuda.Stream()
@@ -349,7 +349,7 @@ def test_ws_tiles_offered_to_the_packed_layers_tuner_only_where_they_run(monkeyp
     """Without Gluon (or interpreted) no tile is offered; with it, every offered tile is named ``WS: 1`` and passes
     the kernel's rules, none for a product the kernel refuses (N not a multiple of 8, groups smaller than a span);
     ``pdl`` offers the same tiles with ``PDL: 1``."""
-    from kernels import quant_gemm_ws
+    from kernels.quant import quant_gemm_ws
     from models.quant_tiles import ws_candidates
 
     monkeypatch.setattr(quant_gemm_ws, "available", lambda: False)
@@ -386,7 +386,7 @@ def test_sweep_offers_wide_x_unswapped_and_wide_swapped_tiles_that_pass_the_rule
     kernel's rules with X in 64-column boxes and some without; at M = 64 (int4) the pipelined ``UNSWAPPED`` tiles
     and 256-column swapped tiles are among them; none asks for ``STAGGER`` (measured slower)."""
     from bench.int4_ws import candidates
-    from kernels.quant_ws_rules import check_config
+    from kernels.quant.quant_ws_rules import check_config
 
     for m, bits in ((1, 4), (16, 4), (64, 4), (1, 8)):
         ok = [c for c in candidates(m, bits) if check_config(m, 8192, 8192, bits, 128, **c) is None]

@@ -19,10 +19,10 @@ from sqlalchemy import event, select, text, update
 
 from api.main import create_app
 from api.settings import Settings
-from tuner import queries
-from tuner.pareto import best_trial, pareto_front
-from tuner.storage import DUPLICATE, FAILED_SQL, StudyDB, StudyRow, StudySummaryRow, TrialRow, TrialWrite
-from tuner.summary import Summary, rebuild
+from tuner.results.pareto import best_trial, pareto_front
+from tuner.store import queries
+from tuner.store.storage import DUPLICATE, FAILED_SQL, StudyDB, StudyRow, StudySummaryRow, TrialRow, TrialWrite
+from tuner.store.summary import Summary, rebuild
 
 pytestmark = [pytest.mark.timeout(120)]
 OBJECTIVES = [("score", "maximize"), ("cost", "minimize")]

@@ -17,12 +17,15 @@ from test_configs import CPU, H200, measured_study, noop_study
 from api.main import create_app
 from api.settings import Settings
 from objectives.noop import NoOp
-from tuner import configs, jobs, lifecycle, warm_start
+from tuner.best_configs import registry as configs
+from tuner.best_configs import warm_start
 from tuner.cli import build_parser
-from tuner.orchestrator import Orchestrator
-from tuner.sampler_adapter import SamplerAdapter
-from tuner.spec import load_spec
-from tuner.storage import StudyDB
+from tuner.run import jobs
+from tuner.run.orchestrator import Orchestrator
+from tuner.store import lifecycle
+from tuner.store.storage import StudyDB
+from tuner.strategy.adapter import SamplerAdapter
+from tuner.study.spec import load_spec
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -191,7 +194,7 @@ def run_runner(runner: Any, until: Any, timeout_s: float = 120) -> None:
 
 @pytest.mark.usefixtures("ray_session")
 def test_the_runner_rechecks_on_its_schedule_between_studies_and_a_restart_waits(db_url: str) -> None:
-    from tuner.service import StudyRunner
+    from tuner.run.service import StudyRunner
 
     db = StudyDB(db_url)
     db.create_tables()

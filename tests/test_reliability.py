@@ -124,7 +124,7 @@ class Server:
 
 def _check_trials(db_url: str, name: str, budget: int, before: dict[int, dict]) -> None:
     """The study met its budget; no finished trial was lost or changed, no number was used twice."""
-    from tuner.storage import StudyDB, measured_count
+    from tuner.store.storage import StudyDB, measured_count
 
     db = StudyDB(db_url)
     row = db.find_study(name)
@@ -138,7 +138,7 @@ def _check_trials(db_url: str, name: str, budget: int, before: dict[int, dict]) 
 
 
 def _finished(db_url: str, name: str) -> dict[int, dict]:
-    from tuner.storage import StudyDB
+    from tuner.store.storage import StudyDB
 
     db = StudyDB(db_url)
     row = db.find_study(name)
@@ -303,7 +303,7 @@ def test_a_postgresql_restart_under_tuner_run_loses_nothing(private_pg: tuple[st
 
 
 def _finished_or_empty(db_url: str, name: str) -> dict[int, dict]:
-    from tuner.storage import StudyDB
+    from tuner.store.storage import StudyDB
 
     db = StudyDB(db_url)
     try:
@@ -327,7 +327,7 @@ time.sleep(300)
 def test_what_a_dead_runner_leaves_behind_is_killed(tmp_path: Path) -> None:
     """A runner SIGKILLed (or stopped) takes its session with it: its Ray's agents and workers do not
     live on beside the next runner (a trial still running on a GPU among them)."""
-    from tuner.supervisor import RunnerSupervisor
+    from tuner.run.supervisor import RunnerSupervisor
 
     pids_file = tmp_path / "pids"
     supervisor = RunnerSupervisor([sys.executable, "-c", RUNNER_WITH_CHILDREN, str(pids_file)], stop_timeout_s=10)
@@ -362,7 +362,7 @@ def test_what_a_dead_runner_leaves_behind_is_killed(tmp_path: Path) -> None:
 
 
 def _finished_trial(db: object, study_id: int, number: int) -> None:
-    from tuner.storage import StudyDB
+    from tuner.store.storage import StudyDB
 
     assert isinstance(db, StudyDB)
     insert = db.insert_op(study_id, number, {"x": number / 10}, optuna_trial_id=None)
@@ -400,7 +400,7 @@ def test_an_event_stream_waits_out_a_database_blip(private_pg: tuple[str, Path],
     from sqlalchemy.engine import make_url
 
     from tests.test_queries import _noop_spec
-    from tuner.storage import StudyDB
+    from tuner.store.storage import StudyDB
 
     db_url, data = private_pg
     db = StudyDB(db_url)

@@ -9,9 +9,9 @@ import pytest
 
 from bench.landscape import GRIDS, grid_configs, record_landscape
 from objectives.replay import Replay, params_key
-from tuner.spec import SpecError, load_spec
-from tuner.storage import StudyDB
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+from tuner.store.storage import StudyDB
+from tuner.study.spec import SpecError, load_spec
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus
 
 CPU = DeviceInfo()
 NOOP_GRID = {"x": [0.1, 0.4, 0.7], "tile": [16, 64, 256], "stages": [1, 3, 6], "mode": ["fast", "balanced"]}
@@ -127,7 +127,7 @@ def test_replay_files_are_confined_to_the_landscape_directories(
 def test_a_replay_study_runs_on_the_engine_and_finds_the_recorded_best(
     noop_landscape: Path, tmp_path: Path, ray_session: None
 ) -> None:
-    from tuner.orchestrator import Orchestrator
+    from tuner.run.orchestrator import Orchestrator
 
     spec = {
         "name": "replay-noop",
@@ -176,8 +176,8 @@ def test_committed_landscapes_are_complete_and_replayable(path: Path) -> None:
 @pytest.mark.parametrize("family", sorted(GRIDS))
 def test_every_family_grid_has_300_configs_over_the_workload_knobs(family: str) -> None:
     """The grids bench/landscape.py records: >= 300 configs, each a full config of the workload's space."""
-    from tuner.registry import workload_class
-    from tuner.space import compile_space
+    from tuner.study.space import compile_space
+    from tuner.workloads.registry import workload_class
 
     grid = GRIDS[family]
     workload = workload_class(grid["workload"])(**grid["args"])
@@ -203,8 +203,8 @@ def test_grid_axes_keep_their_order_as_pow2_or_int_params() -> None:
 def test_a_conditional_grid_records_each_config_once_and_replays_with_its_conditions(landscape_dir: Path) -> None:
     """``when``: depth exists only for mode 'exact'; the replay space carries the condition, and a study of the
     project's strategy measures every recorded config once."""
-    from tuner.space import compile_space
     from tuner.strategy import SpaceExhausted, TunerSampler
+    from tuner.study.space import compile_space
 
     grid = {"x": [0.5], "tile": [16, 64], "stages": [1, 3], "mode": ["balanced", "exact"], "depth": [8, 16]}
     when = {"depth": "mode == 'exact'"}

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuner.spec import load_spec
-from tuner.storage import StudyDB, StudyRow
+from tuner.store.storage import StudyDB, StudyRow
+from tuner.study.spec import load_spec
 
 pytestmark = pytest.mark.timeout(400)
 

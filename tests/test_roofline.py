@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from objectives.triton_gemm import TritonGemm
-from tuner.roofline import describe_roofline, peaks_for, roofline_metrics
+from tuner.workloads.roofline import describe_roofline, peaks_for, roofline_metrics
 
 pytestmark = pytest.mark.timeout(30)
 

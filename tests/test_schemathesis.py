@@ -17,7 +17,7 @@ from schemathesis.checks import (
 
 from api.main import create_app
 from api.settings import Settings
-from tuner.storage import StudyDB
+from tuner.store.storage import StudyDB
 
 TOKEN = "schema-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

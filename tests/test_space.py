@@ -7,9 +7,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tuner import expr
-from tuner.space import SpaceError, compile_space, load_space_file
-from tuner.workload import DeviceInfo
+from tuner.study import expr
+from tuner.study.space import SpaceError, compile_space, load_space_file
+from tuner.workloads.base import DeviceInfo
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -176,7 +176,7 @@ def test_expressions_evaluate_without_eval() -> None:
 def test_the_default_pick_follows_the_remeasured_medians() -> None:
     from dataclasses import dataclass, field
 
-    from tuner.pareto import best_trial
+    from tuner.results.pareto import best_trial
 
     @dataclass
     class T:

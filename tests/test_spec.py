@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tuner.spec import SpecError, load_spec
+from tuner.study.spec import SpecError, load_spec
 
 pytestmark = pytest.mark.timeout(60)
 

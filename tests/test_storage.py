@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import IntegrityError
 
-from tuner.storage import RUNNING, StudyDB, resolve_url
+from tuner.store import lifecycle
+from tuner.store.storage import RUNNING, StudyDB, resolve_url
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,24 +109,24 @@ def test_leases_let_one_runner_hold_a_study_and_another_take_over_when_it_lapses
     db = StudyDB(db_url)
     db.create_tables()
     study_id = make_study(db, "leased")  # created queued
-    first = db.claim_next("runner-a", lease_s=0.5)
+    first = lifecycle.claim_next(db, "runner-a", lease_s=0.5)
     assert first is not None and first.id == study_id and first.status == "running"
-    assert db.claim_next("runner-b", lease_s=30) is None  # held
+    assert lifecycle.claim_next(db, "runner-b", lease_s=30) is None  # held
     assert db.renew_lease(study_id, "runner-a", 0.5)
     time.sleep(0.8)  # runner-a stops renewing: its lease lapses
-    taken = db.claim_next("runner-b", lease_s=30)
+    taken = lifecycle.claim_next(db, "runner-b", lease_s=30)
     assert taken is not None and taken.id == study_id and taken.lease_owner == "runner-b"
     assert not db.renew_lease(study_id, "runner-a", 30)  # the old owner learns it lost the study
-    assert not db.hand_back(study_id, "runner-a", "queued again")  # not a's any more
-    assert db.hand_back(study_id, "runner-b", "queued again")
+    assert not lifecycle.hand_back(db, study_id, "runner-a", "queued again")  # not a's any more
+    assert lifecycle.hand_back(db, study_id, "runner-b", "queued again")
     row = db.get_study(study_id)
     assert (row.status, row.message, row.lease_owner, row.lease_expires_at) == ("queued", "queued again", None, None)
-    assert not db.hand_back(study_id, "runner-b", "queued again")  # handed back once
-    assert db.claim_next("runner-b", lease_s=30).id == study_id
+    assert not lifecycle.hand_back(db, study_id, "runner-b", "queued again")  # handed back once
+    assert lifecycle.claim_next(db, "runner-b", lease_s=30).id == study_id
     db.release_lease(study_id, "runner-b")
     assert db.get_study(study_id).lease_owner is None
     db.update_study(study_id, status="completed")
-    assert db.claim_next("runner-c", lease_s=30) is None
+    assert lifecycle.claim_next(db, "runner-c", lease_s=30) is None
     db.dispose()
 
 
@@ -133,7 +134,7 @@ def test_a_database_of_an_earlier_version_gains_the_new_columns_and_keeps_its_ro
     """A database made before leases, idempotency keys and repeat detection existed still opens and works."""
     from sqlalchemy import Column, ForeignKey, MetaData, Table, insert
 
-    from tuner.storage import Base, make_engine, resolve_url
+    from tuner.store.storage import Base, make_engine, resolve_url
 
     dropped = {"tuner_studies": {"lease_owner", "lease_expires_at", "idempotency_key", "stop_requested",
                                  "idempotency_spec_hash", "objectives",

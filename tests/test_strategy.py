@@ -9,10 +9,10 @@ from typing import Any
 import optuna
 import pytest
 
-from tuner.samplers import CONSTRAINTS_ATTR, make_sampler
-from tuner.space import SearchSpace, compile_space
 from tuner.strategy import SpaceExhausted, TunerSampler
 from tuner.strategy.encoding import config_key
+from tuner.strategy.samplers import CONSTRAINTS_ATTR, make_sampler
+from tuner.study.space import SearchSpace, compile_space
 
 pytestmark = pytest.mark.timeout(120)
 H200 = {"smem_per_block_bytes": 232448}

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tuner.export import render, timing_facts, timing_line
-from tuner.registry import workload_class
-from tuner.spec import SpecError, load_spec
-from tuner.workload import DeviceInfo, TrialContext
+from tuner.results.export import render, timing_facts, timing_line
+from tuner.study.spec import SpecError, load_spec
+from tuner.workloads.base import DeviceInfo, TrialContext
+from tuner.workloads.registry import workload_class
 
 CPU = DeviceInfo()
 GPU = DeviceInfo(kind="cuda", name="NVIDIA H100 80GB HBM3", compute_capability=(9, 0))

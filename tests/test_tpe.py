@@ -13,8 +13,8 @@ import pytest
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from tuner.samplers import make_sampler
 from tuner.strategy.parzen import ParzenMixture, ramp_weights
+from tuner.strategy.samplers import make_sampler
 from tuner.strategy.tpe import TPESampler
 
 pytestmark = pytest.mark.timeout(300)

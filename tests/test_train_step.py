@@ -19,8 +19,8 @@ import pytest
 
 from models.config import PRESETS
 from objectives.train_step import LEAK_TOLERANCE_BYTES, TrainStep, estimate_peak_bytes, fp8_mixed_peak
-from tuner.space import compile_space
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus
+from tuner.study.space import compile_space
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus
 
 torch = pytest.importorskip("torch")
 
@@ -119,7 +119,7 @@ def test_static_check_needs_no_torch() -> None:
     code = (
         "import sys\n"
         "from objectives.train_step import TrainStep\n"
-        "from tuner.workload import DeviceInfo\n"
+        "from tuner.workloads.base import DeviceInfo\n"
         "w = TrainStep(model='1b', global_batch=8)\n"
         "dev = DeviceInfo(kind='cuda', name='NVIDIA H200', compute_capability=(9, 0))\n"
         "assert w.static_check({'micro_batch': 8, 'precision': 'fp8', 'checkpoint': 0, 'compile': 'default',"
@@ -298,9 +298,9 @@ def test_launch_failures_become_statuses(tiny: TrainStep, monkeypatch, exc: Any,
 @pytest.mark.timeout(240)
 @pytest.mark.usefixtures("ray_session")
 def test_study_through_the_engine_then_resume(sqlite_url: str) -> None:
-    from tuner.orchestrator import Orchestrator
-    from tuner.spec import load_spec
-    from tuner.storage import StudyDB
+    from tuner.run.orchestrator import Orchestrator
+    from tuner.store.storage import StudyDB
+    from tuner.study.spec import load_spec
 
     spec = {
         "name": "train-step-cpu",
@@ -373,7 +373,7 @@ SMALL_GPU_MODEL = {"vocab_size": 8192, "n_layers": 4, "d_model": 512, "n_heads":
     ],
 )
 def test_training_on_gpu(changes: dict[str, Any]) -> None:
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     workload = TrainStep(model=SMALL_GPU_MODEL, global_batch=8, steps=3, warmup_steps=2)
@@ -398,7 +398,7 @@ def test_training_on_gpu(changes: dict[str, Any]) -> None:
 @gpu_only
 @pytest.mark.timeout(600)
 def test_real_oom_on_gpu_frees_everything() -> None:
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     device = device_info()
     huge = {"vocab_size": 65536, "n_layers": 2, "d_model": 1024, "n_heads": 8, "seq_len": 4096}

@@ -1,8 +1,8 @@
 """The workload contract's engine side: declared capabilities, one template, one classifier, one wire form.
 
 Every registered workload declares its capabilities as class attributes; every measured workload
-(kernel, step, multi-GPU) runs the template of ``tuner/template.py`` instead of its own ``run``;
-exceptions map to statuses in one place (``tuner/failures.py``); a result crosses processes in
+(kernel, step, multi-GPU) runs the template of ``tuner/workloads/template.py`` instead of its own ``run``;
+exceptions map to statuses in one place (``tuner/workloads/failures.py``); a result crosses processes in
 one versioned form that keeps ``extra``, which reaches the database and ``GET /trials/{n}``.
 """
 
@@ -15,11 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from tuner.failures import TrialFailure, classify_exception
-from tuner.rank_workload import RankWorkload
-from tuner.registry import workload_class, workload_names
-from tuner.template import MeasuredWorkload
-from tuner.workload import (
+from tuner.workloads.base import (
     RESULT_VERSION,
     TrialResult,
     TrialStatus,
@@ -27,6 +23,10 @@ from tuner.workload import (
     json_safe,
     read_report,
 )
+from tuner.workloads.failures import TrialFailure, classify_exception
+from tuner.workloads.rank import RankWorkload
+from tuner.workloads.registry import workload_class, workload_names
+from tuner.workloads.template import MeasuredWorkload
 
 #: Workloads that are not measurements (a synthetic objective, a recorded landscape) keep their own run.
 UNMEASURED = {"noop", "replay"}
@@ -115,8 +115,8 @@ def test_the_wire_form_is_versioned_and_keeps_extra() -> None:
 
 
 def test_a_database_at_the_previous_revision_gains_the_extra_column(sqlite_url: str) -> None:
-    from tuner.migrations import head, upgrade
-    from tuner.storage import StudyDB
+    from tuner.store.migrations import head, upgrade
+    from tuner.store.storage import StudyDB
 
     db = StudyDB(sqlite_url)
     upgrade(db.engine, "0003")
@@ -149,9 +149,9 @@ def test_the_timing_interval_reaches_the_database_and_the_trial_answer(sqlite_ur
     """The README's example workload through the engine: each trial's timing summary is stored and served."""
     from api.main import create_app
     from api.settings import Settings
-    from tuner.orchestrator import Orchestrator
-    from tuner.spec import load_spec
-    from tuner.storage import StudyDB
+    from tuner.run.orchestrator import Orchestrator
+    from tuner.store.storage import StudyDB
+    from tuner.study.spec import load_spec
 
     spec: dict[str, Any] = {
         "name": "axpy-cpu",

@@ -1,4 +1,4 @@
-"""The contract every kernel workload keeps (tuner/workload.py), checked the same way for each of them.
+"""The contract every kernel workload keeps (tuner/workloads/base.py), checked the same way for each of them.
 
 On the CPU under the Triton interpreter, with small shapes: args validated naming the
 arg; the default space compiles and its seeds pass static_check on an H200; statically
@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from tuner.registry import workload_class, workload_names
-from tuner.space import compile_space
-from tuner.workload import DeviceInfo, TrialContext, TrialStatus, Workload
+from tuner.study.space import compile_space
+from tuner.workloads.base import DeviceInfo, TrialContext, TrialStatus, Workload
+from tuner.workloads.registry import workload_class, workload_names
 
 CPU = DeviceInfo()
 H200 = DeviceInfo(kind="cuda", name="NVIDIA H200", compute_capability=(9, 0), smem_per_block_bytes=232448, sm_count=132)
@@ -192,8 +192,8 @@ def test_default_space_compiles_and_its_seeds_pass_static_check_on_an_h200(
 def test_static_check_needs_neither_torch_nor_triton(case: Case) -> None:
     code = (
         "import json, sys\n"
-        "from tuner.registry import workload_class\n"
-        "from tuner.workload import DeviceInfo\n"
+        "from tuner.workloads.registry import workload_class\n"
+        "from tuner.workloads.base import DeviceInfo\n"
         f"w = workload_class({case.workload!r})(**json.loads({json.dumps(case.args)!r}))\n"
         f"config = json.loads({json.dumps(case.ok_configs[0])!r})\n"
         "w.static_check(config, DeviceInfo(kind='cuda', name='NVIDIA H200', compute_capability=(9, 0),"

@@ -1,4 +1,4 @@
-"""``/api/configs``: the best-config registry (tuner/configs.py): lookup by shape, list, publish, retract,
+"""``/api/configs``: the best-config registry (tuner/best_configs/registry.py): lookup by shape, list, publish, retract,
 and the ``nccl_tuner.conf`` of the collective entries."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import MAX_ID, DBDep, require_read, require_write
 from api.schemas import ErrorOut
-from tuner import configs
-from tuner.registry import UnknownWorkload, workload_class
+from tuner.best_configs import registry as configs
+from tuner.workloads.registry import UnknownWorkload, workload_class
 
 router = APIRouter(prefix="/api/configs", tags=["configs"], dependencies=[Depends(require_read)])
 #: Query parameters of a lookup that are not the workload's shape args or fixed args.
@@ -184,7 +184,7 @@ def study_origins(study_id: Annotated[int, Path(ge=1, le=MAX_ID)], db: DBDep) ->
     """Where a study's warm-started trials came from: a registry entry at another shape (its id, shape,
     distance and figure there) or a seed of the space; trials not listed came from the search. With the
     warm start the study took and why."""
-    from tuner.warm_start import decision_of
+    from tuner.best_configs.warm_start import decision_of
 
     if db.get_study(study_id) is None:
         raise HTTPException(404, f"no study {study_id}")
@@ -215,7 +215,7 @@ class RecheckJobOut(BaseModel):
 def recheck_job(db: DBDep) -> dict[str, Any]:
     """The runner's scheduled recheck (``tuner serve --recheck-every``): when its last run began and ended,
     which runner ran it, what it flagged, and when the next is due."""
-    from tuner.jobs import job_state
+    from tuner.run.jobs import job_state
 
     state = job_state(db)
     return {"scheduled": False} if state is None else {"scheduled": True, **state}
@@ -255,8 +255,8 @@ class RetuneOut(BaseModel):
 def retune_config(entry_id: Annotated[int, Path(ge=1, le=MAX_ID)], db: DBDep) -> dict[str, Any]:
     """Queue a study of the entry's shape again (its study's spec, warm-started from the registry): what a
     regressed or unverified entry calls for. It publishes its pick when it completes."""
-    from tuner import lifecycle
-    from tuner.spec import SpecError, StudySpec, compile_study
+    from tuner.store import lifecycle
+    from tuner.study.spec import SpecError, StudySpec, compile_study
 
     entry = configs.get_entry(db, entry_id)
     if entry is None:

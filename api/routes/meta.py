@@ -8,9 +8,9 @@ from sqlalchemy import func, select, text
 
 from api.deps import DBDep, require_read
 from api.schemas import HealthOut, MetricOut, WorkloadOut
-from tuner.registry import workload_class, workload_names
-from tuner.space import compile_space, load_space_file
-from tuner.storage import STUDY_STATUSES, StudyRow, TrialRow, is_transient
+from tuner.store.storage import STUDY_STATUSES, StudyRow, TrialRow, is_transient
+from tuner.study.space import compile_space, load_space_file
+from tuner.workloads.registry import workload_class, workload_names
 
 router = APIRouter(tags=["meta"])
 DURATION_BUCKETS_S = (0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800)

@@ -28,10 +28,10 @@ from api.schemas import (
     TrialPage,
 )
 from api.views import study_out, trial_dict, trial_out, view_out
-from tuner import lifecycle, queries
-from tuner.export import ExportError, export_document, render
-from tuner.spec import SpecError, StudySpec, compile_study
-from tuner.storage import is_transient
+from tuner.results.export import ExportError, export_document, render
+from tuner.store import lifecycle, queries
+from tuner.store.storage import is_transient
+from tuner.study.spec import SpecError, StudySpec, compile_study
 
 log = logging.getLogger("api")
 TERMINAL = lifecycle.TERMINAL
@@ -198,7 +198,7 @@ TrialStatusParam = Annotated[Literal[queries.TRIAL_STATUSES] | None, Query()]  #
 
 
 def _checked_sort(db: Any, row: Any, sort: str) -> str:
-    """``sort`` when it names a key the study's trials have (see :func:`tuner.queries.sort_keys`), else 422."""
+    """``sort`` when it names a key the study's trials have (see :func:`tuner.store.queries.sort_keys`), else 422."""
     keys = queries.sort_keys(db, row, wanted=sort.lstrip("-"))
     if sort.lstrip("-") not in keys:
         raise HTTPException(

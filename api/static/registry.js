@@ -161,7 +161,7 @@
     return seconds >= 3600 ? `${fmt(seconds / 3600)} h` : seconds >= 60 ? `${fmt(seconds / 60)} min` : `${fmt(seconds)} s`;
   }
 
-  // the runner's scheduled recheck (tuner/jobs.py): when it last ran and what it flagged
+  // the runner's scheduled recheck (tuner/run/jobs.py): when it last ran and what it flagged
   async function recheckJob() {
     let job;
     try {

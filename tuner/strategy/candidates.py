@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from tuner import expr
-from tuner.space import SearchSpace
 from tuner.strategy.encoding import Encoder, row_key, row_keys, unique_rows
+from tuner.study import expr
+from tuner.study.space import SearchSpace
 
 ENUMERATE_LIMIT = 16_384  # value combinations (conditions aside) decoded in full
 DRAW_ROUNDS = 8  # rounds of random draws a sampled space gets to find enough free candidates

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tuner.space import LOG2_SUFFIX, Param, SearchSpace
+from tuner.study.space import LOG2_SUFFIX, Param, SearchSpace
 
 INACTIVE = -0.5
 

@@ -1,7 +1,7 @@
 """What a study has measured and has in flight, read through Optuna's public trial API only.
 
 The engine tells a failed or constraint-violating trial as COMPLETE with a positive entry in the
-trial's constraint values (``tuner.samplers.CONSTRAINTS_ATTR``, Optuna's own key); a FAIL trial
+trial's constraint values (``tuner.strategy.samplers.CONSTRAINTS_ATTR``, Optuna's own key); a FAIL trial
 counts as infeasible too. So this works on any storage, including an in-memory study rebuilt
 from the project's trial table.
 """
@@ -16,10 +16,10 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.space import SearchSpace
 from tuner.strategy.encoding import Encoder, config_from_optuna, config_key, row_key
+from tuner.study.space import SearchSpace
 
-CONSTRAINTS_ATTR = "constraints"  # as tuner.samplers writes it (Optuna's key for Trial.set_constraint too)
+CONSTRAINTS_ATTR = "constraints"  # as tuner.strategy.samplers writes it (Optuna's key for Trial.set_constraint too)
 STATES = (TrialState.COMPLETE, TrialState.RUNNING, TrialState.FAIL)
 
 

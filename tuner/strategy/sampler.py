@@ -23,12 +23,12 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, Floa
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.space import LOG2_SUFFIX, Param, SearchSpace
 from tuner.strategy.candidates import FeasibleSet, StaticCheck
 from tuner.strategy.gp import one_blas_thread
 from tuner.strategy.history import History
 from tuner.strategy.model import SpaceExhausted, Strategy
 from tuner.strategy.priors import Prior
+from tuner.study.space import LOG2_SUFFIX, Param, SearchSpace
 
 
 def optuna_distributions(space: SearchSpace) -> dict[str, BaseDistribution]:

@@ -16,7 +16,7 @@ candidates x trials. Each proposal draws from a generator seeded by (seed, trial
 and the same results give the same proposals, and a sampler rebuilt on a study's trials proposes what the one
 that saw them live would have. A running trial counts with the params it has been given (Optuna also reads
 params another process is still suggesting from the trial's system attributes, through its storage's private
-API). Single objective only: :func:`tuner.samplers.make_sampler` gives multi-objective studies Optuna's TPE.
+API). Single objective only: :func:`tuner.strategy.samplers.make_sampler` gives multi-objective studies Optuna's TPE.
 """
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""Elementwise kernels: ``axpy`` (``out = alpha * x + y``). It imports torch, triton and the standard
+library only."""
