@@ -357,6 +357,7 @@ def test_one_vocabulary_on_the_page_the_cli_and_the_readme() -> None:
         *sorted((ROOT / "api" / "templates").glob("*.html")),
         ROOT / "tuner" / "cli" / "main.py",
         ROOT / "README.md",
+        *sorted((ROOT / "docs").rglob("*.md")),
     ]
     for path in sources:
         text = path.read_text().lower()
