@@ -263,7 +263,7 @@ def test_a_spec_gets_every_error_in_one_answer_with_the_workload_args_listed() -
         "space.BLOCK_Q",
         "space.num_warps.low",
     }
-    assert errors["args.kk"] == "unknown arg 'kk' (did you mean 'k'?); triton_gemm takes m, n, k, seed"
+    assert errors["args.kk"] == "unknown arg 'kk' (did you mean 'k'?); triton_gemm takes m, n, k, seed, timing"
     assert "missing required arg 'k'" in errors["args.k"]
 
 
