@@ -216,7 +216,7 @@ def test_index_page_is_a_shell_with_the_dashboard_script(client: TestClient) -> 
     html = response.text
     assert 'data-page="index"' in html
     assert 'id="studies-table"' in html
-    assert re.search(r'<script src="/static/dashboard\.js\?v=[0-9a-f]+" defer>', html)
+    assert re.search(r'<script type="module" src="/static/js/index\.js\?v=[0-9a-f]+">', html)
     assert "plotly.min.js" not in html  # the studies page draws no plots
     csp = response.headers["content-security-policy"]
     assert "script-src 'self' 'unsafe-eval';" in csp  # no inline scripts (eval: Plotly's parcoords needs it)
@@ -247,7 +247,7 @@ def test_study_page_escapes_a_hostile_study_name(client: TestClient) -> None:
         r'<script id="plotly-script" src="/static/plotly-basic\.min\.js" data-full="([^"]+)" defer>', html
     )
     assert script and script.group(1) == "/static/plotly.min.js"
-    assert html.index("/static/dashboard.js") < html.index("plotly-basic.min.js")
+    assert html.index("/static/js/study.js") < html.index("plotly-basic.min.js")
 
 
 def test_missing_study_gets_a_404_page(client: TestClient) -> None:
@@ -284,10 +284,10 @@ def test_pages_work_under_a_root_path() -> None:
 
 # ---------------------------------------------------------------- static files
 def test_static_files_are_served(client: TestClient) -> None:
-    js = client.get("/static/dashboard.js")
+    js = client.get("/static/js/study.js")
     assert js.status_code == 200
-    assert js.headers["content-type"].startswith("text/javascript")
-    assert "function studyPage" in js.text
+    assert js.headers["content-type"].startswith("text/javascript")  # what a browser runs as a module
+    assert "function refreshData" in js.text
     css = client.get("/static/dashboard.css")
     assert css.status_code == 200
     assert css.headers["content-type"].startswith("text/css")
@@ -310,17 +310,31 @@ def test_static_files_are_cached_by_version_and_revalidated_by_etag(client: Test
     basic = client.get("/static/plotly-basic.min.js")
     assert basic.status_code == 200 and b"plotly.js (basic" in basic.content[:200]
     assert "max-age" in basic.headers["cache-control"]
-    version = re.search(r"dashboard\.js\?v=([0-9a-f]+)", client.get("/studies/1").text).group(1)
-    linked = client.get(f"/static/dashboard.js?v={version}")
+    version = re.search(r"js/study\.js\?v=([0-9a-f]+)", client.get("/studies/1").text).group(1)
+    linked = client.get(f"/static/js/study.js?v={version}")
     assert "immutable" in linked.headers["cache-control"]  # the pages link it by version: never stale
-    plain = client.get("/static/dashboard.js")
+    plain = client.get("/static/js/api.js")  # what a module imports, unversioned: revalidated every time
     assert plain.headers["cache-control"] == "no-cache"
-    again = client.get("/static/dashboard.js", headers={"If-None-Match": plain.headers["etag"]})
+    again = client.get("/static/js/api.js", headers={"If-None-Match": plain.headers["etag"]})
     assert again.status_code == 304 and not again.content
 
 
 @pytest.mark.parametrize(
-    "name", ["nope.js", ".hidden", "%2E%2E", "..%2Fdashboard.py", "%2E%2E%2Fdashboard.py", "..%5Cdashboard.py"]
+    "name",
+    [
+        "nope.js",
+        ".hidden",
+        "%2E%2E",
+        "..%2Fdashboard.py",
+        "%2E%2E%2Fdashboard.py",
+        "..%5Cdashboard.py",
+        "js/nope.js",
+        "js/.hidden",
+        "js/..%2F..%2Fdashboard.py",
+        "js%2F..%2F..%2Fdashboard.py",
+        "js//api.js",
+        "js",
+    ],
 )
 def test_static_refuses_what_is_not_a_static_file(client: TestClient, name: str) -> None:
     response = client.get(f"/static/{name}")
@@ -334,9 +348,12 @@ def test_templates_escape_everything() -> None:
 
 def test_scripts_never_insert_markup() -> None:
     # User strings reach the DOM through textContent or attributes; Plotly text goes through escapeHtml.
-    source = (dashboard.STATIC_DIR / "dashboard.js").read_text()
-    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
-        assert sink not in source, sink
+    scripts = sorted((dashboard.STATIC_DIR / "js").glob("*.js"))
+    assert len(scripts) >= 10
+    for path in scripts:
+        source = path.read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+            assert sink not in source, (path.name, sink)
 
 
 def test_dashboard_imports_no_heavy_modules() -> None:
@@ -368,7 +385,7 @@ def test_real_app_serves_the_pages(tmp_path: Path) -> None:
         assert "<script>window.__pwned" not in page.text
         assert "&lt;/title&gt;&lt;script&gt;" in page.text
         assert test_client.get(f"/studies/{row.id + 1}").status_code == 404
-        assert test_client.get("/static/dashboard.js").status_code == 200
+        assert test_client.get("/static/js/study.js").status_code == 200
         assert test_client.get("/static/plotly.min.js").status_code in (200, 404)
 
 
