@@ -10,13 +10,12 @@ function groupSize(status, trials) {
   return Math.max(trials.length, counts[status] || 0);
 }
 
-/** The card's first line: the trials by status, largest first. */
+/** The card's first line: the failed trials by status, largest first; trials that did not fail are not named. */
 function failureSummary(counts) {
-  const summary = Object.entries(counts)
-    .sort((a, b) => b[1] - a[1])
-    .map(([status, n]) => `${status} ${n}`)
-    .join(" · ");
-  return summary || "No trials yet.";
+  const entries = Object.entries(counts);
+  if (!entries.some(([, n]) => n)) return "No trials yet.";
+  const failed = entries.filter(([status, n]) => n && !NOT_FAILURES.has(status)).sort((a, b) => b[1] - a[1]);
+  return failed.length ? failed.map(([status, n]) => `${status} ${n}`).join(" · ") : "No failed trials.";
 }
 
 /** The trials the card lists, by group: each failure status, statically infeasible, constraint violated. */

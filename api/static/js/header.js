@@ -39,10 +39,10 @@ function renderProposals(study) {
     : "";
 }
 
-/** The default pick's export links. */
+/** The default pick's export links, one per format (as the trial panel offers). */
 function renderExports(study) {
   const stem = fileStem(study.name);
-  for (const { format, suffix } of EXPORT_FORMATS.slice(0, 2)) {
+  for (const { format, suffix } of EXPORT_FORMATS) {
     const link = $(`export-best-${format}`);
     link.href = `${ROOT}${base}/export?format=${format}`;
     link.setAttribute("download", `${stem}-best.${suffix}`);
@@ -80,14 +80,15 @@ export function renderHeader() {
   $("timing-note").hidden = !S.trials.some((t) => t.status === "ok" && t.timing_comparable === false);
 }
 
-// Elapsed time and ETA move on between the server's answers: from the last answer, one tick a second.
+/** Elapsed time moves on between the server's answers (from the last answer, one tick a second). The ETA is
+ *  the API's ``eta_s`` as the last answer gave it: the server's estimate, never one of the page's. */
 export function tickClock() {
   const c = S.clock;
   if (!c) return;
   const live = c.status === "running" || c.status === "stopping";
   const since = live ? (performance.now() - c.at) / 1000 : 0;
   $("study-elapsed").textContent = fmtDuration(isNum(c.elapsed) ? c.elapsed + since : c.elapsed);
-  $("study-eta").textContent = TERMINAL.has(c.status) || !isNum(c.eta) ? "–" : fmtDuration(Math.max(0, c.eta - since));
+  $("study-eta").textContent = TERMINAL.has(c.status) || !isNum(c.eta) ? "–" : fmtDuration(c.eta);
 }
 
 // The server renders the token box only when it has a token (data-writes-need-token): on a server
@@ -117,7 +118,7 @@ async function control(action) {
 
 /** The default pick's export links, Stop and Resume. */
 export function bindHeaderControls() {
-  for (const { format } of EXPORT_FORMATS.slice(0, 2)) tokenAwareDownload($(`export-best-${format}`));
+  for (const { format } of EXPORT_FORMATS) tokenAwareDownload($(`export-best-${format}`));
   $("control-form").addEventListener("submit", (event) => event.preventDefault());
   $("stop-button").addEventListener("click", () => control("stop"));
   $("resume-button").addEventListener("click", () => control("resume"));

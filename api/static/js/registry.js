@@ -224,6 +224,7 @@ function start() {
   const page = document.body.dataset.page;
   if (page === "registry") {
     setUpAuthForm();
+    $("retune-form").addEventListener("submit", (event) => event.preventDefault()); // Enter in the token box
     registryPage();
   } else if (page === "study") warmStartOrigins();
 }
