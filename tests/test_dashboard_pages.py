@@ -378,6 +378,23 @@ def test_static_refuses_what_is_not_a_static_file(client: TestClient, name: str)
     assert "import" not in response.text  # never the source of a module
 
 
+def test_the_package_ships_every_static_file_and_template() -> None:
+    """pyproject's package-data names every file of api/static and api/templates, the modules in js/ too: the
+    ``"*"`` of a package's data does not reach into its folders, and a wheel without js/ serves no script."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+
+    def shipped(name: str, globs: list[str]) -> bool:  # a glob's "*" stays inside one folder
+        return any(fnmatch.fnmatch(name, g) and g.count("/") == name.count("/") for g in globs)
+
+    for package, folder in (("api.static", dashboard.STATIC_DIR), ("api.templates", dashboard.TEMPLATE_DIR)):
+        names = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+        assert names and not [n for n in names if not shipped(n, data[package])], package
+    assert shipped("js/study.js", data["api.static"])
+
+
 def test_templates_escape_everything() -> None:
     assert dashboard._env.autoescape is True
 
