@@ -1,11 +1,11 @@
 """The browser dashboard: server-rendered page shells whose JavaScript reads the JSON API.
 
 ``router`` serves ``GET /`` (studies), ``GET /studies/{study_id}`` (one study) and
-``GET /static/{name}`` (``api/static/*`` plus ``plotly.min.js`` from the installed
-``plotly`` package: no CDN, the dashboard works without a network). The study page draws its first view
-with Plotly's basic bundle (``api/static/plotly-basic.min.js``: scatter and bar traces, a quarter of the
-full bundle, which a browser takes seconds to compile); its script loads the full bundle only for a plot
-that needs another trace type (parallel coordinates, WebGL scatter, 3-D).
+``GET /static/{name}`` (``api/static/*``, with the pages' ES modules in ``api/static/js/``, plus
+``plotly.min.js`` from the installed ``plotly`` package: no CDN, the dashboard works without a network).
+The study page draws its first view with Plotly's basic bundle (``api/static/plotly-basic.min.js``: scatter
+and bar traces, a quarter of the full bundle, which a browser takes seconds to compile); its script loads
+the full bundle only for a plot that needs another trace type (parallel coordinates, WebGL scatter, 3-D).
 
 The pages read nothing from the database: their script polls ``/api/...`` (server-sent
 events with a polling fallback on the study page), so they stay live while a study runs.
@@ -87,20 +87,22 @@ def plotly_js_path() -> Path | None:
 
 
 def _static_file(name: str) -> Path | None:
-    """A file directly in ``api/static`` (no sub-folders, no dot files), or plotly.min.js."""
+    """A file in ``api/static`` or one of its folders (``js/``: the pages' modules), no dot file or folder,
+    or plotly.min.js."""
     if name == PLOTLY_JS:
         return plotly_js_path()
-    if not name or name.startswith(".") or "/" in name or "\\" in name:
+    parts = name.split("/")
+    if not name or "\\" in name or any(not part or part.startswith(".") for part in parts):
         return None
-    path = STATIC_DIR / name
-    if path.parent != STATIC_DIR or not path.is_file():
+    path = STATIC_DIR.joinpath(*parts)
+    if not path.is_file() or STATIC_DIR not in path.resolve().parents:
         return None
     return path
 
 
 def _asset_version() -> str:
     """Changes whenever a static file does, so browsers never run a stale script against a new page."""
-    stamps = [int(p.stat().st_mtime) for p in STATIC_DIR.iterdir() if p.is_file()]
+    stamps = [int(p.stat().st_mtime) for p in STATIC_DIR.rglob("*") if p.is_file()]
     return format(max(stamps, default=0), "x")
 
 
@@ -185,7 +187,7 @@ def _provenance_note(study: dict[str, Any] | None) -> str:
     return f"{provenance['note'][0].upper()}{provenance['note'][1:]} (landscape {provenance['file']})."
 
 
-@router.get("/static/{name}", name="dashboard_static")
+@router.get("/static/{name:path}", name="dashboard_static")
 async def static_file(request: Request, name: str) -> Response:
     """A static file from memory, gzipped where the browser takes it: plotly.min.js is 4.8 MB, 1.4 MB
     gzipped, and one write of it costs a loaded server far less than a file streamed in chunks.

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from api import dashboard, docs
+from api import dashboard, docs, streams
 from api.routes import configs, meta, studies
 from api.settings import Settings
 from tuner.store.storage import StudyDB, is_transient
@@ -140,6 +140,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(DBAPIError, database_unavailable)
     app.add_exception_handler(PoolTimeout, database_unavailable)
     app.include_router(studies.router)
+    app.include_router(streams.router)
     app.include_router(meta.router)
     app.include_router(configs.router)
     app.include_router(dashboard.router)

@@ -365,7 +365,7 @@ async def _streamer(client: httpx.AsyncClient, study_id: int, stop: float, stats
 
 async def _pages(client: httpx.AsyncClient, study_id: int, stop: float, stats: dict[str, Any]) -> None:
     """What a browser's load of the study page requests: the HTML, the script, the overview."""
-    paths = [f"/studies/{study_id}", "/static/dashboard.js", f"/api/studies/{study_id}/overview"]
+    paths = [f"/studies/{study_id}", "/static/js/study.js", f"/api/studies/{study_id}/overview"]
     while time.monotonic() < stop:
         start = time.perf_counter()
         for path in paths:

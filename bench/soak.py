@@ -252,7 +252,7 @@ READS = {
 }
 PAGE = {
     "GET /studies/{id}": "/studies/{id}",
-    "GET /static/dashboard.js": "/static/dashboard.js",
+    "GET /static/js/study.js": "/static/js/study.js",
     "GET /api/studies/{id}/overview": "/api/studies/{id}/overview",
 }
 

@@ -6,6 +6,7 @@ a browser unless ``TUNER_REQUIRE_BROWSER=1``).
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -115,13 +116,30 @@ def _stub_study(study_id: int, objectives: list[tuple[str, str]]) -> tuple[dict[
 POINT_FIELDS = ("number", "status", "feasible", "duplicate_of", "timing_comparable", "params", "metrics")
 
 
+def _running_study(study_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A study under way: 62 of 80 measured, the API's ETA 62 s, two failures among 60 successes."""
+    study, trials = _stub_study(study_id, [("<b>m1</b>", "maximize"), ("m&2", "minimize")])
+    study.update(
+        status="running",
+        budget_trials=80,
+        measured=62,
+        running=1,
+        counts={"ok": 60, "running": 1, "runtime_error": 2},
+        progress=62 / 80,
+        eta_s=62.0,
+        message=None,
+    )
+    return study, trials
+
+
 def stub_api() -> FastAPI:
-    """Studies 1 (two objectives), 2 (three), 3 (one); 99 makes the API fail; others are missing."""
+    """Studies 1 (two objectives), 2 (three), 3 (one), 4 (running); 99 makes the API fail; others are missing."""
     app = FastAPI()
     studies = {
         1: _stub_study(1, [("<b>m1</b>", "maximize"), ("m&2", "minimize")]),
         2: _stub_study(2, [("<b>m1</b>", "maximize"), ("m&2", "minimize"), ("m3", "minimize")]),
         3: _stub_study(3, [("<b>m1</b>", "maximize")]),
+        4: _running_study(4),
     }
 
     def get(study_id: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -193,10 +211,25 @@ def stub_api() -> FastAPI:
         get(study_id)
         return PlainTextResponse("{}", headers={"Content-Disposition": 'attachment; filename="x.json"'})
 
+    @app.get("/api/studies/{study_id}/events")
+    def events(study_id: int) -> PlainTextResponse:
+        """The study once, then the end of the stream (the page polls on)."""
+        study = get(study_id)[0]
+        body = f"id: {len(get(study_id)[1])}\nevent: study\ndata: {json.dumps(study)}\n\n"
+        return PlainTextResponse(body, media_type="text/event-stream")
+
     @app.get("/api/configs/origins/{study_id}")
     def origins(study_id: int) -> dict[str, Any]:  # the study page's warm-start table (registry.js)
         get(study_id)
         return {"study_id": study_id, "origins": []}
+
+    @app.get("/api/configs/entries")
+    def entries() -> dict[str, Any]:  # the registry page
+        return {"items": [], "total": 0, "limit": 200, "offset": 0}
+
+    @app.get("/api/configs/recheck")
+    def recheck() -> dict[str, Any]:
+        return {"scheduled": False}
 
     app.include_router(dashboard.router)
     return app
@@ -216,7 +249,7 @@ def test_index_page_is_a_shell_with_the_dashboard_script(client: TestClient) -> 
     html = response.text
     assert 'data-page="index"' in html
     assert 'id="studies-table"' in html
-    assert re.search(r'<script src="/static/dashboard\.js\?v=[0-9a-f]+" defer>', html)
+    assert re.search(r'<script type="module" src="/static/js/index\.js\?v=[0-9a-f]+">', html)
     assert "plotly.min.js" not in html  # the studies page draws no plots
     csp = response.headers["content-security-policy"]
     assert "script-src 'self' 'unsafe-eval';" in csp  # no inline scripts (eval: Plotly's parcoords needs it)
@@ -247,7 +280,10 @@ def test_study_page_escapes_a_hostile_study_name(client: TestClient) -> None:
         r'<script id="plotly-script" src="/static/plotly-basic\.min\.js" data-full="([^"]+)" defer>', html
     )
     assert script and script.group(1) == "/static/plotly.min.js"
-    assert html.index("/static/dashboard.js") < html.index("plotly-basic.min.js")
+    assert html.index("/static/js/study.js") < html.index("plotly-basic.min.js")
+    # The default pick's exports: every format the trial panel offers.
+    for fmt in ("json", "yaml", "env", "python"):
+        assert f'id="export-best-{fmt}"' in html
 
 
 def test_missing_study_gets_a_404_page(client: TestClient) -> None:
@@ -284,10 +320,10 @@ def test_pages_work_under_a_root_path() -> None:
 
 # ---------------------------------------------------------------- static files
 def test_static_files_are_served(client: TestClient) -> None:
-    js = client.get("/static/dashboard.js")
+    js = client.get("/static/js/study.js")
     assert js.status_code == 200
-    assert js.headers["content-type"].startswith("text/javascript")
-    assert "function studyPage" in js.text
+    assert js.headers["content-type"].startswith("text/javascript")  # what a browser runs as a module
+    assert "function refreshData" in js.text
     css = client.get("/static/dashboard.css")
     assert css.status_code == 200
     assert css.headers["content-type"].startswith("text/css")
@@ -310,22 +346,53 @@ def test_static_files_are_cached_by_version_and_revalidated_by_etag(client: Test
     basic = client.get("/static/plotly-basic.min.js")
     assert basic.status_code == 200 and b"plotly.js (basic" in basic.content[:200]
     assert "max-age" in basic.headers["cache-control"]
-    version = re.search(r"dashboard\.js\?v=([0-9a-f]+)", client.get("/studies/1").text).group(1)
-    linked = client.get(f"/static/dashboard.js?v={version}")
+    version = re.search(r"js/study\.js\?v=([0-9a-f]+)", client.get("/studies/1").text).group(1)
+    linked = client.get(f"/static/js/study.js?v={version}")
     assert "immutable" in linked.headers["cache-control"]  # the pages link it by version: never stale
-    plain = client.get("/static/dashboard.js")
+    plain = client.get("/static/js/api.js")  # what a module imports, unversioned: revalidated every time
     assert plain.headers["cache-control"] == "no-cache"
-    again = client.get("/static/dashboard.js", headers={"If-None-Match": plain.headers["etag"]})
+    again = client.get("/static/js/api.js", headers={"If-None-Match": plain.headers["etag"]})
     assert again.status_code == 304 and not again.content
 
 
 @pytest.mark.parametrize(
-    "name", ["nope.js", ".hidden", "%2E%2E", "..%2Fdashboard.py", "%2E%2E%2Fdashboard.py", "..%5Cdashboard.py"]
+    "name",
+    [
+        "nope.js",
+        ".hidden",
+        "%2E%2E",
+        "..%2Fdashboard.py",
+        "%2E%2E%2Fdashboard.py",
+        "..%5Cdashboard.py",
+        "js/nope.js",
+        "js/.hidden",
+        "js/..%2F..%2Fdashboard.py",
+        "js%2F..%2F..%2Fdashboard.py",
+        "js//api.js",
+        "js",
+    ],
 )
 def test_static_refuses_what_is_not_a_static_file(client: TestClient, name: str) -> None:
     response = client.get(f"/static/{name}")
     assert response.status_code == 404
     assert "import" not in response.text  # never the source of a module
+
+
+def test_the_package_ships_every_static_file_and_template() -> None:
+    """pyproject's package-data names every file of api/static and api/templates, the modules in js/ too: the
+    ``"*"`` of a package's data does not reach into its folders, and a wheel without js/ serves no script."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+
+    def shipped(name: str, globs: list[str]) -> bool:  # a glob's "*" stays inside one folder
+        return any(fnmatch.fnmatch(name, g) and g.count("/") == name.count("/") for g in globs)
+
+    for package, folder in (("api.static", dashboard.STATIC_DIR), ("api.templates", dashboard.TEMPLATE_DIR)):
+        names = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()]
+        assert names and not [n for n in names if not shipped(n, data[package])], package
+    assert shipped("js/study.js", data["api.static"])
 
 
 def test_templates_escape_everything() -> None:
@@ -334,9 +401,12 @@ def test_templates_escape_everything() -> None:
 
 def test_scripts_never_insert_markup() -> None:
     # User strings reach the DOM through textContent or attributes; Plotly text goes through escapeHtml.
-    source = (dashboard.STATIC_DIR / "dashboard.js").read_text()
-    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
-        assert sink not in source, sink
+    scripts = sorted((dashboard.STATIC_DIR / "js").glob("*.js"))
+    assert len(scripts) >= 10
+    for path in scripts:
+        source = path.read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
+            assert sink not in source, (path.name, sink)
 
 
 def test_dashboard_imports_no_heavy_modules() -> None:
@@ -368,7 +438,7 @@ def test_real_app_serves_the_pages(tmp_path: Path) -> None:
         assert "<script>window.__pwned" not in page.text
         assert "&lt;/title&gt;&lt;script&gt;" in page.text
         assert test_client.get(f"/studies/{row.id + 1}").status_code == 404
-        assert test_client.get("/static/dashboard.js").status_code == 200
+        assert test_client.get("/static/js/study.js").status_code == 200
         assert test_client.get("/static/plotly.min.js").status_code in (200, 404)
 
 
@@ -497,3 +567,193 @@ def test_charts_draw_hostile_data_as_text(stub_server: str) -> None:
         finally:
             browser.close()
     assert not errors, errors
+
+
+@pytest.mark.timeout(180)
+def test_every_page_loads_its_modules_with_no_console_error(stub_server: str) -> None:
+    """The studies page, a finished and a running study's page and the registry page, in a real browser: no
+    console error, no uncaught exception, no failed request; every module of api/static/js loads as
+    JavaScript (a browser runs a module only with a JavaScript MIME type)."""
+    chromium = _browser()
+    from playwright.sync_api import sync_playwright
+
+    errors: list[str] = []
+    failed: list[str] = []
+    modules: dict[str, str] = {}
+
+    def on_response(response: Any) -> None:
+        if response.status >= 400:
+            failed.append(f"{response.status} {response.url}")
+        elif "/static/js/" in response.url:
+            name = response.url.split("?")[0].rsplit("/static/js/", 1)[1]
+            modules[name] = response.headers.get("content-type", "")
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda msg: errors.append(f"{page.url}: {msg.text}") if msg.type == "error" else None)
+            page.on("pageerror", lambda exc: errors.append(f"{page.url}: {exc}"))
+            page.on("requestfailed", lambda request: failed.append(f"{request.url}: {request.failure}"))
+            page.on("response", on_response)
+
+            page.goto(f"{stub_server}/")
+            page.wait_for_selector('#studies-table tr[data-study-id="4"]')
+            page.goto(f"{stub_server}/studies/1")
+            page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1")
+            page.wait_for_function("() => document.body.dataset.importances === 'drawn'")
+            page.goto(f"{stub_server}/studies/4")  # running: the event stream, then polling
+            page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1")
+            page.wait_for_function("() => document.getElementById('connection').textContent.startsWith('live')")
+            page.goto(f"{stub_server}/registry")
+            page.wait_for_function("() => document.getElementById('registry-count').textContent === '0 entries'")
+            page.wait_for_timeout(300)
+        finally:
+            browser.close()
+    assert not errors, errors
+    assert not failed, failed
+    shipped = {p.name for p in (dashboard.STATIC_DIR / "js").glob("*.js")}
+    assert set(modules) == shipped, set(modules) ^ shipped
+    assert all(kind.startswith("text/javascript") for kind in modules.values()), modules
+
+
+@pytest.mark.timeout(120)
+def test_a_running_study_shows_the_apis_eta_its_failures_and_every_export(stub_server: str) -> None:
+    """The header's ETA is the API's ``eta_s`` as it is (not counted down in the page between answers), the
+    failures card names failures only (not ``ok 60``), and the default pick exports in all four formats."""
+    chromium = _browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(f"{stub_server}/studies/4")
+            page.wait_for_function("() => Number(document.body.dataset.refreshes) >= 1")
+            etas = []
+            for _ in range(6):  # over three seconds: a page counting down would have moved on
+                etas.append(page.locator("#study-eta").text_content())
+                page.wait_for_timeout(500)
+            assert etas == ["1 min 2 s"] * 6, etas
+            assert page.locator("#study-progress-text").text_content() == "62/80 measured (1 running, 2 failed)"
+            summary = page.locator("#failures > p").first.text_content()
+            assert summary == "runtime_error 2", summary
+            assert page.locator("#failures details[data-status='runtime_error'] summary").text_content() == (
+                "runtime_error: 2 trials"
+            )
+            for fmt, suffix in (("json", "json"), ("yaml", "yaml"), ("env", "env"), ("python", "py")):
+                link = page.locator(f"#export-best-{fmt}")
+                assert link.get_attribute("href") == f"/api/studies/4/export?format={fmt}"
+                assert link.get_attribute("download").endswith(f"-best.{suffix}")
+            page.locator('#trial-table tbody tr[data-trial="11"]').click()
+            page.wait_for_selector("#export-links")
+            offered = page.locator("#export-links a").evaluate_all(
+                "(links) => links.map((a) => new URL(a.href).searchParams.get('format'))"
+            )
+            assert offered == ["json", "yaml", "env", "python"]  # the trial panel's: the same four
+        finally:
+            browser.close()
+
+
+# ---------------------------------------------------------------- the scripts' shape
+JS_MAX_FILE_LINES = 800
+JS_MAX_FUNCTION_LINES = 150
+_NOT_FUNCTIONS = {"if", "for", "while", "switch", "catch", "with"}
+
+
+def _js_functions(source: str) -> list[tuple[int, int]]:
+    """(line, length in lines) of every function body in JavaScript ``source``, by brace depth: a ``{`` after
+    ``=>`` or after the parameter list of a function or method (not of if/for/while/switch/catch) opens one.
+    Strings, template literals (their ``${}`` parts are code) and comments are skipped; a regular expression
+    literal is taken to hold no quote or brace (the dashboard's hold none)."""
+    out: list[tuple[int, int]] = []
+    code: list[str] = []  # the code read so far, strings and comments left out
+    braces: list[tuple[str, int]] = []  # ("function" | "block" | "template", line) of each open brace
+    line, i, n = 1, 0, len(source)
+    in_template = False
+    while i < n:
+        c = source[i]
+        if c == "\n":
+            line += 1
+        if in_template:
+            if c == "\\":
+                i += 1
+            elif c == "`":
+                in_template = False
+                code.append("0")
+            elif source.startswith("${", i):
+                braces.append(("template", line))
+                in_template = False
+                i += 1
+            i += 1
+            continue
+        if source.startswith("//", i):
+            i = source.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        if source.startswith("/*", i):
+            end = source.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            line += source.count("\n", i, end)
+            i = end
+            continue
+        if c in "'\"":
+            j = i + 1
+            while j < n and source[j] != c:
+                j += 2 if source[j] == "\\" else 1
+            code.append("0")
+            i = j + 1
+            continue
+        if c == "`":
+            in_template = True
+        elif c == "{":
+            braces.append(("function" if _opens_function("".join(code)) else "block", line))
+        elif c == "}" and braces:
+            kind, start = braces.pop()
+            if kind == "function":
+                out.append((start, line - start + 1))
+            elif kind == "template":
+                in_template = True
+        code.append(c)
+        i += 1
+    return out
+
+
+def _opens_function(code: str) -> bool:
+    """Whether a ``{`` after ``code`` opens a function body."""
+    code = code.rstrip()
+    if code.endswith("=>"):
+        return True
+    if not code.endswith(")"):
+        return False
+    depth = 0
+    for k in range(len(code) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(code[k], 0)
+        if depth == 0:
+            word = re.search(r"([A-Za-z_$][\w$]*)\s*$", code[:k])
+            return word is None or word.group(1) not in _NOT_FUNCTIONS
+    return False
+
+
+def test_the_function_scan_finds_functions_methods_and_arrows_not_blocks() -> None:
+    source = (
+        "function a(x) {\n  if (x) {\n    return `${x}}`;\n  }\n}\n"
+        "const b = (y) => {\n  for (const k of y) {}\n  return { k: '}' };\n};\n"
+        "const o = { m() {\n  return 1; // }\n} };\n/* function c() { */\n"
+    )
+    assert _js_functions(source) == [(1, 5), (6, 4), (10, 3)]
+
+
+def test_no_script_over_800_lines_and_no_function_over_150() -> None:
+    """Every script of the dashboard (api/static, the shipped Plotly bundles aside) stays readable whole."""
+    scripts = [p for p in sorted(dashboard.STATIC_DIR.rglob("*.js")) if not p.name.endswith(".min.js")]
+    assert len(scripts) >= 10
+    long_files = {p.name: n for p in scripts if (n := len(p.read_text().splitlines())) > JS_MAX_FILE_LINES}
+    assert not long_files, f"split these scripts: {long_files}"
+    long_functions = {
+        f"{p.relative_to(dashboard.STATIC_DIR)}:{start}": length
+        for p in scripts
+        for start, length in _js_functions(p.read_text())
+        if length > JS_MAX_FUNCTION_LINES
+    }
+    assert not long_functions, f"split these functions: {long_functions}"

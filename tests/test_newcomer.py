@@ -353,7 +353,7 @@ def test_one_vocabulary_on_the_page_the_cli_and_the_readme() -> None:
     """A statically rejected config is "statically infeasible", never "pruned" (Optuna's PRUNED stops a running
     trial); a config answered from an earlier trial is a "duplicate"."""
     sources = [
-        ROOT / "api" / "static" / "dashboard.js",
+        *sorted((ROOT / "api" / "static" / "js").glob("*.js")),
         *sorted((ROOT / "api" / "templates").glob("*.html")),
         ROOT / "tuner" / "cli" / "main.py",
         ROOT / "README.md",

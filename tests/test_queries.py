@@ -259,19 +259,19 @@ def test_an_idle_event_stream_keeps_alive_in_seconds_not_polls(db_url: str, monk
     import asyncio
     import time
 
-    from api.routes import studies
+    from api import streams
 
     db = StudyDB(db_url)
     db.create_tables()
     study_id = _study(db)
-    monkeypatch.setattr(studies, "EVENT_POLL_S", 0.05)
-    monkeypatch.setattr(studies, "EVENT_KEEPALIVE_S", 1.0, raising=False)
+    monkeypatch.setattr(streams, "EVENT_POLL_S", 0.05)
+    monkeypatch.setattr(streams, "EVENT_KEEPALIVE_S", 1.0, raising=False)
     slow = lambda *_: time.sleep(0.1)  # noqa: E731 - a loaded database: each statement takes 0.1 s
     event.listen(db.engine, "before_cursor_execute", slow)
 
     async def first_keep_alive() -> float:
         started = time.monotonic()
-        stream = studies._event_stream(db, study_id, _Open(), None)
+        stream = streams._event_stream(db, study_id, _Open(), None)
         async for message in stream:
             if message.startswith(": keep-alive"):
                 await stream.aclose()
@@ -284,6 +284,44 @@ def test_an_idle_event_stream_keeps_alive_in_seconds_not_polls(db_url: str, monk
         event.remove(db.engine, "before_cursor_execute", slow)
         db.dispose()
     assert waited < 4.0, f"the first keep-alive came after {waited:.1f} s of silence"
+
+
+def test_the_event_stream_sends_the_eta_that_the_api_answers(client: TestClient) -> None:
+    """The study page shows the study's ``eta_s`` as its event stream sends it: the same estimate as
+    ``GET /api/studies/{id}`` (the recent trial rate), not one from the run's mean rate (at 7/40 the page said
+    2 min 5 s where the API said 62 s)."""
+    import asyncio
+    import datetime as dt
+
+    from api import streams
+
+    db: StudyDB = client.app.state.db
+    study_id = _study(db, "eta")
+    _fill(db, study_id, 30, seed=7)
+    now = dt.datetime.now(dt.timezone.utc)
+    with db.engine.begin() as conn:  # the recent trials one a second; the run an hour long: a slow start
+        for number in range(30):
+            conn.execute(
+                update(TrialRow)
+                .where(TrialRow.study_id == study_id, TrialRow.number == number, TrialRow.finished_at.is_not(None))
+                .values(finished_at=now - dt.timedelta(seconds=30 - number))
+            )
+    db.update_study(study_id, status="running", elapsed_s=3600.0)
+
+    async def first_study_event() -> dict[str, Any]:
+        stream = streams._event_stream(db, study_id, _Open(), None)
+        async for message in stream:
+            if "event: study" in message:
+                await stream.aclose()
+                return json.loads(message.split("data: ", 1)[1])
+        raise AssertionError("the stream ended")
+
+    streamed = asyncio.run(asyncio.wait_for(first_study_event(), timeout=60))
+    answered = client.get(f"/api/studies/{study_id}").json()
+    measured, budget = answered["measured"], answered["budget_trials"]
+    mean_rate_eta = (budget - measured) * 3600.0 / measured
+    assert 0 < measured < budget and answered["eta_s"] < mean_rate_eta / 10
+    assert streamed["eta_s"] == pytest.approx(answered["eta_s"], abs=2.0)
 
 
 def test_overview_and_reads_never_select_raw_samples(client: TestClient) -> None:
