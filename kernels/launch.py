@@ -25,6 +25,8 @@ from typing import Any
 
 #: Plans a launcher keeps (least recently used dropped first): shapes x configs x operand sets of one process.
 MAX_PLANS = 512
+#: Descriptor sets a plan keeps (:class:`Descriptors`): operand sets of one shape and config.
+MAX_DESCRIPTORS = 64
 #: ``KERNELS_SLOW_LAUNCH=1`` sends every call through ``kernel[grid]`` (to compare, or to rule the cache out).
 SLOW = os.environ.get("KERNELS_SLOW_LAUNCH", "0") == "1"
 
@@ -32,6 +34,52 @@ SLOW = os.environ.get("KERNELS_SLOW_LAUNCH", "0") == "1"
 def aligned(*tensors: Any) -> tuple[bool, ...]:
     """Whether each tensor's data pointer is 16-byte aligned (Triton specializes pointers on it); None is True."""
     return tuple(t is None or t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def layout_key(*tensors: Any) -> tuple[Any, ...]:
+    """What a call's specialization reads of each tensor: shape, strides, dtype and :func:`aligned`; None stays
+    None. With the device and the knobs it keys a launcher's :class:`PlanCache`."""
+    return tuple(
+        None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0) for t in tensors
+    )
+
+
+_SM_COUNTS: dict[Any, int] = {}
+
+
+def sm_count(device: Any) -> int:
+    """The multiprocessor count of a CUDA device (asked of the driver once per device index)."""
+    index = device.index
+    count = _SM_COUNTS.get(index)
+    if count is None:
+        import torch
+
+        count = _SM_COUNTS[index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return count
+
+
+class Descriptors:
+    """A plan's host-side tensor descriptors, keyed by the data pointers of the tensors they wrap (the plan fixes
+    their shapes, strides and dtypes); at most ``maxsize`` sets, the oldest dropped first. A set holds its
+    tensors, so their memory stays allocated while the set is kept."""
+
+    __slots__ = ("_sets", "maxsize")
+
+    def __init__(self, maxsize: int = MAX_DESCRIPTORS) -> None:
+        self.maxsize = maxsize
+        self._sets: dict[tuple[int, ...], Any] = {}
+
+    def get(self, pointers: tuple[int, ...], build: Callable[..., Any], *args: Any) -> Any:
+        """The set of these pointers, ``build(*args)`` when there is none yet."""
+        found = self._sets.get(pointers)
+        if found is None:
+            found = self._sets[pointers] = build(*args)
+            if len(self._sets) > self.maxsize:
+                del self._sets[next(iter(self._sets))]
+        return found
+
+    def __len__(self) -> int:
+        return len(self._sets)
 
 
 class Plan:
@@ -74,12 +122,12 @@ class Plan:
         if compiled is None or not hasattr(compiled, "__getitem__") or not hasattr(self.kernel, "arg_names"):
             return  # the interpreter: no compiled kernel
         names = list(self.kernel.arg_names)[n_args:]
-        params = self.kernel.signature.parameters
+        params = inspect.signature(self.kernel.fn).parameters
         values = [self.meta[name] if name in self.meta else params[name].default for name in names]
         if any(v is inspect.Parameter.empty for v in values):
             return  # a parameter with neither a value nor a default: leave it to Triton's path
         self.consts = tuple(values)
-        self.runner = compiled[self.grid]
+        self.runner = compiled[(*self.grid, 1, 1)[:3]]  # the compiled runner reads all three grid dimensions
 
 
 class PlanCache:
@@ -90,13 +138,21 @@ class PlanCache:
         self._plans: OrderedDict[Hashable, Plan] = OrderedDict()
 
     def get(self, key: Hashable) -> Plan | None:
-        plan = self._plans.get(key)
+        """The plan of ``key``; None when there is none or the key is unhashable (a knob's value: no plan kept)."""
+        try:
+            plan = self._plans.get(key)
+        except TypeError:
+            return None
         if plan is not None:
             self._plans.move_to_end(key)
         return plan
 
     def put(self, key: Hashable, plan: Plan) -> Plan:
-        self._plans[key] = plan
+        """Keep ``plan`` under ``key`` (not when the key is unhashable) and return it."""
+        try:
+            self._plans[key] = plan
+        except TypeError:
+            return plan
         if len(self._plans) > self.maxsize:
             self._plans.popitem(last=False)
         return plan

@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from kernels.gemm.gemm import raise_if_over_shared_memory
+from kernels.launch import Descriptors, Plan, PlanCache, layout_key
 from kernels.runtime import interpreter_active
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
@@ -298,6 +299,11 @@ def _descriptors(q: Any, k: Any, v: Any, rows: int, head_dim: int, block_m: int,
     )
 
 
+def row_descriptors(descriptors: Any, q: Any, k: Any, v: Any, rows: int, head_dim: int, *boxes: Any) -> Any:
+    """``descriptors`` (a kernel's ``_descriptors``) of Q, K and V viewed as ``[rows, head_dim]``."""
+    return descriptors(q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim), rows, head_dim, *boxes)
+
+
 def check_operands(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None, lse: torch.Tensor | None
 ) -> torch.Tensor:
@@ -327,6 +333,10 @@ def check_block(name: str, value: int) -> None:
         raise ValueError(f"{name} must be a power of two >= 16, got {value}")
 
 
+#: :func:`attention`'s launch plans.
+_PLANS = PlanCache()
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -352,31 +362,29 @@ def attention(
     mask keeps key j for query i when ``j <= i`` (SDPA's ``is_causal``).
     Returns the output; launches asynchronously on the current stream.
     """
-    check_block("BLOCK_M", BLOCK_M)
-    check_block("BLOCK_N", BLOCK_N)
-    out = check_operands(q, k, v, out, lse)
-    batch, heads, seq_len, head_dim = q.shape
-    if use_tma and not tma_available():
-        raise ValueError("use_tma needs triton.tools.tensor_descriptor (Triton >= 3.3)")
-    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-    desc_q = desc_k = desc_v = None
+    key = (layout_key(q, k, v, out, lse), q.device, causal, BLOCK_M, BLOCK_N, num_warps, num_stages, use_tma)
+    plan = _PLANS.get(key)
+    if plan is None:
+        check_block("BLOCK_M", BLOCK_M)
+        check_block("BLOCK_N", BLOCK_N)
+        out = check_operands(q, k, v, out, lse)
+        batch, heads, seq_len, head_dim = q.shape
+        if use_tma and not tma_available():
+            raise ValueError("use_tma needs triton.tools.tensor_descriptor (Triton >= 3.3)")
+        meta = _meta_args(seq_len, head_dim, causal, use_tma, BLOCK_M, BLOCK_N, num_warps, num_stages, lse is not None)
+        plan = _PLANS.put(key, Plan(attention_fwd_kernel, _grid(batch, heads, seq_len, BLOCK_M), meta,
+                                    scale=1.0 / math.sqrt(head_dim), descs=Descriptors() if use_tma else None,
+                                    box=(batch * heads * seq_len, head_dim, BLOCK_M, BLOCK_N)))  # fmt: skip
+    elif out is None:
+        out = torch.empty_like(q)
+    state = plan.state
+    scale = state["scale"] if sm_scale is None else float(sm_scale)
     if use_tma:
-        rows = batch * heads * seq_len
-        desc_q, desc_k, desc_v = _descriptors(
-            q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim), rows, head_dim, BLOCK_M, BLOCK_N
-        )
-    attention_fwd_kernel[_grid(batch, heads, seq_len, BLOCK_M)](
-        q,
-        k,
-        v,
-        out,
-        lse,
-        desc_q,
-        desc_k,
-        desc_v,
-        scale,
-        **_meta_args(seq_len, head_dim, causal, use_tma, BLOCK_M, BLOCK_N, num_warps, num_stages, lse is not None),
-    )
+        desc_q, desc_k, desc_v = state["descs"].get((q.data_ptr(), k.data_ptr(), v.data_ptr()), row_descriptors,
+                                                    _descriptors, q, k, v, *state["box"])  # fmt: skip
+        plan.launch(q, k, v, out, lse, desc_q, desc_k, desc_v, scale)
+    else:
+        plan.launch(q, k, v, out, lse, None, None, None, scale)
     return out
 
 

@@ -41,9 +41,11 @@ from kernels.attention.attention import (
     compile_jit_for_target,
     mock_tensor_class,
     online_softmax_step,
+    row_descriptors,
     tma_available,
 )
 from kernels.gemm.gemm import raise_if_over_shared_memory
+from kernels.launch import Descriptors, Plan, PlanCache, layout_key
 from kernels.runtime import interpreter_active
 
 
@@ -213,6 +215,10 @@ def check_tile(block_m: int, block_n: int, split_m: bool) -> None:
         raise ValueError(f"split_m needs BLOCK_M >= 32 (two sub-tiles of >= 16 rows), got {block_m}")
 
 
+#: :func:`attention_persistent`'s launch plans.
+_PLANS = PlanCache()
+
+
 def attention_persistent(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -236,22 +242,29 @@ def attention_persistent(
     fp16, ``lse`` ``[B, H, S]`` fp32 when given); ``num_sms`` programs are launched (the device's
     multiprocessor count). Launches asynchronously on the current stream.
     """
-    out = check_operands(q, k, v, out, lse)
-    if not tma_available():
-        raise ValueError("the persistent attention kernel needs triton.tools.tensor_descriptor (Triton >= 3.3)")
-    batch, heads, seq_len, head_dim = q.shape
-    check_tile(BLOCK_M, BLOCK_N, split_m)
-    rows = batch * heads * seq_len
-    descs = _descriptors(
-        q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim), rows, head_dim, BLOCK_M, BLOCK_N,
-        split_m,
-    )  # fmt: skip
-    tile = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": num_warps, "num_stages": num_stages,
-            "split_m": split_m, "warp_specialize": warp_specialize}  # fmt: skip
-    grid = num_programs(batch, heads, seq_len, BLOCK_M, num_sms)
-    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-    meta = _meta_args(seq_len, head_dim, causal, tile, grid, lse is not None)
-    attention_fwd_persistent_kernel[(grid,)](out, lse, *descs, scale, batch * heads, **meta)
+    key = (layout_key(q, k, v, out, lse), q.device, causal, BLOCK_M, BLOCK_N, num_warps, num_stages, num_sms,
+           split_m, warp_specialize)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        out = check_operands(q, k, v, out, lse)
+        if not tma_available():
+            raise ValueError("the persistent attention kernel needs triton.tools.tensor_descriptor (Triton >= 3.3)")
+        batch, heads, seq_len, head_dim = q.shape
+        check_tile(BLOCK_M, BLOCK_N, split_m)
+        tile = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": num_warps, "num_stages": num_stages,
+                "split_m": split_m, "warp_specialize": warp_specialize}  # fmt: skip
+        grid = num_programs(batch, heads, seq_len, BLOCK_M, num_sms)
+        meta = _meta_args(seq_len, head_dim, causal, tile, grid, lse is not None)
+        plan = _PLANS.put(key, Plan(attention_fwd_persistent_kernel, (grid,), meta, scale=1.0 / math.sqrt(head_dim),
+                                    bh=batch * heads, descs=Descriptors(),
+                                    box=(batch * heads * seq_len, head_dim, BLOCK_M, BLOCK_N, split_m)))  # fmt: skip
+    elif out is None:
+        out = torch.empty_like(q)
+    state = plan.state
+    descs = state["descs"].get((q.data_ptr(), k.data_ptr(), v.data_ptr()), row_descriptors, _descriptors, q, k, v,
+                               *state["box"])  # fmt: skip
+    scale = state["scale"] if sm_scale is None else float(sm_scale)
+    plan.launch(out, lse, *descs, scale, state["bh"])
     return out
 
 

@@ -77,6 +77,7 @@ from kernels.attention.attention_ws_steps import (
     MASKED_SCORE,
     _place_warp_arrivals,
 )
+from kernels.launch import Descriptors, Plan, PlanCache, layout_key, sm_count
 from kernels.runtime import interpreter_active
 
 try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
@@ -414,6 +415,13 @@ def _descriptors(q: Any, k: Any, v: Any, ones: Any, rows: int, head_dim: int,
     )
 
 
+def _plan_descriptors(q: Any, k: Any, v: Any, ones: Any, rows: int, head_dim: int,
+                      block_n: int) -> tuple[Any, Any, Any, Any]:  # fmt: skip
+    """:func:`_descriptors` of ``[B, H, S, D]`` Q, K and V viewed as ``[rows, head_dim]``."""
+    return _descriptors(q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim), ones, rows, head_dim,
+                        block_n)  # fmt: skip
+
+
 _ONES: dict[tuple[Any, torch.dtype, int], torch.Tensor] = {}
 
 
@@ -519,6 +527,10 @@ def _checked_meta(head_dim: int, precision: str, causal: bool, store_lse: bool,
     return meta
 
 
+#: :func:`attention_ws`'s launch plans (each holds the checked constexprs of :func:`_checked_meta`).
+_PLANS = PlanCache()
+
+
 def attention_ws(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -547,26 +559,38 @@ def attention_ws(
     many heads, cached per device and shape (:func:`schedule_table`)). Launches asynchronously on the current
     stream.
     """
-    out = check_operands(q, k, v, out, lse)
-    if not available():
-        raise ValueError("the warp-specialized attention kernel needs Gluon (Triton >= 3.6) on an sm_90 GPU")
-    batch, heads, seq_len, head_dim = q.shape
-    precision = next(name for name, dtype in DTYPES.items() if dtype == q.dtype)
-    meta = _checked_meta(head_dim, precision, causal, lse is not None, knobs)
-    rows = batch * heads * seq_len
-    ones = _ones(q.device, q.dtype, meta["BLOCK_N"]) if meta["SUM_MMA"] else None
-    descs = _descriptors(q.view(rows, head_dim), k.view(rows, head_dim), v.view(rows, head_dim), ones, rows,
-                         head_dim, meta["BLOCK_N"])  # fmt: skip
-    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-    grid = _grid(batch * heads, seq_len, meta, torch.cuda.get_device_properties(q.device).multi_processor_count)
-    slots, flags = stream_buffers(q.device, grid[0], meta["CONSUMERS"], head_dim) if meta["STREAM_KV"] else (None, None)
-    sched = schedule_table(q.device, batch * heads, seq_len, meta["CONSUMERS"], meta["BLOCK_N"], causal, grid[0],
-                           knobs.get("LPT_HEADS", KNOBS["LPT_HEADS"])) if meta["LPT"] else None  # fmt: skip
-    args = (out, lse, slots, flags, sched, *descs, scale, seq_len, batch * heads)
-    if meta["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
-        target = (q.dtype, torch.cuda.get_device_capability(q.device))
-        meta = _place_warp_arrivals(meta, lambda m: attention_fwd_ws_kernel.warmup(*args, grid=grid, **m), target)
-    attention_fwd_ws_kernel[grid](*args, **meta)
+    key = (layout_key(q, k, v, out, lse), q.device, causal, tuple(knobs.items()), tuple(map(type, knobs.values())))
+    plan = _PLANS.get(key)
+    if plan is None:
+        out = check_operands(q, k, v, out, lse)
+        batch, heads, seq_len, head_dim = q.shape
+        if not available():
+            raise ValueError("the warp-specialized attention kernel needs Gluon (Triton >= 3.6) on an sm_90 GPU")
+        precision = next(name for name, dtype in DTYPES.items() if dtype == q.dtype)
+        meta = _checked_meta(head_dim, precision, causal, lse is not None, knobs)
+        rows = batch * heads * seq_len
+        ones = _ones(q.device, q.dtype, meta["BLOCK_N"]) if meta["SUM_MMA"] else None
+        box = (ones, rows, head_dim, meta["BLOCK_N"])
+        descriptors = Descriptors()
+        descs = descriptors.get((q.data_ptr(), k.data_ptr(), v.data_ptr()), _plan_descriptors, q, k, v, *box)
+        scale = 1.0 / math.sqrt(head_dim)
+        grid = _grid(batch * heads, seq_len, meta, sm_count(q.device))
+        slots, flags = stream_buffers(q.device, grid[0], meta["CONSUMERS"], head_dim) if meta["STREAM_KV"] else (
+            None, None)
+        sched = schedule_table(q.device, batch * heads, seq_len, meta["CONSUMERS"], meta["BLOCK_N"], causal, grid[0],
+                               knobs.get("LPT_HEADS", KNOBS["LPT_HEADS"])) if meta["LPT"] else None  # fmt: skip
+        args = (out, lse, slots, flags, sched, *descs, scale, seq_len, batch * heads)
+        if meta["ARRIVE_AT"] == ARRIVE_WARPS_UNPLACED:
+            target = (q.dtype, torch.cuda.get_device_capability(q.device))
+            meta = _place_warp_arrivals(meta, lambda m: attention_fwd_ws_kernel.warmup(*args, grid=grid, **m), target)
+        plan = _PLANS.put(key, Plan(attention_fwd_ws_kernel, grid, meta, scale=scale, buffers=(slots, flags, sched),
+                                    sizes=(seq_len, batch * heads), descs=descriptors, box=box))  # fmt: skip
+    elif out is None:
+        out = torch.empty_like(q)
+    state = plan.state
+    descs = state["descs"].get((q.data_ptr(), k.data_ptr(), v.data_ptr()), _plan_descriptors, q, k, v, *state["box"])
+    scale = state["scale"] if sm_scale is None else float(sm_scale)
+    plan.launch(out, lse, *state["buffers"], *descs, scale, *state["sizes"])
     return out
 
 

@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import Plan, PlanCache, layout_key
 from kernels.runtime import interpreter_active
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
@@ -167,6 +168,10 @@ def _meta_args(
     }
 
 
+#: :func:`matmul`'s launch plans.
+_PLANS = PlanCache()
+
+
 def matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -189,32 +194,27 @@ def matmul(
     ignored otherwise); ``out`` (M, N) in ``OUTPUT_DTYPES[precision]`` is written
     in place when given. Returns C. Launches asynchronously on the current stream.
     """
-    m, n, k = check_operands(a, b, precision, scale_a, scale_b)
-    has_scale = precision == "fp8"
-    if out is None:
-        out = torch.empty((m, n), device=a.device, dtype=OUTPUT_DTYPES[precision])
-    elif out.shape != (m, n) or out.dtype != OUTPUT_DTYPES[precision]:
-        raise ValueError(f"out must be ({m}, {n}) {OUTPUT_DTYPES[precision]}, got {tuple(out.shape)} {out.dtype}")
+    key = (layout_key(a, b, scale_a, scale_b, out), a.device, precision, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+           num_warps, num_stages)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        m, n, k = check_operands(a, b, precision, scale_a, scale_b)
+        if out is None:
+            out = torch.empty((m, n), device=a.device, dtype=OUTPUT_DTYPES[precision])
+        elif out.shape != (m, n) or out.dtype != OUTPUT_DTYPES[precision]:
+            raise ValueError(f"out must be ({m}, {n}) {OUTPUT_DTYPES[precision]}, got {tuple(out.shape)} {out.dtype}")
+        meta = _meta_args(precision, k, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
+        ints = (m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out.stride(0), out.stride(1))
+        plan = _PLANS.put(key, Plan(matmul_kernel, _grid(m, n, BLOCK_M, BLOCK_N), meta, ints=ints,
+                                    out=((m, n), OUTPUT_DTYPES[precision])))  # fmt: skip
+    elif out is None:
+        shape, dtype = plan.state["out"]
+        out = torch.empty(shape, device=a.device, dtype=dtype)
     # Unused pointer arguments still need a tensor; HAS_SCALE=False never reads them.
-    scale_a_arg = scale_a if has_scale else out
-    scale_b_arg = scale_b if has_scale else out
-    matmul_kernel[_grid(m, n, BLOCK_M, BLOCK_N)](
-        a,
-        b,
-        out,
-        scale_a_arg,
-        scale_b_arg,
-        m,
-        n,
-        k,
-        a.stride(0),
-        a.stride(1),
-        b.stride(0),
-        b.stride(1),
-        out.stride(0),
-        out.stride(1),
-        **_meta_args(precision, k, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages),
-    )
+    if precision == "fp8":
+        plan.launch(a, b, out, scale_a, scale_b, *plan.state["ints"])
+    else:
+        plan.launch(a, b, out, out, out, *plan.state["ints"])
     return out
 
 

@@ -51,6 +51,7 @@ from kernels.gemm.gemm import (
     raise_if_over_shared_memory,
     strided_mock,
 )
+from kernels.launch import Descriptors, Plan, PlanCache, layout_key
 from kernels.runtime import interpreter_active
 
 #: Precisions of this kernel (fp32/tf32 stay with the tutorial kernel of ``kernels/gemm/gemm.py``).
@@ -237,6 +238,12 @@ def _descriptors(
     return a_desc, b_desc, c_desc
 
 
+def _plan_descriptors(a: Any, b: Any, c: Any, tile: tuple[Any, ...]) -> tuple[Any, Any, Any]:
+    """:func:`_descriptors` of a plan's operands: ``tile`` is (M, N, K, B K-major, BLOCK_M, BLOCK_N, BLOCK_K,
+    epilogue subtile); a K-major B's descriptor spans the underlying (N, K) buffer."""
+    return _descriptors(a, b.t() if tile[3] else b, c, *tile)
+
+
 def _meta_args(
     precision: str,
     b_k_major: bool,
@@ -294,6 +301,10 @@ def stream_k_buffers(
     return _STREAM_K_BUFFERS[key]
 
 
+#: :func:`matmul_persistent`'s launch plans.
+_PLANS = PlanCache()
+
+
 def matmul_persistent(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -323,32 +334,48 @@ def matmul_persistent(
     device's multiprocessor count is the natural value; with ``stream_k`` they must all be resident
     at once, as one per SM is). Launches asynchronously.
     """
-    _check_precision(precision)
-    m, n, k = check_operands(a, b, precision, scale_a, scale_b)
-    if a.stride() != (k, 1):
-        raise ValueError(f"A must be row-major (M, K), got strides {a.stride()}")
-    b_k_major = _b_k_major(b.stride())
-    if b.stride() not in ((n, 1), (1, k)) or (precision == "fp8" and not b_k_major):
-        raise ValueError(f"B must be row-major (K, N) or K-major (fp8: K-major), got strides {b.stride()}")
-    if not tma_strides_aligned(m, n, k, precision):
-        raise ValueError(f"TMA needs 16-byte aligned rows: {m}x{n}x{k} in {precision} is not")
-    if out is None:
-        out = torch.empty((m, n), device=a.device, dtype=OUTPUT_DTYPES[precision])
-    elif out.shape != (m, n) or out.dtype != OUTPUT_DTYPES[precision] or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous ({m}, {n}) {OUTPUT_DTYPES[precision]}, got {tuple(out.shape)}")
+    key = (layout_key(a, b, scale_a, scale_b, out), a.device, precision, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
+           num_warps, num_stages, num_sms, epilogue_subtile, warp_specialize, fp8_fast_accum, flatten,
+           stream_k)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        _check_precision(precision)
+        m, n, k = check_operands(a, b, precision, scale_a, scale_b)
+        if a.stride() != (k, 1):
+            raise ValueError(f"A must be row-major (M, K), got strides {a.stride()}")
+        b_k_major = _b_k_major(b.stride())
+        if b.stride() not in ((n, 1), (1, k)) or (precision == "fp8" and not b_k_major):
+            raise ValueError(f"B must be row-major (K, N) or K-major (fp8: K-major), got strides {b.stride()}")
+        if not tma_strides_aligned(m, n, k, precision):
+            raise ValueError(f"TMA needs 16-byte aligned rows: {m}x{n}x{k} in {precision} is not")
+        if out is None:
+            out = torch.empty((m, n), device=a.device, dtype=OUTPUT_DTYPES[precision])
+        elif out.shape != (m, n) or out.dtype != OUTPUT_DTYPES[precision] or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous ({m}, {n}) {OUTPUT_DTYPES[precision]}, got {tuple(out.shape)}")
+        meta = _meta_args(
+            precision, b_k_major, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
+            num_warps=num_warps, num_stages=num_stages, num_sms=num_sms, epilogue_subtile=epilogue_subtile,
+            warp_specialize=warp_specialize, fp8_fast_accum=fp8_fast_accum, flatten=flatten, stream_k=stream_k,
+        )  # fmt: skip
+        programs = num_programs(m, n, BLOCK_M, BLOCK_N, num_sms)
+        buffers = stream_k_buffers(a.device, programs, BLOCK_M, BLOCK_N) if stream_k else None
+        plan = _PLANS.put(key, Plan(
+            matmul_tma_persistent_kernel, (programs,), meta, ints=(m, n, k), buffers=buffers,
+            out=((m, n), OUTPUT_DTYPES[precision]), descs=Descriptors(),
+            tile=(m, n, k, b_k_major, BLOCK_M, BLOCK_N, BLOCK_K, epilogue_subtile),
+        ))  # fmt: skip
+    elif out is None:
+        shape, dtype = plan.state["out"]
+        out = torch.empty(shape, device=a.device, dtype=dtype)
+    state = plan.state
     # B's descriptor spans the underlying (N, K) buffer when K-major.
-    b_base = b.t() if b_k_major else b
-    descs = _descriptors(a, b_base, out, m, n, k, b_k_major, BLOCK_M, BLOCK_N, BLOCK_K, epilogue_subtile)
-    scale_a_arg = scale_a if precision == "fp8" else out
-    scale_b_arg = scale_b if precision == "fp8" else out
-    meta = _meta_args(
-        precision, b_k_major, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M,
-        num_warps=num_warps, num_stages=num_stages, num_sms=num_sms, epilogue_subtile=epilogue_subtile,
-        warp_specialize=warp_specialize, fp8_fast_accum=fp8_fast_accum, flatten=flatten, stream_k=stream_k,
-    )  # fmt: skip
-    programs = num_programs(m, n, BLOCK_M, BLOCK_N, num_sms)
-    partials, flags = stream_k_buffers(a.device, programs, BLOCK_M, BLOCK_N) if stream_k else (out, out)
-    matmul_tma_persistent_kernel[(programs,)](*descs, scale_a_arg, scale_b_arg, partials, flags, m, n, k, **meta)
+    descs = state["descs"].get((a.data_ptr(), b.data_ptr(), out.data_ptr()), _plan_descriptors, a, b, out,
+                               state["tile"])  # fmt: skip
+    partials, flags = state["buffers"] or (out, out)
+    if precision == "fp8":
+        plan.launch(*descs, scale_a, scale_b, partials, flags, *state["ints"])
+    else:
+        plan.launch(*descs, out, out, partials, flags, *state["ints"])
     return out
 
 

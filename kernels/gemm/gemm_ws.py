@@ -35,6 +35,7 @@ import torch
 import triton
 
 from kernels.gemm import gemm_tma
+from kernels.launch import Descriptors, Plan, PlanCache, layout_key, sm_count
 from kernels.runtime import interpreter_active
 
 try:  # Gluon (Triton >= 3.6); the kernel is defined only where it exists
@@ -224,33 +225,44 @@ def _grid(m: int, n: int, meta: dict[str, Any], num_sms: int) -> tuple[int]:
     return (max(1, min(num_sms, triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]))),)
 
 
+#: :func:`matmul_pingpong`'s launch plans.
+_PLANS = PlanCache()
+
+
 def matmul_pingpong(
     a: torch.Tensor, b: torch.Tensor, *, out: torch.Tensor | None = None, num_sms: int | None = None, **knobs: Any
 ) -> torch.Tensor:
     """``A @ B`` with the ping-pong kernel: ``a`` (M, K) and ``b`` (K, N) row-major, both bf16 or both fp16;
     ``out`` (M, N) contiguous, same dtype. ``knobs``: those of :data:`KNOBS`. ``num_sms`` programs at most
     (default: the device's multiprocessor count). Launches asynchronously on the current stream."""
-    if not available():
-        raise ValueError("the ping-pong GEMM needs Gluon (Triton >= 3.6) on an sm_90 GPU")
-    precision = next((name for name, dtype in DTYPES.items() if dtype == a.dtype), None)
-    if precision is None or b.dtype != a.dtype:
-        raise ValueError(f"A and B must both be bf16 or fp16, got {a.dtype} and {b.dtype}")
-    m, k = a.shape
-    k2, n = b.shape
-    if k2 != k or a.stride() != (k, 1) or b.stride() != (n, 1):
-        raise ValueError(f"need row-major A (M, K) and B (K, N), got {tuple(a.shape)} {a.stride()} and "
-                         f"{tuple(b.shape)} {b.stride()}")  # fmt: skip
-    if (k * 2) % 16 or (n * 2) % 16:
-        raise ValueError(f"TMA needs 16-byte aligned rows: K={k} and N={n} must be multiples of 8")
-    if out is None:
-        out = torch.empty((m, n), device=a.device, dtype=a.dtype)
-    elif out.shape != (m, n) or out.dtype != a.dtype or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous ({m}, {n}) {a.dtype}, got {tuple(out.shape)} {out.dtype}")
-    meta = _meta(precision, knobs)
-    if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    descs = _descriptors(a, b, out, m, n, k, meta)
-    gemm_pingpong_kernel[_grid(m, n, meta, num_sms)](*descs, m, n, k, **meta)
+    key = (layout_key(a, b, out), a.device, num_sms, tuple(knobs.items()))
+    plan = _PLANS.get(key)
+    if plan is None:
+        if not available():
+            raise ValueError("the ping-pong GEMM needs Gluon (Triton >= 3.6) on an sm_90 GPU")
+        precision = next((name for name, dtype in DTYPES.items() if dtype == a.dtype), None)
+        if precision is None or b.dtype != a.dtype:
+            raise ValueError(f"A and B must both be bf16 or fp16, got {a.dtype} and {b.dtype}")
+        m, k = a.shape
+        k2, n = b.shape
+        if k2 != k or a.stride() != (k, 1) or b.stride() != (n, 1):
+            raise ValueError(f"need row-major A (M, K) and B (K, N), got {tuple(a.shape)} {a.stride()} and "
+                             f"{tuple(b.shape)} {b.stride()}")  # fmt: skip
+        if (k * 2) % 16 or (n * 2) % 16:
+            raise ValueError(f"TMA needs 16-byte aligned rows: K={k} and N={n} must be multiples of 8")
+        if out is None:
+            out = torch.empty((m, n), device=a.device, dtype=a.dtype)
+        elif out.shape != (m, n) or out.dtype != a.dtype or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous ({m}, {n}) {a.dtype}, got {tuple(out.shape)} {out.dtype}")
+        meta = _meta(precision, knobs)
+        grid = _grid(m, n, meta, sm_count(a.device) if num_sms is None else num_sms)
+        plan = _PLANS.put(key, Plan(gemm_pingpong_kernel, grid, meta, ints=(m, n, k), descs=Descriptors(),
+                                    tile=(m, n, k, meta)))  # fmt: skip
+    elif out is None:
+        out = torch.empty(plan.state["ints"][:2], device=a.device, dtype=a.dtype)
+    state = plan.state
+    descs = state["descs"].get((a.data_ptr(), b.data_ptr(), out.data_ptr()), _descriptors, a, b, out, *state["tile"])
+    plan.launch(*descs, *state["ints"])
     return out
 
 

@@ -65,6 +65,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import Plan, PlanCache, layout_key
 from kernels.quant.quant_weights import (
     ACT_DTYPES,
     BITS,
@@ -404,6 +405,10 @@ def _kernel_and_meta(
     return quant_matmul_kernel, {**meta, **extra}
 
 
+#: :func:`quant_matmul`'s launch plans.
+_PLANS = PlanCache()
+
+
 def quant_matmul(
     x: torch.Tensor,
     qweight: torch.Tensor,
@@ -429,53 +434,49 @@ def quant_matmul(
     contiguous (M, N) float32 tensor (allocated when None) that this function zeroes first and
     casts into ``out`` last. Launches asynchronously on the current stream.
     """
-    if x.dtype not in ACT_DTYPES.values():
-        raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
-    if x.ndim != 2 or qweight.ndim != 2 or scales.ndim != 2:
-        raise ValueError("x, qweight and scales must be 2-D")
-    m, k = x.shape
-    n = qweight.shape[1]
-    check_layout(m, n, k, bits, group_size, BLOCK_K, SPLIT_K)
-    if qweight.dtype != torch.int8 or qweight.shape[0] * (8 // bits) != k:
-        raise ValueError(
-            f"qweight must be int8 ({k * bits // 8}, {n}) for int{bits}, got {qweight.dtype} {tuple(qweight.shape)}"
+    key = (layout_key(x, qweight, scales, out, workspace), x.device, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K,
+           SPLIT_K, num_warps, num_stages, SWAP_AB)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        if x.dtype not in ACT_DTYPES.values():
+            raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
+        if x.ndim != 2 or qweight.ndim != 2 or scales.ndim != 2:
+            raise ValueError("x, qweight and scales must be 2-D")
+        m, k = x.shape
+        n = qweight.shape[1]
+        check_layout(m, n, k, bits, group_size, BLOCK_K, SPLIT_K)
+        if qweight.dtype != torch.int8 or qweight.shape[0] * (8 // bits) != k:
+            raise ValueError(
+                f"qweight must be int8 ({k * bits // 8}, {n}) for int{bits}, got {qweight.dtype} {tuple(qweight.shape)}"
+            )
+        if scales.dtype not in ACT_DTYPES.values() or tuple(scales.shape) != (k // group_size, n):
+            raise ValueError(
+                f"scales must be bf16/fp16 ({k // group_size}, {n}), got {scales.dtype} {tuple(scales.shape)}"
+            )
+        if out is None:
+            out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+        elif tuple(out.shape) != (m, n) or out.dtype != x.dtype:
+            raise ValueError(f"out must be ({m}, {n}) {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+        if SPLIT_K > 1 and workspace is not None and (
+            tuple(workspace.shape) != (m, n) or workspace.dtype != torch.float32 or not workspace.is_contiguous()
+        ):
+            raise ValueError(f"workspace must be a contiguous ({m}, {n}) float32 tensor")
+        kernel, meta = _kernel_and_meta(
+            x.dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SWAP_AB
         )
-    if scales.dtype not in ACT_DTYPES.values() or tuple(scales.shape) != (k // group_size, n):
-        raise ValueError(f"scales must be bf16/fp16 ({k // group_size}, {n}), got {scales.dtype} {tuple(scales.shape)}")
-    if out is None:
-        out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    elif tuple(out.shape) != (m, n) or out.dtype != x.dtype:
-        raise ValueError(f"out must be ({m}, {n}) {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+        ints = (m, n, k, x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0),
+                scales.stride(1), out.stride(0), out.stride(1))  # fmt: skip
+        plan = _PLANS.put(key, Plan(kernel, _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K), meta, ints=ints))
+    elif out is None:
+        out = torch.empty(plan.state["ints"][:2], device=x.device, dtype=x.dtype)
     if SPLIT_K > 1:
         if workspace is None:
-            workspace = torch.empty((m, n), device=x.device, dtype=torch.float32)
-        elif tuple(workspace.shape) != (m, n) or workspace.dtype != torch.float32 or not workspace.is_contiguous():
-            raise ValueError(f"workspace must be a contiguous ({m}, {n}) float32 tensor")
+            workspace = torch.empty(out.shape, device=x.device, dtype=torch.float32)
         workspace.zero_()
-    kernel, meta = _kernel_and_meta(
-        x.dtype, bits, group_size, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages, SWAP_AB
-    )
-    kernel[_grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)](
-        x,
-        qweight,
-        scales,
-        out,
-        workspace if SPLIT_K > 1 else out,  # never read when SPLIT_K == 1
-        m,
-        n,
-        k,
-        x.stride(0),
-        x.stride(1),
-        qweight.stride(0),
-        qweight.stride(1),
-        scales.stride(0),
-        scales.stride(1),
-        out.stride(0),
-        out.stride(1),
-        **meta,
-    )
-    if SPLIT_K > 1:
+        plan.launch(x, qweight, scales, out, workspace, *plan.state["ints"])
         out.copy_(workspace)
+    else:
+        plan.launch(x, qweight, scales, out, out, *plan.state["ints"])  # the workspace is never read
     return out
 
 

@@ -88,6 +88,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from kernels.launch import Descriptors, Plan, PlanCache, layout_key
 from kernels.quant.quant_layout import (
     BITS,
     SLICE,
@@ -338,6 +339,10 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
     }
 
 
+#: :func:`packed_matmul`'s launch plans.
+_PLANS = PlanCache()
+
+
 def packed_matmul(
     x: torch.Tensor,
     weights: PackedWeights,
@@ -376,47 +381,64 @@ def packed_matmul(
     ``PDL``: a programmatic dependent launch (the launch overlaps the previous kernel's end; Hopper, compiled).
     ``ACT``: 1 stores GELU(Y) (tanh approximation), the activation applied to the fp32 sum in the epilogue.
     """
-    if x.dtype not in ACT_DTYPES.values():
-        raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
-    if x.ndim != 2:
-        raise ValueError(f"x must be 2-D (M, K), got {tuple(x.shape)}")
-    qweight, scales, bits, group_size = weights.qweight, weights.scales, weights.bits, weights.group_size
-    m, k = x.shape
-    n = qweight.shape[1]
-    check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
-    if qweight.dtype != torch.int32 or qweight.shape[0] * pack_factor(bits) != k:
-        raise ValueError(
-            f"qweight must be int32 ({k // pack_factor(bits)}, {n}), got {qweight.dtype} {tuple(qweight.shape)}"
-        )
-    if scales.dtype not in ACT_DTYPES.values() or tuple(scales.shape) != (k // group_size, n):
-        raise ValueError(f"scales must be bf16/fp16 ({k // group_size}, {n}), got {scales.dtype} {tuple(scales.shape)}")
-    shape, dtype = ((SPLIT_K, m, n), partials_dtype(PARTIALS, x.dtype)) if PARTIALS else ((m, n), x.dtype)
-    if out is None:
+    qweight, scales = weights.qweight, weights.scales
+    key = (layout_key(x, qweight, scales, out), x.device, weights.bits, weights.group_size, BLOCK_M, BLOCK_N, SPLIT_K,
+           num_warps, num_stages, UNROLL, PREFETCH, FAST_DECODE, MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL,
+           ACT)  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        if x.dtype not in ACT_DTYPES.values():
+            raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
+        if x.ndim != 2:
+            raise ValueError(f"x must be 2-D (M, K), got {tuple(x.shape)}")
+        bits, group_size = weights.bits, weights.group_size
+        m, k = x.shape
+        n = qweight.shape[1]
+        check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
+        if qweight.dtype != torch.int32 or qweight.shape[0] * pack_factor(bits) != k:
+            raise ValueError(
+                f"qweight must be int32 ({k // pack_factor(bits)}, {n}), got {qweight.dtype} {tuple(qweight.shape)}"
+            )
+        if scales.dtype not in ACT_DTYPES.values() or tuple(scales.shape) != (k // group_size, n):
+            raise ValueError(
+                f"scales must be bf16/fp16 ({k // group_size}, {n}), got {scales.dtype} {tuple(scales.shape)}"
+            )
+        shape, dtype = ((SPLIT_K, m, n), partials_dtype(PARTIALS, x.dtype)) if PARTIALS else ((m, n), x.dtype)
+        if out is None:
+            out = torch.empty(shape, device=x.device, dtype=dtype)
+        elif tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
+            raise ValueError(f"out must be contiguous {shape} {dtype}, got {tuple(out.shape)} {out.dtype}")
+        meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
+                     MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL, ACT)  # fmt: skip
+        sms = _multiprocessors(x.device) if STREAM else 1
+        grid = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K, STREAM, sms, k // span(bits))
+        tiles = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0]  # one arrival counter per tile
+        if TMA:
+            check_tma(n, BLOCK_N)
+            if not qweight.is_contiguous():
+                raise ValueError("TMA needs contiguous words (qweight)")
+        if TMA == 2:
+            check_x_tma(k, x.element_size(), x.stride())
+        ints = (m, n, k, x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0),
+                scales.stride(1), out.stride(-2), out.stride(-1))  # fmt: skip
+        # split-K's scratch is looked up at every call: a larger product may have replaced it since
+        plan = _PLANS.put(key, Plan(packed_quant_kernel, grid, meta, ints=ints, out=(shape, dtype),
+                                    scratch=(m * n, tiles) if not PARTIALS and (SPLIT_K > 1 or STREAM) else None,
+                                    descs=Descriptors() if TMA else None, boxes=(BLOCK_M, bits, BLOCK_N)))  # fmt: skip
+    elif out is None:
+        shape, dtype = plan.state["out"]
         out = torch.empty(shape, device=x.device, dtype=dtype)
-    elif tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
-        raise ValueError(f"out must be contiguous {shape} {dtype}, got {tuple(out.shape)} {out.dtype}")
-    meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
-                 MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL, ACT)  # fmt: skip
-    sms = _multiprocessors(x.device) if STREAM else 1
-    grid = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K, STREAM, sms, k // span(bits))
-    tiles = _grid(m, n, BLOCK_M, BLOCK_N, SPLIT_K)[0]  # one arrival counter per tile
-    if PARTIALS:  # the partials are the workspace; Y's strides are unused
+    state = plan.state
+    if state["scratch"] is not None:
+        ws, cnt = scratch(x.device, *state["scratch"])
+    else:  # never read without split-K; with PARTIALS the partials are the workspace (Y's strides unused)
         ws, cnt = out, out
-    else:
-        ws, cnt = scratch(x.device, m * n, tiles) if SPLIT_K > 1 or STREAM else (out, out)
     if TMA:
-        check_tma(n, BLOCK_N)
-        if not qweight.is_contiguous():
-            raise ValueError("TMA needs contiguous words (qweight)")
-    w_arg = _word_descriptor(qweight, BLOCK_N) if TMA else qweight
-    if TMA == 2:
-        check_x_tma(k, x.element_size(), x.stride())
-    x_arg = _x_descriptor(x, BLOCK_M, bits) if TMA == 2 else x
-    packed_quant_kernel[grid](
-        x, x_arg, w_arg, scales, out, ws, cnt, m, n, k,
-        x.stride(0), x.stride(1), qweight.stride(0), qweight.stride(1), scales.stride(0), scales.stride(1),
-        out.stride(-2), out.stride(-1), **meta,
-    )  # fmt: skip
+        x_arg, w_arg = state["descs"].get((x.data_ptr(), qweight.data_ptr()), _tma_args, x, qweight, TMA,
+                                          *state["boxes"])  # fmt: skip
+    else:
+        x_arg, w_arg = x, qweight
+    plan.launch(x, x_arg, w_arg, scales, out, ws, cnt, *state["ints"])
     return out
 
 
@@ -448,6 +470,11 @@ def _x_descriptor(x: Any, BLOCK_M: int, bits: int) -> Any:
 
     m, k = x.shape
     return TensorDescriptor(x, [m, k], [x.stride()[0], 1], [BLOCK_M, span(bits)])
+
+
+def _tma_args(x: Any, words: Any, TMA: int, BLOCK_M: int, bits: int, BLOCK_N: int) -> tuple[Any, Any]:
+    """X's argument (its descriptor with ``TMA=2``, else X) and the words' descriptor of a ``TMA`` launch."""
+    return _x_descriptor(x, BLOCK_M, bits) if TMA == 2 else x, _word_descriptor(words, BLOCK_N)
 
 
 def _word_descriptor(words: Any, BLOCK_N: int) -> Any:

@@ -45,6 +45,8 @@ from typing import Any
 import torch
 import triton
 
+from kernels.launch import Descriptors, Plan, PlanCache, layout_key, sm_count
+from kernels.quant.quant_gemm_packed import scratch
 from kernels.quant.quant_layout import SLICE, PackedWeights, pack_factor, span
 from kernels.quant.quant_packed_steps import _activate  # the epilogue's GELU, shared with the packed kernel
 from kernels.quant.quant_ws_ptx import (  # the decode's inline PTX, one constant per slot pair and type
@@ -566,6 +568,10 @@ def _descriptors(x: Any, qweight: Any, scales: Any, m: int, n: int, k: int, bits
     )
 
 
+#: :func:`ws_quant_matmul`'s launch plans.
+_PLANS = PlanCache()
+
+
 def ws_quant_matmul(
     x: torch.Tensor,
     weights: PackedWeights,
@@ -577,34 +583,44 @@ def ws_quant_matmul(
     """``Y = X @ dequant(weights)``, one launch on the current stream: ``x`` (M, K) bf16/fp16 row-major,
     ``weights`` in the packed layout with scales in x's dtype, ``out`` (M, N) contiguous in x's dtype.
     ``knobs``: those of :data:`KNOBS`. ``num_sms``: the SMs to spread over (default: the device's)."""
-    if not available():
-        raise ValueError("the warp-specialized quantized GEMM needs Gluon (Triton >= 3.6) on an sm_90 GPU")
-    if x.dtype not in (torch.bfloat16, torch.float16) or x.ndim != 2 or x.stride(1) != 1 or (x.shape[1] * 2) % 16:
-        raise ValueError(f"x must be 2-D bf16/fp16 with contiguous rows of 16-byte multiples, got {x.dtype} "
-                         f"{tuple(x.shape)} strides {x.stride()}")  # fmt: skip
-    qweight, scales, bits, group_size = weights.qweight, weights.scales, weights.bits, weights.group_size
-    m, k = x.shape
-    n = qweight.shape[1]
-    if qweight.dtype != torch.int32 or not qweight.is_contiguous() or qweight.shape[0] * pack_factor(bits) != k:
-        raise ValueError(f"qweight must be contiguous int32 ({k // pack_factor(bits)}, {n}), got {qweight.dtype} "
-                         f"{tuple(qweight.shape)}")  # fmt: skip
-    if scales.dtype != x.dtype or not scales.is_contiguous() or tuple(scales.shape) != (k // group_size, n):
-        raise ValueError(f"scales must be contiguous {x.dtype} ({k // group_size}, {n}), got {scales.dtype} "
-                         f"{tuple(scales.shape)}")  # fmt: skip
-    meta = _meta(m, n, k, bits, group_size, knobs, x.dtype)
-    if out is None:
-        out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    elif tuple(out.shape) != (m, n) or out.dtype != x.dtype:
-        raise ValueError(f"out must be ({m}, {n}) {x.dtype}, got {tuple(out.shape)} {out.dtype}")
-    from kernels.quant.quant_gemm_packed import scratch
-
-    if num_sms is None:
-        num_sms = torch.cuda.get_device_properties(x.device).multi_processor_count
-    steps, tiles = _steps(m, n, k, bits, meta)
-    programs = min(steps, num_sms * int({**KNOBS, **knobs}["PROGRAMS_PER_SM"]))
-    ws, cnt = scratch(x.device, m * n, tiles)
-    descs = _descriptors(x, qweight, scales, m, n, k, bits, meta)
-    ws_quant_kernel[(programs,)](*descs, out, ws, cnt, m, n, k, out.stride(0), out.stride(1), **meta)
+    qweight, scales = weights.qweight, weights.scales
+    key = (layout_key(x, qweight, scales, out), x.device, weights.bits, weights.group_size, num_sms,
+           tuple(knobs.items()))  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        if not available():
+            raise ValueError("the warp-specialized quantized GEMM needs Gluon (Triton >= 3.6) on an sm_90 GPU")
+        if x.dtype not in (torch.bfloat16, torch.float16) or x.ndim != 2 or x.stride(1) != 1 or (x.shape[1] * 2) % 16:
+            raise ValueError(f"x must be 2-D bf16/fp16 with contiguous rows of 16-byte multiples, got {x.dtype} "
+                             f"{tuple(x.shape)} strides {x.stride()}")  # fmt: skip
+        bits, group_size = weights.bits, weights.group_size
+        m, k = x.shape
+        n = qweight.shape[1]
+        if qweight.dtype != torch.int32 or not qweight.is_contiguous() or qweight.shape[0] * pack_factor(bits) != k:
+            raise ValueError(f"qweight must be contiguous int32 ({k // pack_factor(bits)}, {n}), got {qweight.dtype} "
+                             f"{tuple(qweight.shape)}")  # fmt: skip
+        if scales.dtype != x.dtype or not scales.is_contiguous() or tuple(scales.shape) != (k // group_size, n):
+            raise ValueError(f"scales must be contiguous {x.dtype} ({k // group_size}, {n}), got {scales.dtype} "
+                             f"{tuple(scales.shape)}")  # fmt: skip
+        meta = _meta(m, n, k, bits, group_size, knobs, x.dtype)
+        if out is None:
+            out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+        elif tuple(out.shape) != (m, n) or out.dtype != x.dtype:
+            raise ValueError(f"out must be ({m}, {n}) {x.dtype}, got {tuple(out.shape)} {out.dtype}")
+        steps, tiles = _steps(m, n, k, bits, meta)
+        programs = min(steps, (sm_count(x.device) if num_sms is None else num_sms) * int(
+            {**KNOBS, **knobs}["PROGRAMS_PER_SM"]))  # fmt: skip
+        ints = (m, n, k, out.stride(0), out.stride(1))
+        plan = _PLANS.put(key, Plan(ws_quant_kernel, (programs,), meta, ints=ints, scratch=(m * n, tiles),
+                                    descs=Descriptors(), box=(m, n, k, bits, meta)))  # fmt: skip
+    elif out is None:
+        out = torch.empty(plan.state["ints"][:2], device=x.device, dtype=x.dtype)
+    state = plan.state
+    # split-K's scratch is looked up at every call: a larger product may have replaced it since
+    ws, cnt = scratch(x.device, *state["scratch"])
+    descs = state["descs"].get((x.data_ptr(), qweight.data_ptr(), scales.data_ptr()), _descriptors, x, qweight,
+                               scales, *state["box"])  # fmt: skip
+    plan.launch(*descs, out, ws, cnt, *state["ints"])
     return out
 
 
