@@ -173,7 +173,7 @@ PACKED_TILE = {"BLOCK_M": 1, "BLOCK_N": 16, "SPLIT_K": 1, "num_warps": 4}
 
 
 def _matmul(seed: int, m: int, knobs: dict[str, Any], offset: bool, device: str = "cpu") -> Result:
-    from kernels.gemm import matmul
+    from kernels.gemm.gemm import matmul
 
     a, b = _tensors(seed, (m, 32), (32, 24), device=device, offset=offset)
     out = _nan((m, 24), a)
@@ -182,7 +182,7 @@ def _matmul(seed: int, m: int, knobs: dict[str, Any], offset: bool, device: str 
 
 
 def _matmul_persistent(seed: int, m: int, knobs: dict[str, Any], offset: bool, device: str = "cpu") -> Result:
-    from kernels.gemm_tma import matmul_persistent
+    from kernels.gemm.gemm_tma import matmul_persistent
 
     a, b = _tensors(seed, (m, 64), (64, 32), device=device, offset=offset)
     out = _nan((m, 32), a)
@@ -195,7 +195,7 @@ def _qkv(seed: int, seq_len: int, device: str, offset: bool, head_dim: int = 16)
 
 
 def _attention(seed: int, seq_len: int, knobs: dict[str, Any], offset: bool, device: str = "cpu") -> Result:
-    from kernels.attention import attention, reference_attention
+    from kernels.attention.attention import attention, reference_attention
 
     q, k, v = _qkv(seed, seq_len, device, offset)
     out = _nan(tuple(q.shape), q)
@@ -205,8 +205,8 @@ def _attention(seed: int, seq_len: int, knobs: dict[str, Any], offset: bool, dev
 
 def _attention_persistent(seed: int, seq_len: int, knobs: dict[str, Any], offset: bool,
                           device: str = "cpu") -> Result:  # fmt: skip
-    from kernels.attention import reference_attention
-    from kernels.attention_persistent import attention_persistent
+    from kernels.attention.attention import reference_attention
+    from kernels.attention.attention_persistent import attention_persistent
 
     q, k, v = _qkv(seed, seq_len, device, offset)
     out = _nan(tuple(q.shape), q)
@@ -216,7 +216,7 @@ def _attention_persistent(seed: int, seq_len: int, knobs: dict[str, Any], offset
 
 
 def _quant_matmul(seed: int, m: int, knobs: dict[str, Any], offset: bool, device: str = "cpu") -> Result:
-    from kernels.quant_gemm import quant_matmul, quantize_weights, reference_quant_matmul
+    from kernels.quant.quant_gemm import quant_matmul, quantize_weights, reference_quant_matmul
 
     x, w = _tensors(seed, (m, 64), (64, 40), device=device, offset=offset)
     weights = quantize_weights(w.float(), 4, 32, scale_dtype=torch.float16)
@@ -226,8 +226,8 @@ def _quant_matmul(seed: int, m: int, knobs: dict[str, Any], offset: bool, device
 
 
 def _packed_matmul(seed: int, m: int, knobs: dict[str, Any], offset: bool, device: str = "cpu") -> Result:
-    from kernels.quant_gemm_packed import packed_matmul
-    from kernels.quant_layout import quantize_packed
+    from kernels.quant.quant_gemm_packed import packed_matmul
+    from kernels.quant.quant_layout import quantize_packed
 
     x, w = _tensors(seed, (m, 256), (256, 40), device=device, offset=offset)
     weights = quantize_packed(w.float(), 4, 32, torch.float16)
@@ -248,14 +248,15 @@ class Launcher:
 
 
 CPU_LAUNCHERS = {
-    "matmul": Launcher("kernels.gemm:matmul", _matmul, (24, 40), {"BLOCK_N": 32}, True),
-    "matmul_persistent": Launcher("kernels.gemm_tma:matmul_persistent", _matmul_persistent, (48, 80),
+    "matmul": Launcher("kernels.gemm.gemm:matmul", _matmul, (24, 40), {"BLOCK_N": 32}, True),
+    "matmul_persistent": Launcher("kernels.gemm.gemm_tma:matmul_persistent", _matmul_persistent, (48, 80),
                                   {"stream_k": True}, False),
-    "attention": Launcher("kernels.attention:attention", _attention, (32, 40), {"BLOCK_N": 32}, True),
-    "attention_persistent": Launcher("kernels.attention_persistent:attention_persistent", _attention_persistent,
-                                     (48, 40), {"split_m": True}, False),
-    "quant_matmul": Launcher("kernels.quant_gemm:quant_matmul", _quant_matmul, (20, 3), {"SPLIT_K": 2}, True),
-    "packed_matmul": Launcher("kernels.quant_gemm_packed:packed_matmul", _packed_matmul, (1, 3), {"TMA": 1}, True),
+    "attention": Launcher("kernels.attention.attention:attention", _attention, (32, 40), {"BLOCK_N": 32}, True),
+    "attention_persistent": Launcher("kernels.attention.attention_persistent:attention_persistent",
+                                     _attention_persistent, (48, 40), {"split_m": True}, False),
+    "quant_matmul": Launcher("kernels.quant.quant_gemm:quant_matmul", _quant_matmul, (20, 3), {"SPLIT_K": 2}, True),
+    "packed_matmul": Launcher("kernels.quant.quant_gemm_packed:packed_matmul", _packed_matmul, (1, 3), {"TMA": 1},
+                              True),
 }  # fmt: skip
 
 
@@ -292,7 +293,7 @@ def test_a_launcher_keeps_one_plan_per_shape_config_and_alignment(interpreter: N
 
 
 def test_a_bad_config_raises_its_message_on_every_call_and_keeps_no_plan(interpreter: None) -> None:
-    from kernels.gemm import matmul
+    from kernels.gemm.gemm import matmul
 
     plans = _plans(CPU_LAUNCHERS["matmul"])
     plans.clear()
@@ -309,7 +310,7 @@ def test_a_bad_config_raises_its_message_on_every_call_and_keeps_no_plan(interpr
 
 
 def _gemm_ws(seed: int, m: int, knobs: dict[str, Any], offset: bool, device: str = "cuda") -> Result:
-    from kernels.gemm_ws import matmul_pingpong
+    from kernels.gemm.gemm_ws import matmul_pingpong
 
     a, b = _tensors(seed, (m, 256), (256, 256), dtype=torch.bfloat16, device=device)
     out = _nan((m, 256), a)
@@ -318,8 +319,8 @@ def _gemm_ws(seed: int, m: int, knobs: dict[str, Any], offset: bool, device: str
 
 
 def _attention_ws(seed: int, seq_len: int, knobs: dict[str, Any], offset: bool, device: str = "cuda") -> Result:
-    from kernels.attention import reference_attention
-    from kernels.attention_ws import attention_ws
+    from kernels.attention.attention import reference_attention
+    from kernels.attention.attention_ws import attention_ws
 
     q, k, v = _tensors(seed, *[(1, 4, seq_len, 64)] * 3, dtype=torch.bfloat16, device=device)
     out = _nan(tuple(q.shape), q)
@@ -328,8 +329,8 @@ def _attention_ws(seed: int, seq_len: int, knobs: dict[str, Any], offset: bool, 
 
 
 def _ws_quant_matmul(seed: int, m: int, knobs: dict[str, Any], offset: bool, device: str = "cuda") -> Result:
-    from kernels.quant_gemm_ws import ws_quant_matmul
-    from kernels.quant_layout import quantize_packed
+    from kernels.quant.quant_gemm_ws import ws_quant_matmul
+    from kernels.quant.quant_layout import quantize_packed
 
     x, w = _tensors(seed, (m, 1024), (1024, 512), dtype=torch.bfloat16, device=device)
     weights = quantize_packed(w.float() * 0.05, 4, 128, scale_dtype=torch.bfloat16)
@@ -340,11 +341,11 @@ def _ws_quant_matmul(seed: int, m: int, knobs: dict[str, Any], offset: bool, dev
 
 GPU_LAUNCHERS = {
     **CPU_LAUNCHERS,
-    "attention": Launcher("kernels.attention:attention", _attention, (32, 40), {"use_tma": True}, True),
-    "matmul_pingpong": Launcher("kernels.gemm_ws:matmul_pingpong", _gemm_ws, (256, 384), {"BLOCK_N": 64}, False),
-    "attention_ws": Launcher("kernels.attention_ws:attention_ws", _attention_ws, (256, 384), {"PERSISTENT": True},
-                             False),
-    "ws_quant_matmul": Launcher("kernels.quant_gemm_ws:ws_quant_matmul", _ws_quant_matmul, (16, 5),
+    "attention": Launcher("kernels.attention.attention:attention", _attention, (32, 40), {"use_tma": True}, True),
+    "matmul_pingpong": Launcher("kernels.gemm.gemm_ws:matmul_pingpong", _gemm_ws, (256, 384), {"BLOCK_N": 64}, False),
+    "attention_ws": Launcher("kernels.attention.attention_ws:attention_ws", _attention_ws, (256, 384),
+                             {"PERSISTENT": True}, False),
+    "ws_quant_matmul": Launcher("kernels.quant.quant_gemm_ws:ws_quant_matmul", _ws_quant_matmul, (16, 5),
                                 {"BLOCK_N": 64}, False),
 }  # fmt: skip
 
