@@ -44,6 +44,9 @@ class StudyOut(BaseModel):
     # Proposals the sampler replaced inside its proposal step, not trial rows ({"repeats_replaced": n,
     # "static_rejected": m}); null when the study's sampler replaces nothing (``sampler: auto`` does).
     proposals: dict[str, int] | None = None
+    # How the study's trials are timed: {"mode": "eager" | "cuda_graph", "means": ...} for a kernel workload (its
+    # ``timing`` arg), null for a workload that times a whole step its own way.
+    timing: dict[str, str] | None = None
 
 
 class StudyDetail(StudyOut):

@@ -6,9 +6,11 @@ import datetime as dt
 from typing import Any
 
 from api.schemas import BestOut, ObjectiveOut, StudyDetail, StudyOut, TrialDetail, TrialOut
+from tuner.results.export import TIMING_MEANS
 from tuner.store import progress
 from tuner.store.queries import StudyView, study_view
 from tuner.store.storage import RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics, measured_count
+from tuner.workloads.registry import workload_class
 
 
 def _trial_fields(row: TrialRow) -> dict[str, Any]:
@@ -49,6 +51,19 @@ def trial_out(row: TrialRow, detail: bool = False) -> TrialOut:
             **fields, samples_ms=list(row.samples_ms or []), fingerprint=row.fingerprint, extra=row.extra or {}
         )
     return TrialOut(**fields)
+
+
+def study_timing(row: StudyRow) -> dict[str, str] | None:
+    """How a kernel workload's trials are timed (its ``timing`` arg, else the workload's default); None for the
+    other workloads and for a workload no longer registered."""
+    try:
+        default = getattr(workload_class(row.workload), "timing", None)
+    except Exception:  # an unknown workload: the study is still shown
+        return None
+    mode = ((row.spec or {}).get("args") or {}).get("timing", default)
+    if mode not in TIMING_MEANS:
+        return None
+    return {"mode": mode, "means": TIMING_MEANS[mode]}
 
 
 def study_out(db: StudyDB, row: StudyRow, detail: bool = False) -> StudyOut:
@@ -98,6 +113,7 @@ def view_out(view: StudyView, detail: bool = False, db: StudyDB | None = None) -
         "url": f"/api/studies/{row.id}",
         "dashboard_url": f"/studies/{row.id}",
         "proposals": row.proposal_counts,
+        "timing": study_timing(row),
     }
     if detail:
         return StudyDetail(

@@ -108,3 +108,17 @@ def test_a_trial_timed_before_host_time_was_counted_says_so() -> None:
 def _document(workload: Any, config: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any]:
     return {"study": "s", "trial": 0, "workload": workload.name, "spec": {"args": {"n": 4096}},
             "params": config, "timing": facts, "timing_comparable": False}  # fmt: skip
+
+
+def test_the_api_says_how_a_studys_trials_are_timed() -> None:
+    """The study page shows the study's timing mode from the API (a kernel workload's ``timing`` arg)."""
+    from api.views import study_timing
+
+    def row(workload: str, args: dict[str, Any]) -> SimpleNamespace:
+        return SimpleNamespace(workload=workload, spec={"args": args})
+
+    assert study_timing(row("triton_gemm", {"m": 64}))["mode"] == "eager"
+    graph = study_timing(row("quant_gemm", {"m": 1, "timing": "cuda_graph"}))
+    assert graph["mode"] == "cuda_graph" and "true only for a caller that replays CUDA graphs" in graph["means"]
+    assert study_timing(row("train_step", {})) is None  # a step timed its own way
+    assert study_timing(row("no_such_workload", {})) is None

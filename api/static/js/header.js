@@ -39,6 +39,13 @@ function renderProposals(study) {
     : "";
 }
 
+/** How the trials are timed (a kernel workload's ``timing`` arg), as the exports say it. */
+function renderTiming(study) {
+  const timing = $("study-timing");
+  timing.hidden = !study.timing;
+  timing.textContent = study.timing ? `timed ${study.timing.mode}: ${study.timing.means}` : "";
+}
+
 /** The default pick's export links, one per format (as the trial panel offers). */
 function renderExports(study) {
   const stem = fileStem(study.name);
@@ -74,6 +81,7 @@ export function renderHeader() {
   message.textContent = study.message || "";
   message.hidden = !study.message;
   renderProposals(study);
+  renderTiming(study);
   renderExports(study);
   $("stop-button").hidden = TERMINAL.has(study.status) || study.status === "stopping";
   $("resume-button").hidden = !TERMINAL.has(study.status) || study.status === "completed";
