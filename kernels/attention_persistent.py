@@ -43,7 +43,7 @@ from kernels.attention import (
     online_softmax_step,
     tma_available,
 )
-from kernels.gemm import raise_if_over_shared_memory
+from kernels.gemm import device_sms, raise_if_over_shared_memory
 from tuner.workload import interpreter_active
 
 
@@ -223,7 +223,7 @@ def attention_persistent(
     BLOCK_N: int,
     num_warps: int,
     num_stages: int,
-    num_sms: int,
+    num_sms: int | None = None,
     split_m: bool = False,
     warp_specialize: bool = False,
     sm_scale: float | None = None,
@@ -233,8 +233,8 @@ def attention_persistent(
     """``softmax(Q K^T * sm_scale [+ causal mask]) V`` with the persistent TMA kernel.
 
     Inputs and outputs as :func:`kernels.attention.attention` (``[B, H, S, D]`` contiguous bf16 or
-    fp16, ``lse`` ``[B, H, S]`` fp32 when given); ``num_sms`` programs are launched (the device's
-    multiprocessor count). Launches asynchronously on the current stream.
+    fp16, ``lse`` ``[B, H, S]`` fp32 when given); ``num_sms`` programs are launched (default: the
+    device's multiprocessor count, :func:`kernels.gemm.device_sms`). Launches asynchronously on the current stream.
     """
     out = check_operands(q, k, v, out, lse)
     if not tma_available():
@@ -248,7 +248,7 @@ def attention_persistent(
     )  # fmt: skip
     tile = {"BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "num_warps": num_warps, "num_stages": num_stages,
             "split_m": split_m, "warp_specialize": warp_specialize}  # fmt: skip
-    grid = num_programs(batch, heads, seq_len, BLOCK_M, num_sms)
+    grid = num_programs(batch, heads, seq_len, BLOCK_M, device_sms(q.device) if num_sms is None else num_sms)
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     meta = _meta_args(seq_len, head_dim, causal, tile, grid, lse is not None)
     attention_fwd_persistent_kernel[(grid,)](out, lse, *descs, scale, batch * heads, **meta)

@@ -34,6 +34,8 @@ import triton.language as tl
 
 from tuner.workload import interpreter_active
 
+#: Programs of a persistent kernel under the interpreter (no SMs to count): :func:`device_sms`.
+INTERPRETER_PROGRAMS = 3
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 #: dtype of the A and B operands the kernel reads, per precision.
@@ -313,6 +315,14 @@ def strided_mock(dtype: torch.dtype, shape: list[int], strides: tuple[int, ...])
             return strides
 
     return StridedMock(dtype, shape)
+
+
+def device_sms(device: torch.device) -> int:
+    """Programs a persistent kernel launches by default on ``device``: its multiprocessor count on a GPU,
+    :data:`INTERPRETER_PROGRAMS` under the interpreter (several, so that programs share the tiles)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return INTERPRETER_PROGRAMS
 
 
 def raise_if_over_shared_memory(kernel: Any) -> None:

@@ -47,6 +47,7 @@ from kernels.gemm import (
     INPUT_DTYPES,
     OUTPUT_DTYPES,
     check_operands,
+    device_sms,
     operand_strides,
     raise_if_over_shared_memory,
     strided_mock,
@@ -305,7 +306,7 @@ def matmul_persistent(
     GROUP_M: int,
     num_warps: int,
     num_stages: int,
-    num_sms: int,
+    num_sms: int | None = None,
     epilogue_subtile: bool = False,
     warp_specialize: bool = False,
     fp8_fast_accum: bool = True,
@@ -319,12 +320,13 @@ def matmul_persistent(
 
     ``a`` (M, K) row-major and ``b`` (K, N) either row-major or K-major (the transpose of a
     contiguous (N, K); required for fp8), in ``INPUT_DTYPES[precision]``; ``out`` (M, N)
-    contiguous in ``OUTPUT_DTYPES[precision]``. ``num_sms`` programs are launched (the
-    device's multiprocessor count is the natural value; with ``stream_k`` they must all be resident
-    at once, as one per SM is). Launches asynchronously.
+    contiguous in ``OUTPUT_DTYPES[precision]``. ``num_sms`` programs are launched (default, the
+    natural value: the device's multiprocessor count, :func:`kernels.gemm.device_sms`; with ``stream_k``
+    they must all be resident at once, as one per SM is). Launches asynchronously.
     """
     _check_precision(precision)
     m, n, k = check_operands(a, b, precision, scale_a, scale_b)
+    num_sms = device_sms(a.device) if num_sms is None else num_sms
     if a.stride() != (k, 1):
         raise ValueError(f"A must be row-major (M, K), got strides {a.stride()}")
     b_k_major = _b_k_major(b.stride())

@@ -30,7 +30,15 @@ from typing import Any
 
 from kernels.attention_ws_rules import KNOBS, knob_conflict
 from tuner.kernel_workload import Checked, KernelWorkload
-from tuner.workload import DeviceInfo, MetricSpec, comment_text, interpreter_active, is_pow2, missing_params
+from tuner.workload import (
+    DeviceInfo,
+    MetricSpec,
+    comment_text,
+    interpreter_active,
+    is_pow2,
+    missing_params,
+    needs_hopper,
+)
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -253,6 +261,8 @@ class FlashAttention(KernelWorkload):
                     f"Q tile + {tile['num_stages']} stages of K and V tiles{tma} need {smem} bytes of shared memory, "
                     f"{device.name} has {device.smem_per_block_bytes} per block"
                 )
+        if (use_tma or persistent) and not device.is_gpu:
+            return needs_hopper(f"kernel {kernel}" if persistent else "use_tma", device)
         if precision == "bf16" and (not device.is_gpu or interpreter_active()):
             # Triton 3.9's interpreter computes bf16 tl.dot wrongly (see kernels/attention.py).
             return "bf16 is not checked under the Triton interpreter (it computes bf16 products wrongly)"
@@ -399,6 +409,19 @@ class FlashAttention(KernelWorkload):
             "function": KERNELS[kernel],
         }
 
+    def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The variant's function (:data:`KERNELS`) and its keyword arguments: ``fn(q, k, v, **kwargs)``."""
+        kernel = config.get("kernel", "tutorial")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+        if kernel == "gluon_ws":
+            kwargs = self._gluon_ws_kwargs(config)
+        elif kernel in PERSISTENT:
+            kwargs = self._persistent_kwargs(config, None)
+        else:
+            kwargs = {**self._tile(config), "use_tma": bool(config.get("use_tma", False))}
+        return {"function": KERNELS[kernel], "kwargs": {"causal": self.causal, **kwargs}}
+
     def export_python(self, config: dict[str, Any]) -> str:
         """A call of the variant's function (``kernels.attention.attention`` or the persistent one), ready to paste."""
         exported = self.export_config(config)
@@ -491,14 +514,17 @@ class FlashAttention(KernelWorkload):
         }
 
     @classmethod
-    def _persistent_kwargs(cls, config: dict[str, Any], device: DeviceInfo) -> dict[str, Any]:
-        """The tile plus the persistent kernel's arguments: one program per SM, its two flags."""
-        return {
+    def _persistent_kwargs(cls, config: dict[str, Any], device: DeviceInfo | None) -> dict[str, Any]:
+        """The tile plus the persistent kernel's arguments: one program per SM (with no ``device``, the
+        kernel's default: the tensors' device's), its two flags."""
+        kwargs = {
             **cls._tile(config),
-            "num_sms": device.sm_count if device.is_gpu and device.sm_count else INTERPRETER_PROGRAMS,
             "split_m": bool(config.get("SPLIT_M", False)),
             "warp_specialize": config.get("kernel") == "persistent_tma_ws",
         }
+        if device is not None:
+            kwargs["num_sms"] = device.sm_count if device.is_gpu and device.sm_count else INTERPRETER_PROGRAMS
+        return kwargs
 
     def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
         """Inputs, reference and output buffer for the config's precision, built on first use."""

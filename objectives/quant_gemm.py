@@ -38,6 +38,7 @@ from tuner.workload import (
     interpreter_active,
     is_pow2,
     missing_params,
+    needs_hopper,
     not_pow2,
     timing_comparable,
     triton_configs_python,
@@ -339,9 +340,9 @@ class QuantGemm(KernelWorkload):
         if config.get("TMA"):
             if (self.n * 4) % 16:
                 return f"TMA needs n a multiple of 4 (16-byte rows of int32 words), got n={self.n}"
-            cc = device.compute_capability
-            if device.is_gpu and cc is not None and tuple(cc) < (9, 0):
-                return f"TMA needs compute capability >= 9.0 (Hopper), {device.name} has {cc}"
+            reason = needs_hopper("TMA", device)
+            if reason:
+                return reason
         reason = _precision_reason(config["precision"], device)
         if reason:
             return reason
@@ -496,6 +497,16 @@ class QuantGemm(KernelWorkload):
             "group_size": int(config["group_size"]),
             "precision": config["precision"],
         }
+
+    def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The variant's function and its keyword arguments: ``quant_matmul(x, qweight, scales, **kwargs)``
+        for the tiled kernel, ``fn(x, weights, **kwargs)`` (``kernels.quant_layout`` packed weights) else."""
+        kernel = config.get("kernel")
+        if kernel in ("ws", "packed"):
+            kwargs = self._ws_knobs(config) if kernel == "ws" else self._packed_tile(config)
+            return {"function": self.export_config(config)["function"], "kwargs": kwargs}
+        kwargs = {"bits": int(config["bits"]), "group_size": int(config["group_size"]), **self._tile(config)}
+        return {"function": "kernels.quant_gemm.quant_matmul", "kwargs": kwargs}
 
     def export_python(self, config: dict[str, Any]) -> str:
         """The quantization settings and a ``triton.Config`` list for ``kernels.quant_gemm.quant_matmul``."""

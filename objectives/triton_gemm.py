@@ -25,6 +25,7 @@ from tuner.workload import (
     MetricSpec,
     interpreter_active,
     missing_params,
+    needs_hopper,
     not_pow2,
     triton_configs_python,
 )
@@ -244,9 +245,8 @@ class TritonGemm(KernelWorkload):
                 f"kernel {kernel} needs 16-byte aligned rows (TMA): {self.m}x{self.n}x{self._k_run(config)} in "
                 f"{precision} is not; use pad_k or the tutorial kernel"
             )
-        if device.is_gpu and device.compute_capability is not None and tuple(device.compute_capability) < (9, 0):
-            return f"kernel {kernel} needs TMA (compute capability >= 9.0), {device.name} has less"
-        return None
+        what = "TMA and warp specialization" if kernel == "persistent_tma_ws" else "TMA"
+        return needs_hopper(f"kernel {kernel} ({what})", device)
 
     # ------------------------------------------------------------------ the trial's parts (KernelWorkload.run)
 
@@ -297,6 +297,13 @@ class TritonGemm(KernelWorkload):
             "kernel": kernel,
             "function": KERNELS[kernel],
         }
+
+    def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The variant's function (:data:`KERNELS`) and its keyword arguments: ``fn(a, b, **kwargs)``, with
+        ``a`` and ``b`` in the precision's dtypes (``kernels.gemm.quantize_inputs``; fp8 adds the scales)."""
+        kernel = self.export_config(config)["kernel"]
+        kwargs = {"precision": config["precision"], **self._kernel_kwargs(config, None)}
+        return {"function": KERNELS[kernel], "kwargs": kwargs}
 
     def work(self, config: dict[str, Any]) -> tuple[float, float, str | None]:
         """2mnk FLOPs; A and B read once and C written once, at the precision's element sizes."""
@@ -391,13 +398,15 @@ class TritonGemm(KernelWorkload):
         return {p: int(config[p]) for p in TILE_PARAMS}
 
     @classmethod
-    def _kernel_kwargs(cls, config: dict[str, Any], device: DeviceInfo) -> dict[str, Any]:
-        """The tile, plus the persistent variants' arguments (one program per SM, their flags)."""
+    def _kernel_kwargs(cls, config: dict[str, Any], device: DeviceInfo | None) -> dict[str, Any]:
+        """The tile, plus the persistent variants' arguments (one program per SM, their flags); with no
+        ``device``, no ``num_sms`` (the kernel's default: the multiprocessor count of the tensors' device)."""
         kwargs: dict[str, Any] = cls._tile(config)
         kernel = config.get("kernel", "tutorial")
         if kernel != "tutorial":
+            if device is not None:
+                kwargs["num_sms"] = device.sm_count if device.is_gpu and device.sm_count else INTERPRETER_PROGRAMS
             kwargs.update(
-                num_sms=device.sm_count if device.is_gpu and device.sm_count else INTERPRETER_PROGRAMS,
                 epilogue_subtile=bool(config.get("EPILOGUE_SUBTILE", False)),
                 warp_specialize=kernel == "persistent_tma_ws",
                 fp8_fast_accum=bool(config.get("FP8_FAST_ACCUM", True)),

@@ -24,6 +24,8 @@ from typing import Any, ClassVar, TypedDict
 
 #: Version of :class:`WireResult`: a worker of another version is refused, not misread.
 RESULT_VERSION = 1
+#: Fields of a kernel's export form that its launcher takes beside ``kwargs`` (:meth:`Workload.launch_call`).
+LAUNCH_FIELDS = ("num_warps", "num_stages", "precision")
 
 
 class TrialStatus(str, enum.Enum):
@@ -338,6 +340,19 @@ class Workload(ABC):
         """The config in the form user code consumes (default: the params as they are)."""
         return dict(config)
 
+    def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The config as the call that uses it takes it: ``{"function", "kwargs"}``, the dotted name of the
+        function the config is for (None when it is no one function's) and the keyword arguments it takes
+        beside its tensors, so that ``fn(a, b, **kwargs)`` runs the config. Default: the export form's
+        ``function``, its ``kwargs`` with the launch fields (``num_warps``, ``num_stages``, ``precision``)
+        as the launchers of ``kernels/`` take them; a form without ``kwargs`` as it is."""
+        exported = self.export_config(config)
+        if "kwargs" not in exported:
+            return {"function": exported.get("function"), "kwargs": dict(exported)}
+        kwargs = dict(exported["kwargs"])
+        kwargs.update({name: exported[name] for name in LAUNCH_FIELDS if name in exported})
+        return {"function": exported.get("function"), "kwargs": kwargs}
+
     def export_env(self, config: dict[str, Any]) -> dict[str, str]:
         """The config as environment variables (default: each param, upper-cased; a boolean as ``1`` or
         ``0``, the shell's and most tools' spelling of a flag). Values are raw: the ``env`` export quotes them."""
@@ -417,6 +432,18 @@ def triton_configs_python(comment: str, exported: dict[str, Any], preamble: str 
 def interpreter_active() -> bool:
     """Whether Triton runs kernels under its CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def needs_hopper(feature: str, device: DeviceInfo) -> str | None:
+    """Why ``feature`` (TMA, warp specialization: sm_90 hardware) is statically infeasible on ``device``: a CPU
+    (the interpreter emulates it, and its timings say nothing of what it gains on a GPU) or a GPU of compute
+    capability below 9.0; None on a Hopper GPU or newer (or one whose capability is unknown)."""
+    if not device.is_gpu:
+        return f"{feature} needs an sm_90 GPU: on {device.name or 'a CPU'} the interpreter only emulates it"
+    cc = device.compute_capability
+    if cc is not None and tuple(cc) < (9, 0):
+        return f"{feature} needs compute capability >= 9.0, {device.name} has {cc[0]}.{cc[1]}"
+    return None
 
 
 def timing_comparable(device: DeviceInfo) -> bool:

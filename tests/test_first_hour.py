@@ -1,0 +1,210 @@
+"""A new user's first hour on a CPU: real studies of the kernel workloads under the Triton interpreter,
+published to the registry, looked up with the README's client call from where the caller runs (``cpu``),
+the function imported and called on small tensors, compared with torch; each precision's winner kept."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_config_client import serving
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.usefixtures("interpreter")]
+
+#: name -> (workload, args, space overrides, precisions measured): small shapes, a few trials each.
+STUDIES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "gemm": (
+        "triton_gemm",
+        {"m": 64, "n": 64, "k": 64},
+        {
+            "BLOCK_M": {"high": 32},
+            "BLOCK_N": {"high": 32},
+            "BLOCK_K": {"high": 32},
+            "precision": {"choices": ["fp32", "fp16"]},
+        },
+    ),
+    "rmsnorm": (
+        "rmsnorm",
+        {"rows": 8, "cols": 256},
+        {"BLOCK": {"high": 512}, "precision": {"choices": ["fp32", "fp16"]}},
+    ),
+    "softmax": (
+        "softmax",
+        {"rows": 8, "cols": 256},
+        {"BLOCK": {"high": 512}, "precision": {"choices": ["fp32", "fp16"]}},
+    ),
+    "axpy": ("axpy", {"n": 4096}, {"BLOCK": {"high": 1024}, "precision": {"choices": ["fp32"]}}),
+}
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory, ray_session: None) -> Iterator[tuple[str, dict[str, int], str]]:
+    """Each of :data:`STUDIES` run on the engine (CPU, interpreter) and published; yields the registry
+    server's URL, the study ids and the database's URL."""
+    from api.main import create_app
+    from api.settings import Settings
+    from tuner.orchestrator import Orchestrator
+    from tuner.spec import load_spec
+    from tuner.storage import StudyDB
+
+    url = f"sqlite:///{Path(tmp_path_factory.mktemp('first-hour')) / 'tuner.db'}"
+    db = StudyDB(url)
+    ids = {}
+    for name, (workload, args, space) in STUDIES.items():
+        spec = {
+            "name": f"first-hour-{name}",
+            "workload": workload,
+            "args": args,
+            "space": space,
+            "objectives": [{"metric": "latency_ms", "direction": "minimize"}],
+            "budget": {"trials": 6, "trial_timeout_s": 300},
+            "warm_start": False,
+            "seed": 0,
+        }
+        summary = Orchestrator(load_spec(spec), db).run()
+        assert summary.status == "completed", (name, summary)
+        ids[name] = summary.study_id
+    app = create_app(Settings(db_url=url))
+    with serving(app) as base:
+        yield base, ids, url
+    db.dispose()
+
+
+@pytest.fixture
+def client(registry: tuple[str, dict[str, int], str], tmp_path: Path) -> Any:
+    from tuner import client
+
+    client.configure(registry[0], cache_path=tmp_path / "cache.json")
+    yield client
+    client._default = None
+
+
+def test_the_readme_call_runs_the_gemm_winner_on_cpu(client: Any) -> None:
+    """``fn(a, b, **best_config(...))``: the lookup names the function, no ``gpu=`` (the caller is a CPU)."""
+    import torch
+
+    from kernels.gemm import prepare_inputs
+
+    kwargs = client.best_config("triton_gemm", m=64, n=64, k=64)
+    assert kwargs.function in ("kernels.gemm.matmul", "kernels.gemm_tma.matmul_persistent")
+    assert kwargs.params["precision"] == kwargs["precision"] and "kernel" in kwargs.params
+    fn = client.load_function(kwargs.function)
+    inputs = prepare_inputs(64, 64, 64, kwargs["precision"], "cpu", seed=1)
+    c = fn(inputs.a, inputs.b, scale_a=inputs.scale_a, scale_b=inputs.scale_b, **kwargs)
+    ref = inputs.a.float() @ inputs.b.float()
+    assert torch.allclose(c.float(), ref, rtol=2e-2, atol=2e-2 * float(ref.abs().max()))
+
+    call = client.best_call("triton_gemm", m=64, n=64, k=64)
+    assert call == {"function": kwargs.function, "kwargs": dict(kwargs), "params": kwargs.params}
+
+
+def test_the_readme_call_runs_the_row_wise_and_axpy_winners_on_cpu(client: Any) -> None:
+    import torch
+
+    from kernels.rmsnorm import DTYPES
+
+    x = torch.randn(8, 256)
+    rms = client.best_config("rmsnorm", rows=8, cols=256)
+    assert rms.function == "kernels.rmsnorm.rmsnorm"
+    xd, w = x.to(DTYPES[rms["precision"]]), torch.rand(256).to(DTYPES[rms["precision"]])
+    ref = xd.float() / torch.sqrt(xd.float().pow(2).mean(-1, keepdim=True) + rms["eps"]) * w.float()
+    assert torch.allclose(rms.load()(xd, w, **rms).float(), ref, rtol=1e-2, atol=1e-2)
+
+    soft = client.best_config("softmax", rows=8, cols=256)
+    assert soft.function == "kernels.softmax.softmax"
+    xs = x.to(DTYPES[soft["precision"]])
+    assert torch.allclose(soft.load()(xs, **soft).float(), torch.softmax(xs.float(), -1), rtol=1e-2, atol=1e-3)
+
+    axpy = client.best_config("axpy", n=4096)
+    assert axpy.function == "kernels.axpy.axpy" and set(axpy) == {"BLOCK", "num_warps"}
+    a, b, out = torch.randn(4096), torch.randn(4096), torch.empty(4096)
+    axpy.load()(a, b, 2.0, out, **axpy)
+    assert torch.allclose(out, 2.0 * a + b)
+
+
+def test_lookups_default_to_the_callers_device_and_any_gpu_is_asked_for_by_name(client: Any) -> None:
+    assert client.local_device() == "cpu"  # no CUDA here
+    assert client.best_config("triton_gemm", m=64, n=64, k=64, gpu="cpu") == client.best_config(
+        "triton_gemm", m=64, n=64, k=64
+    )
+    with pytest.raises(client.ConfigNotFound, match="on any GPU"):
+        client.best_config("triton_gemm", m=64, n=64, k=64, gpu="any")
+
+
+def test_every_precision_a_study_measured_has_its_winner_in_the_registry(client: Any) -> None:
+    pick = client.best_call("triton_gemm", m=64, n=64, k=64)
+    others = {"fp32", "fp16"} - {pick["params"]["precision"]}
+    for precision in others:
+        found = client.best_call("triton_gemm", m=64, n=64, k=64, precision=precision)
+        assert found["params"]["precision"] == found["kwargs"]["precision"] == precision
+    for name in ("rmsnorm", "softmax"):
+        for precision in ("fp32", "fp16"):
+            assert client.best_config(name, rows=8, cols=256, precision=precision)["precision"] == precision
+
+
+def test_the_call_form_of_each_variant_is_the_functions_signature() -> None:
+    """Every variant's ``launch_call`` names a function that takes exactly those keyword arguments."""
+    import inspect
+
+    from objectives.flash_attention import FlashAttention
+    from objectives.quant_gemm import QuantGemm
+    from objectives.triton_gemm import TritonGemm
+    from tuner.client import load_function
+
+    tile = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4, "num_stages": 2}
+    cases = [
+        (TritonGemm(256, 256, 256), {**tile, "precision": "fp16", "kernel": kernel})
+        for kernel in ("tutorial", "persistent_tma", "persistent_tma_ws")
+    ]
+    attention = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "precision": "fp16"}
+    cases += [
+        (FlashAttention(1, 2, 128, 64), {**attention, "kernel": kernel}) for kernel in ("tutorial", "persistent_tma")
+    ]
+    quant = {**tile, "SPLIT_K": 1, "bits": 4, "group_size": 64, "precision": "fp16"}
+    cases.append((QuantGemm(16, 256, 256), quant))
+    for workload, config in cases:
+        call = workload.launch_call(config)
+        parameters = inspect.signature(load_function(call["function"])).parameters
+        assert set(call["kwargs"]) <= set(parameters), (call["function"], set(call["kwargs"]) - set(parameters))
+        required = {n for n, p in parameters.items() if p.kind == p.KEYWORD_ONLY and p.default is p.empty}
+        assert required <= set(call["kwargs"]), (call["function"], required - set(call["kwargs"]))
+
+
+def test_hopper_only_variants_are_statically_infeasible_on_a_cpu() -> None:
+    """TMA, warp specialization and Gluon need an sm_90 GPU: on a CPU the study picks among the others."""
+    from objectives.flash_attention import FlashAttention
+    from objectives.quant_gemm import QuantGemm
+    from objectives.triton_gemm import TritonGemm
+    from tuner.fingerprint import device_info
+
+    cpu = device_info()
+    assert not cpu.is_gpu
+    gemm = TritonGemm(256, 256, 256)
+    tile = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4, "num_stages": 2}
+    assert gemm.static_check({**tile, "precision": "fp16", "kernel": "tutorial"}, cpu) is None
+    for kernel in ("persistent_tma", "persistent_tma_ws"):
+        assert "sm_90" in (gemm.static_check({**tile, "precision": "fp16", "kernel": kernel}, cpu) or "")
+    attention = FlashAttention(1, 2, 128, 64)
+    at_tile = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "precision": "fp16"}
+    assert attention.static_check({**at_tile, "kernel": "tutorial"}, cpu) is None
+    for config in ({"kernel": "tutorial", "use_tma": True}, {"kernel": "persistent_tma"}, {"kernel": "gluon_ws"}):
+        assert attention.static_check({**at_tile, "BLOCK_M": 128, **config}, cpu) is not None, config
+    quant = {"BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "bits": 4}
+    packed = {**quant, "group_size": 64, "precision": "fp16", "kernel": "packed"}
+    assert QuantGemm(16, 256, 256).static_check(packed, cpu) is None
+    assert "sm_90" in (QuantGemm(16, 256, 256).static_check({**packed, "TMA": 1}, cpu) or "")
+
+
+def test_a_cpu_study_of_the_default_gemm_space_measures_and_picks_what_the_interpreter_runs(
+    registry: tuple[str, dict[str, int], str], client: Any
+) -> None:
+    from tuner.storage import StudyDB
+
+    pick = client.best_call("triton_gemm", m=64, n=64, k=64)
+    assert pick["function"] == "kernels.gemm.matmul" and pick["params"]["kernel"] == "tutorial"
+    db = StudyDB(registry[2])
+    measured = [t for t in db.trials(registry[1]["gemm"]) if t.status != "infeasible_static"]
+    assert measured and {t.params.get("kernel", "tutorial") for t in measured} == {"tutorial"}
+    db.dispose()
