@@ -30,15 +30,7 @@ from typing import Any
 
 from kernels.attention_ws_rules import KNOBS, knob_conflict
 from tuner.kernel_workload import Checked, KernelWorkload
-from tuner.workload import (
-    DeviceInfo,
-    MetricSpec,
-    comment_text,
-    interpreter_active,
-    is_pow2,
-    missing_params,
-    needs_hopper,
-)
+from tuner.workload import DeviceInfo, MetricSpec, comment_text, interpreter_active, is_pow2, missing_params
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -261,8 +253,6 @@ class FlashAttention(KernelWorkload):
                     f"Q tile + {tile['num_stages']} stages of K and V tiles{tma} need {smem} bytes of shared memory, "
                     f"{device.name} has {device.smem_per_block_bytes} per block"
                 )
-        if (use_tma or persistent) and not device.is_gpu:
-            return needs_hopper(f"kernel {kernel}" if persistent else "use_tma", device)
         if precision == "bf16" and (not device.is_gpu or interpreter_active()):
             # Triton 3.9's interpreter computes bf16 tl.dot wrongly (see kernels/attention.py).
             return "bf16 is not checked under the Triton interpreter (it computes bf16 products wrongly)"

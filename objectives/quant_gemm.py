@@ -38,7 +38,6 @@ from tuner.workload import (
     interpreter_active,
     is_pow2,
     missing_params,
-    needs_hopper,
     not_pow2,
     timing_comparable,
     triton_configs_python,
@@ -340,9 +339,9 @@ class QuantGemm(KernelWorkload):
         if config.get("TMA"):
             if (self.n * 4) % 16:
                 return f"TMA needs n a multiple of 4 (16-byte rows of int32 words), got n={self.n}"
-            reason = needs_hopper("TMA", device)
-            if reason:
-                return reason
+            cc = device.compute_capability
+            if device.is_gpu and cc is not None and tuple(cc) < (9, 0):
+                return f"TMA needs compute capability >= 9.0 (Hopper), {device.name} has {cc}"
         reason = _precision_reason(config["precision"], device)
         if reason:
             return reason

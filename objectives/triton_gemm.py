@@ -25,7 +25,6 @@ from tuner.workload import (
     MetricSpec,
     interpreter_active,
     missing_params,
-    needs_hopper,
     not_pow2,
     triton_configs_python,
 )
@@ -245,8 +244,9 @@ class TritonGemm(KernelWorkload):
                 f"kernel {kernel} needs 16-byte aligned rows (TMA): {self.m}x{self.n}x{self._k_run(config)} in "
                 f"{precision} is not; use pad_k or the tutorial kernel"
             )
-        what = "TMA and warp specialization" if kernel == "persistent_tma_ws" else "TMA"
-        return needs_hopper(f"kernel {kernel} ({what})", device)
+        if device.is_gpu and device.compute_capability is not None and tuple(device.compute_capability) < (9, 0):
+            return f"kernel {kernel} needs TMA (compute capability >= 9.0), {device.name} has less"
+        return None
 
     # ------------------------------------------------------------------ the trial's parts (KernelWorkload.run)
 

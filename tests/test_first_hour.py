@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from test_config_client import serving
 
@@ -173,28 +174,38 @@ def test_the_call_form_of_each_variant_is_the_functions_signature() -> None:
 
 
 def test_hopper_only_variants_are_statically_infeasible_on_a_cpu() -> None:
-    """TMA, warp specialization and Gluon need an sm_90 GPU: on a CPU the study picks among the others."""
-    from objectives.flash_attention import FlashAttention
-    from objectives.quant_gemm import QuantGemm
-    from objectives.triton_gemm import TritonGemm
+    """TMA, warp specialization and Gluon need an sm_90 GPU: the default spaces hold them on a GPU only, so
+    a CPU study picks among what the interpreter runs (the workloads still run them when asked)."""
     from tuner.fingerprint import device_info
+    from tuner.space import compile_space, load_space_file
+    from tuner.strategy.candidates import FeasibleSet
 
-    cpu = device_info()
-    assert not cpu.is_gpu
-    gemm = TritonGemm(256, 256, 256)
+    cpu = device_info().to_dict()
+    assert cpu["kind"] == "cpu"
+    h200 = {"kind": "cuda", "name": "NVIDIA H200", "compute_capability": [9, 0], "smem_per_block_bytes": 232448}
     tile = {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 4, "num_warps": 4, "num_stages": 2}
-    assert gemm.static_check({**tile, "precision": "fp16", "kernel": "tutorial"}, cpu) is None
+    gemm = compile_space(load_space_file("gemm.yaml"))
+    base = {**tile, "precision": "fp16", "pad_k": False}
+    assert gemm.static_violation({**base, "kernel": "tutorial"}, cpu) is None
     for kernel in ("persistent_tma", "persistent_tma_ws"):
-        assert "sm_90" in (gemm.static_check({**tile, "precision": "fp16", "kernel": kernel}, cpu) or "")
-    attention = FlashAttention(1, 2, 128, 64)
-    at_tile = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "precision": "fp16"}
-    assert attention.static_check({**at_tile, "kernel": "tutorial"}, cpu) is None
-    for config in ({"kernel": "tutorial", "use_tma": True}, {"kernel": "persistent_tma"}, {"kernel": "gluon_ws"}):
-        assert attention.static_check({**at_tile, "BLOCK_M": 128, **config}, cpu) is not None, config
-    quant = {"BLOCK_M": 16, "BLOCK_N": 64, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2, "bits": 4}
-    packed = {**quant, "group_size": 64, "precision": "fp16", "kernel": "packed"}
-    assert QuantGemm(16, 256, 256).static_check(packed, cpu) is None
-    assert "sm_90" in (QuantGemm(16, 256, 256).static_check({**packed, "TMA": 1}, cpu) or "")
+        config = {**base, "kernel": kernel, "EPILOGUE_SUBTILE": False, "STREAM_K": False}
+        assert "hopper_only" in (gemm.static_violation(config, cpu) or ""), kernel
+        assert gemm.static_violation(config, h200) is None, kernel
+    rows = FeasibleSet(gemm, device=cpu).sample(np.random.default_rng(0), 500, set())
+    assert {FeasibleSet(gemm, device=cpu).encoder.config(r)["kernel"] for r in rows} == {"tutorial"}
+
+    attention = compile_space(load_space_file("attention.yaml"))
+    at = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "precision": "fp16"}
+    assert attention.static_violation({**at, "kernel": "tutorial", "use_tma": False}, cpu) is None
+    for config in ({"kernel": "tutorial", "use_tma": True}, {"kernel": "persistent_tma", "SPLIT_M": False}):
+        assert "hopper_only" in (attention.static_violation({**at, **config}, cpu) or ""), config
+        assert attention.static_violation({**at, **config}, h200) is None, config
+
+    quant = compile_space(load_space_file("quant_gemm.yaml"))
+    packed = {"kernel": "packed", "TMA": 1}
+    assert "hopper_only" in (quant.static_violation(packed, cpu) or "")
+    assert "hopper_only" in (quant.static_violation({"kernel": "ws"}, cpu) or "")
+    assert quant.static_violation({**packed, "TMA": 0}, cpu) is None
 
 
 def test_a_cpu_study_of_the_default_gemm_space_measures_and_picks_what_the_interpreter_runs(
@@ -208,3 +219,57 @@ def test_a_cpu_study_of_the_default_gemm_space_measures_and_picks_what_the_inter
     measured = [t for t in db.trials(registry[1]["gemm"]) if t.status != "infeasible_static"]
     assert measured and {t.params.get("kernel", "tutorial") for t in measured} == {"tutorial"}
     db.dispose()
+
+
+def test_the_strategy_proposes_from_the_feasible_set_of_a_cpu_gemm_study() -> None:
+    """40 trials of the default 256^3 GEMM space on this CPU, with the space's rules and the workload's static
+    check as the engine applies them: at most one replaced proposal per measured config (none, in fact)."""
+    import math
+
+    import optuna
+
+    from objectives.triton_gemm import TritonGemm
+    from tuner.fingerprint import device_info
+    from tuner.samplers import CONSTRAINTS_ATTR
+    from tuner.space import compile_space, load_space_file
+    from tuner.strategy import TunerSampler
+
+    device = device_info()
+    space, workload = compile_space(load_space_file("gemm.yaml")), TritonGemm(256, 256, 256)
+
+    def static_reason(config: dict[str, Any]) -> str | None:  # as the orchestrator's
+        return space.static_violation(config, device.to_dict()) or workload.static_check(config, device)
+
+    sampler = TunerSampler(space, seed=0, device=device.to_dict(), static_check=static_reason, budget_trials=40)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for _ in range(40):
+        trial = study.ask()
+        config = space.suggest(trial)
+        assert static_reason(config) is None, config
+        study._storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_ATTR, [0.0])
+        study.tell(trial, -abs(math.log2(config["BLOCK_M"] * config["BLOCK_N"]) - 10) - config["num_stages"] / 10)
+    counts = sampler.proposal_counts()
+    assert counts["repeats_replaced"] == 0 and counts["static_rejected"] <= 40, counts
+
+
+def test_submit_prints_a_bad_specs_errors_as_run_does(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The server's 422 as ``tuner run``'s list (``field: message`` a line), not raw JSON broken at 80 columns."""
+    import json
+
+    from test_newcomer import BAD_SPEC
+
+    from api.main import create_app
+    from api.settings import Settings
+    from tuner.cli import main
+
+    spec = tmp_path / "bad.json"
+    spec.write_text(json.dumps(BAD_SPEC))
+    assert main(["run", str(spec), "--db", str(tmp_path / "run.db")]) != 0
+    run = capsys.readouterr().err.splitlines()
+    assert run[0] == "invalid spec:" and len(run) > 5
+    with serving(create_app(Settings(db_url=f"sqlite:///{tmp_path / 'served.db'}"))) as url:
+        assert main(["submit", str(spec), "--url", url]) == 2
+    submitted = capsys.readouterr().err.splitlines()
+    assert submitted == run
+    assert any(line.startswith("  args.kk: unknown arg 'kk' (did you mean 'k'?)") for line in submitted)

@@ -143,10 +143,33 @@ def _load_spec_or_say_why(path: str) -> Any:
     except FileNotFoundError:
         err.print(f"[red]no such spec file: {path}[/red]")
     except SpecError as exc:
-        err.print("[red]invalid spec:[/red]")
-        for field, message in exc.errors:
-            err.print(f"  {field or '(spec)'}: {message}")
+        _print_spec_errors(exc.errors)
     return None
+
+
+def _print_spec_errors(errors: list[tuple[str, str]]) -> None:
+    """``invalid spec:`` and one ``field: message`` line per error (never broken at the terminal's width)."""
+    err.print("[red]invalid spec:[/red]")
+    for field, message in errors:
+        err.print(f"  {field or '(spec)'}: {message}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _answer_errors(response: Any) -> list[tuple[str, str]] | None:
+    """A 422's ``detail`` as (field, message) pairs, the field without the ``body.`` of FastAPI's locations;
+    None when the answer is not such a list."""
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(detail, str):
+        return [("", detail)]
+    if not isinstance(detail, list) or not all(isinstance(e, dict) for e in detail):
+        return None
+    out = []
+    for error in detail:
+        loc = [str(part) for part in error.get("loc") or []]
+        out.append((".".join(loc[1:] if loc[:1] == ["body"] else loc), str(error.get("msg", error))))
+    return out
 
 
 def _print_run_summary(summary: Any, objectives: list[tuple[str, str]]) -> None:
@@ -402,8 +425,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else {}
     with _client(args) as client:
         response = client.post("/api/studies", json=spec, headers=headers)
+        errors = _answer_errors(response) if response.status_code == 422 else None
+        if errors is not None:
+            _print_spec_errors(errors)
+            return 2
         if response.status_code >= 400:
-            err.print(f"[red]{response.status_code}[/red] {response.text}")
+            err.print(f"{response.status_code} {response.text}", markup=False, soft_wrap=True)
             return 2
         study = response.json()
         console.print(

@@ -434,18 +434,6 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-def needs_hopper(feature: str, device: DeviceInfo) -> str | None:
-    """Why ``feature`` (TMA, warp specialization: sm_90 hardware) is statically infeasible on ``device``: a CPU
-    (the interpreter emulates it, and its timings say nothing of what it gains on a GPU) or a GPU of compute
-    capability below 9.0; None on a Hopper GPU or newer (or one whose capability is unknown)."""
-    if not device.is_gpu:
-        return f"{feature} needs an sm_90 GPU: on {device.name or 'a CPU'} the interpreter only emulates it"
-    cc = device.compute_capability
-    if cc is not None and tuple(cc) < (9, 0):
-        return f"{feature} needs compute capability >= 9.0, {device.name} has {cc[0]}.{cc[1]}"
-    return None
-
-
 def timing_comparable(device: DeviceInfo) -> bool:
     """Whether a trial's timings on ``device`` may be compared with GPU timings (real GPU, no interpreter)."""
     return device.is_gpu and not interpreter_active()
