@@ -4,6 +4,7 @@ the function imported and called on small tensors, compared with torch; each pre
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -273,3 +274,153 @@ def test_submit_prints_a_bad_specs_errors_as_run_does(tmp_path: Path, capsys: py
     submitted = capsys.readouterr().err.splitlines()
     assert submitted == run
     assert any(line.startswith("  args.kk: unknown arg 'kk' (did you mean 'k'?)") for line in submitted)
+
+
+def test_the_shutdown_report_says_what_stopped_and_what_went_back_to_the_queue(tmp_path: Path) -> None:
+    from tuner import lifecycle
+    from tuner.cli import shutdown_report
+    from tuner.service import REQUEUED
+    from tuner.storage import StudyDB
+
+    db = StudyDB(f"sqlite:///{tmp_path / 'serve.db'}")
+    db.create_tables()
+    spec = {"name": "first", "workload": "noop", "objectives": [{"metric": "latency_ms"}], "budget": {"trials": 40}}
+    first = db.create_study(name="first", workload="noop", spec=spec, space={}, space_hash="0")
+    db.create_study(name="second", workload="noop", spec={**spec, "name": "second"}, space={}, space_hash="0")
+    assert lifecycle.claim_next(db, "runner-1", 60).id == first.id
+    for number in range(7):
+        db.insert_trial(first.id, number, {"x": number}, optuna_trial_id=None)
+        db.finish_trial(
+            first.id, number, status="ok", metrics={"latency_ms": 1.0}, samples_ms=[1.0], feasible=True,
+            timing_comparable=False, error=None, worker="w0", attempt=1, fingerprint={},
+        )  # fmt: skip
+    running = [row.id for row in db.list_studies() if row.status == "running"]
+    assert lifecycle.hand_back(db, first.id, "runner-1", REQUEUED)  # what the runner does when it is stopped
+    lines = shutdown_report(db, running, "http://127.0.0.1:8000/", True)
+    assert lines[0] == "stopped: the service on http://127.0.0.1:8000/ and its study runner"
+    assert f"  study first (id {first.id}) went back to the queue at 7/40 trials" in lines
+    assert any(line.startswith("  queued: 2 (first, second)") for line in lines)
+    db.dispose()
+
+
+def test_ctrl_c_of_tuner_serve_prints_the_report(tmp_path: Path) -> None:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "tuner.cli", "serve", "--no-runner", "--port", str(port), "--db"]
+    serve = subprocess.Popen(
+        [*command, str(tmp_path / "t.db")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.3)
+        serve.send_signal(signal.SIGINT)
+        _, stderr = serve.communicate(timeout=60)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+    assert f"stopped: the service on http://127.0.0.1:{port}/" in stderr
+    assert "no study was running or queued" in stderr
+
+
+def test_importances_print_no_optuna_lines(tmp_path: Path) -> None:
+    """A page's parameter importances build an in-memory Optuna study: nothing of it reaches the terminal."""
+    import optuna
+
+    from api.importance import importances
+    from tuner.space import load_space_file
+    from tuner.storage import StudyDB
+
+    db = StudyDB(f"sqlite:///{tmp_path / 'imp.db'}")
+    db.create_tables()
+    spec = {"name": "axpy", "workload": "axpy", "objectives": [{"metric": "latency_ms", "direction": "minimize"}]}
+    row = db.create_study(
+        name="axpy", workload="axpy", spec=spec, space=load_space_file("axpy.yaml"), space_hash="0",
+        objectives=[("latency_ms", "minimize")],
+    )  # fmt: skip
+    for number, block in enumerate((128, 256, 512, 1024, 2048, 4096)):
+        db.insert_trial(row.id, number, {"BLOCK": block, "num_warps": 4, "precision": "fp32"}, optuna_trial_id=None)
+        db.finish_trial(
+            row.id, number, status="ok", metrics={"latency_ms": 1.0 + number % 3}, samples_ms=[1.0], feasible=True,
+            timing_comparable=False, error=None, worker="w0", attempt=1, fingerprint={},
+        )  # fmt: skip
+    optuna.logging.set_verbosity(optuna.logging.INFO)  # a fresh server process: nothing lowered it yet
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("optuna").addHandler(handler)
+    try:
+        assert importances(db, db.get_study(row.id))  # the scratch study was built
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+    assert not [line for line in said if "A new study created" in line], said
+    db.dispose()
+
+
+def test_the_demo_prints_the_database_path_absolute_and_what_it_stopped(tmp_path: Path) -> None:
+    """scripts/demo.sh on a tree whose set-up, ``tuner`` and ``curl`` stand in for the real ones (recording what
+    they are asked): the next commands name the database by its absolute path; Ctrl-C says what stopped."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    tree, bin_dir = tmp_path / "tree", tmp_path / "venv" / "bin"
+    (tree / "scripts").mkdir(parents=True)
+    bin_dir.mkdir(parents=True)
+    shutil.copy(root / "scripts" / "demo.sh", tree / "scripts" / "demo.sh")
+    shutil.copytree(root / "examples", tree / "examples")
+    scripts = {
+        tree / "scripts" / "setup.sh": "exit 0\n",
+        bin_dir / "python": f'exec {sys.executable} "$@"\n',
+        bin_dir / "tuner": (
+            f'echo "$@" >> {tmp_path / "tuner.log"}\n'
+            'if [ "$1" = serve ]; then trap \'echo "stopped: the service" >&2; exit 0\' TERM INT\n'
+            "  while true; do sleep 0.1; done; fi\n"
+            'echo "study $2 (id 1) queued"\n'
+        ),
+        bin_dir / "curl": """case "$*" in *healthz*) exit 0;; esac
+echo '{"items": [{"id": 1, "name": "demo-replay-h200-gemm"}]}'\n""",
+    }
+    for path, body in scripts.items():
+        path.write_text("#!/usr/bin/env bash\n" + body)
+        path.chmod(0o755)
+    (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
+    env = {k: v for k, v in os.environ.items() if k != "TUNER_DB_URL"}
+    env.update(TUNER_VENV=str(tmp_path / "venv"), PATH=f"{bin_dir}:/usr/bin:/bin")
+    demo = subprocess.Popen(
+        ["bash", "scripts/demo.sh"], cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    lines = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.append(line.rstrip("\n"))
+            if "tuner export" in line:
+                break
+        os.killpg(demo.pid, signal.SIGINT)  # Ctrl-C: the terminal's whole foreground group
+        rest, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+    db = tree / "tuner.db"
+    assert f"    tuner status --db {db}" in lines and f"    tuner trials demo-replay-h200-gemm --db {db}" in lines
+    assert f"serve --db {db} --port 8000" in (tmp_path / "tuner.log").read_text()
+    assert "stopped: the service" in rest and "demo stopped; run it again to resume" in rest

@@ -379,10 +379,52 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_keep_alive=args.keep_alive_s)
     finally:
+        running = _running_studies(app.state.db)
         if supervisor is not None:
             # The runner alone: it lets its trials in flight finish, then shuts its Ray down itself.
             supervisor.stop()
+        for line in shutdown_report(app.state.db, running, f"http://{args.host}:{args.port}/", supervisor is not None):
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def _running_studies(db: Any) -> list[int]:
+    return [row.id for row in _listed(db) if row.status == "running"]
+
+
+def shutdown_report(db: Any, running: list[int], url: str, had_runner: bool) -> list[str]:
+    """What a stopped ``tuner serve`` stopped, and where each study it was running went (back to the queue,
+    with its trials measured so far), for the terminal it ran in."""
+    from tuner.schema import measured_count
+
+    lines = [f"stopped: the service on {url}" + (" and its study runner" if had_runner else "")]
+    for study_id in running:
+        try:
+            row = db.get_study(study_id)
+            measured = measured_count(db.status_counts(study_id))
+        except Exception as exc:  # the database is gone: say so rather than nothing
+            lines.append(f"  study {study_id}: its state could not be read ({exc})")
+            continue
+        if row is None:
+            continue
+        budget = (row.spec or {}).get("budget", {}).get("trials")
+        progress = f"{measured}/{budget}" if budget else f"{measured}"
+        where = "went back to the queue" if row.status == "queued" else f"is {row.status}"
+        lines.append(f"  study {row.name} (id {row.id}) {where} at {progress} trials")
+    queued = [row for row in _listed(db) if row.status == "queued"]
+    if queued:
+        names = ", ".join(row.name for row in queued[:5]) + (", ..." if len(queued) > 5 else "")
+        lines.append(f"  queued: {len(queued)} ({names}); the next `tuner serve` on this database resumes them")
+    elif not running:
+        lines.append("  no study was running or queued")
+    return lines
+
+
+def _listed(db: Any) -> list[Any]:
+    try:
+        return db.list_studies()
+    except Exception:  # the database is gone: the report says nothing of its studies then
+        return []
 
 
 def cmd_db(args: argparse.Namespace) -> int:
