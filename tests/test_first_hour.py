@@ -404,8 +404,11 @@ echo '{"items": [{"id": 1, "name": "demo-replay-h200-gemm"}]}'\n""",
     (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
     env = {k: v for k, v in os.environ.items() if k != "TUNER_DB_URL"}
     env.update(TUNER_VENV=str(tmp_path / "venv"), PATH=f"{bin_dir}:/usr/bin:/bin")
+    # Ctrl-C as a terminal delivers it: whatever this process ignores (a test runner may ignore SIGINT), the demo
+    # starts with the default action
+    restore = "import os, signal; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp('bash', ['bash', 'scripts/demo.sh'])"  # noqa: E501
     demo = subprocess.Popen(
-        ["bash", "scripts/demo.sh"], cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        [sys.executable, "-c", restore], cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )  # fmt: skip
     lines = []

@@ -18,6 +18,7 @@ entries left by distance in Python.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import logging
@@ -519,15 +520,21 @@ def launch_call(entry: ConfigEntryRow) -> dict[str, Any]:
     """The entry's config as the call that uses it takes it (:meth:`tuner.workload.Workload.launch_call`):
     ``function`` (a dotted name, or None) and ``kwargs``. A workload that cannot be built here gives the
     export form's ``function`` and its ``kwargs`` (the form as it is when it has none)."""
-    from tuner.registry import workload_class
-
     try:
-        call = workload_class(entry.workload)(**entry.args).launch_call(dict(entry.config))
+        call = _workload(entry.workload, canonical(entry.args)).launch_call(dict(entry.config))
     except Exception as exc:  # an unknown workload, or args this version refuses: the stored form stands in
         log.debug("registry: entry %s's call from its export form (%s)", entry.id, exc)
         exported = entry.exported or {}
         call = {"function": exported.get("function"), "kwargs": dict(exported.get("kwargs", exported))}
     return json.loads(canonical(call))
+
+
+@functools.lru_cache(maxsize=64)
+def _workload(name: str, args: str) -> Any:
+    """The workload an entry was measured with (a page of entries builds each once; none measures here)."""
+    from tuner.registry import workload_class
+
+    return workload_class(name)(**json.loads(args))
 
 
 def entry_dict(entry: ConfigEntryRow, distance: float | None = None) -> dict[str, Any]:
