@@ -427,3 +427,22 @@ echo '{"items": [{"id": 1, "name": "demo-replay-h200-gemm"}]}'\n""",
     assert f"    tuner status --db {db}" in lines and f"    tuner trials demo-replay-h200-gemm --db {db}" in lines
     assert f"serve --db {db} --port 8000" in (tmp_path / "tuner.log").read_text()
     assert "stopped: the service" in rest and "demo stopped; run it again to resume" in rest
+
+
+def test_publishing_keeps_each_precisions_winner_and_a_plain_lookup_gets_the_pick(tmp_path: Path) -> None:
+    from test_configs import CPU, gemm_config, measured_study
+
+    from tuner import configs
+    from tuner.storage import StudyDB
+
+    db = StudyDB(f"sqlite:///{tmp_path / 'mix.db'}")
+    db.create_tables()
+    trials = [(gemm_config(precision="fp16"), 2.0), (gemm_config(precision="fp32"), 1.0)]
+    trials.append((gemm_config(precision="fp32", BLOCK_M=32), 1.5))
+    done = configs.publish(db, measured_study(db, "mix", {"m": 64, "n": 64, "k": 64}, trials, device=CPU))
+    assert done.action == "added" and [o.action for o in done.others] == ["added"]
+    shape = {"m": 64, "n": 64, "k": 64}
+    fp32 = configs.lookup(db, "triton_gemm", shape, gpu="cpu", fixed={"precision": "fp32"}).matches[0].entry
+    assert fp32.config["precision"] == "fp32" and fp32.value == 1.5 and fp32.trial_number == 2
+    assert configs.lookup(db, "triton_gemm", shape, gpu="cpu", k=2).matches[0].entry.value == 2.0  # the pick
+    db.dispose()
