@@ -38,6 +38,11 @@ STUDIES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
         {"BLOCK": {"high": 512}, "precision": {"choices": ["fp32", "fp16"]}},
     ),
     "axpy": ("axpy", {"n": 4096}, {"BLOCK": {"high": 1024}, "precision": {"choices": ["fp32"]}}),
+    "attention": (
+        "flash_attention",
+        {"batch": 1, "heads": 1, "seq_len": 32, "head_dim": 64, "causal": True},
+        {"BLOCK_M": {"high": 32}, "BLOCK_N": {"high": 32}, "num_stages": {"high": 2}},
+    ),
 }
 
 
@@ -124,6 +129,19 @@ def test_the_readme_call_runs_the_row_wise_and_axpy_winners_on_cpu(client: Any) 
     a, b, out = torch.randn(4096), torch.randn(4096), torch.empty(4096)
     axpy.load()(a, b, 2.0, out, **axpy)
     assert torch.allclose(out, 2.0 * a + b)
+
+
+def test_the_readme_call_runs_the_attention_winner_on_cpu(client: Any) -> None:
+    import torch
+
+    from kernels.attention import DTYPES
+
+    kwargs = client.best_config("flash_attention", batch=1, heads=1, seq_len=32, head_dim=64, causal=True)
+    assert kwargs.function == "kernels.attention.attention" and kwargs["causal"] is True
+    q, k, v = (torch.randn(1, 1, 32, 64).to(DTYPES[kwargs.params["precision"]]) for _ in range(3))
+    out = kwargs.load()(q, k, v, **kwargs)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert torch.allclose(out.float(), ref, rtol=1e-2, atol=1e-2)
 
 
 def test_lookups_default_to_the_callers_device_and_any_gpu_is_asked_for_by_name(client: Any) -> None:
