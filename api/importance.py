@@ -112,6 +112,7 @@ def _compute(db: StudyDB, row: StudyRow, n_ok: int | None) -> dict[str, float]:
             frozen.append(optuna.trial.create_trial(params=params, distributions=distributions, value=value))
     if len(frozen) < MIN_TRIALS:
         return {}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # no "A new study created in memory" per page opened
     scratch = optuna.create_study(direction=direction)
     scratch.add_trials(frozen)
     with warnings.catch_warnings():

@@ -86,6 +86,14 @@ class Axpy(KernelWorkload):
     def _outputs(self, case: _Case) -> list[Any]:
         return [case.out]
 
+    def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``kernels.elementwise.axpy.axpy(x, y, alpha, out, **kwargs)``: the block and warps (x, y, out in the
+        precision)."""
+        return {
+            "function": "kernels.elementwise.axpy.axpy",
+            "kwargs": {"BLOCK": int(config["BLOCK"]), "num_warps": int(config["num_warps"])},
+        }
+
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
         from kernels.elementwise.axpy import axpy
 

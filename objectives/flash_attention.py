@@ -412,6 +412,19 @@ class FlashAttention(KernelWorkload):
             "function": KERNELS[kernel],
         }
 
+    def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The variant's function (:data:`KERNELS`) and its keyword arguments: ``fn(q, k, v, **kwargs)``."""
+        kernel = config.get("kernel", "tutorial")
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+        if kernel == "gluon_ws":
+            kwargs = self._gluon_ws_kwargs(config)
+        elif kernel in PERSISTENT:
+            kwargs = self._persistent_kwargs(config, None)
+        else:
+            kwargs = {**self._tile(config), "use_tma": bool(config.get("use_tma", False))}
+        return {"function": KERNELS[kernel], "kwargs": {"causal": self.causal, **kwargs}}
+
     def export_python(self, config: dict[str, Any]) -> str:
         """A call of the variant's function (``kernels.attention.attention.attention`` or the persistent one), ready to
         paste."""
@@ -505,14 +518,17 @@ class FlashAttention(KernelWorkload):
         }
 
     @classmethod
-    def _persistent_kwargs(cls, config: dict[str, Any], device: DeviceInfo) -> dict[str, Any]:
-        """The tile plus the persistent kernel's arguments: one program per SM, its two flags."""
-        return {
+    def _persistent_kwargs(cls, config: dict[str, Any], device: DeviceInfo | None) -> dict[str, Any]:
+        """The tile plus the persistent kernel's arguments: one program per SM (with no ``device``, the
+        kernel's default: the tensors' device's), its two flags."""
+        kwargs = {
             **cls._tile(config),
-            "num_sms": device.sm_count if device.is_gpu and device.sm_count else INTERPRETER_PROGRAMS,
             "split_m": bool(config.get("SPLIT_M", False)),
             "warp_specialize": config.get("kernel") == "persistent_tma_ws",
         }
+        if device is not None:
+            kwargs["num_sms"] = device.sm_count if device.is_gpu and device.sm_count else INTERPRETER_PROGRAMS
+        return kwargs
 
     def _case(self, config: dict[str, Any], device: DeviceInfo) -> _Case:
         """Inputs, reference and output buffer for the config's precision, built on first use."""

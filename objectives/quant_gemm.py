@@ -478,6 +478,16 @@ class QuantGemm(KernelWorkload):
             "precision": config["precision"],
         }
 
+    def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The variant's function and its keyword arguments: ``quant_matmul(x, qweight, scales, **kwargs)``
+        for the tiled kernel, ``fn(x, weights, **kwargs)`` (``kernels.quant.quant_layout`` packed weights) else."""
+        kernel = config.get("kernel")
+        if kernel in ("ws", "packed"):
+            kwargs = self._ws_knobs(config) if kernel == "ws" else self._packed_tile(config)
+            return {"function": self.export_config(config)["function"], "kwargs": kwargs}
+        kwargs = {"bits": int(config["bits"]), "group_size": int(config["group_size"]), **self._tile(config)}
+        return {"function": "kernels.quant.quant_gemm.quant_matmul", "kwargs": kwargs}
+
     def export_python(self, config: dict[str, Any]) -> str:
         """The quantization settings and a ``triton.Config`` list for ``kernels.quant.quant_gemm.quant_matmul``."""
         exported = self.export_config(config)

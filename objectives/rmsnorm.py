@@ -216,6 +216,10 @@ LATENCY_METRIC,
             "precision": config["precision"],
         }
 
+    def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``kernels.<kernel_name>.<kernel_name>`` and its keyword arguments (precision, tile, launch options)."""
+        return {**super().launch_call(config), "function": f"kernels.{self.kernel_name}.{self.kernel_name}"}
+
     def export_python(self, config: dict[str, Any]) -> str:
         """A ``triton.Config`` list ready to paste into ``@triton.autotune(configs=...)``."""
         exported = self.export_config(config)
@@ -286,6 +290,11 @@ class RMSNorm(RowWiseWorkload):
         operand_ref = reference_rmsnorm(x, w, self.eps) if precision in TOLERANCE_VS_OPERANDS else None
         out = torch.empty_like(x)
         return _Case((x, w), ref, operand_ref, out)
+
+    def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``kernels.norms.rmsnorm.rmsnorm(x, weight, **kwargs)``: the row-wise call with the study's ``eps``."""
+        call = super().launch_call(config)
+        return {**call, "kwargs": {**call["kwargs"], "eps": self.eps}}
 
     def _launch(self, config: dict[str, Any], case: _Case) -> None:
         from kernels.norms.rmsnorm import rmsnorm

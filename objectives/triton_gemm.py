@@ -300,6 +300,13 @@ class TritonGemm(KernelWorkload):
             "function": KERNELS[kernel],
         }
 
+    def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The variant's function (:data:`KERNELS`) and its keyword arguments: ``fn(a, b, **kwargs)``, with
+        ``a`` and ``b`` in the precision's dtypes (``kernels.gemm.gemm.quantize_inputs``; fp8 adds the scales)."""
+        kernel = self.export_config(config)["kernel"]
+        kwargs = {"precision": config["precision"], **self._kernel_kwargs(config, None)}
+        return {"function": KERNELS[kernel], "kwargs": kwargs}
+
     def work(self, config: dict[str, Any]) -> tuple[float, float, str | None]:
         """2mnk FLOPs; A and B read once and C written once, at the precision's element sizes."""
         precision = config["precision"]
@@ -393,13 +400,15 @@ class TritonGemm(KernelWorkload):
         return {p: int(config[p]) for p in TILE_PARAMS}
 
     @classmethod
-    def _kernel_kwargs(cls, config: dict[str, Any], device: DeviceInfo) -> dict[str, Any]:
-        """The tile, plus the persistent variants' arguments (one program per SM, their flags)."""
+    def _kernel_kwargs(cls, config: dict[str, Any], device: DeviceInfo | None) -> dict[str, Any]:
+        """The tile, plus the persistent variants' arguments (one program per SM, their flags); with no
+        ``device``, no ``num_sms`` (the kernel's default: the multiprocessor count of the tensors' device)."""
         kwargs: dict[str, Any] = cls._tile(config)
         kernel = config.get("kernel", "tutorial")
         if kernel != "tutorial":
+            if device is not None:
+                kwargs["num_sms"] = device.sm_count if device.is_gpu and device.sm_count else INTERPRETER_PROGRAMS
             kwargs.update(
-                num_sms=device.sm_count if device.is_gpu and device.sm_count else INTERPRETER_PROGRAMS,
                 epilogue_subtile=bool(config.get("EPILOGUE_SUBTILE", False)),
                 warp_specialize=kernel == "persistent_tma_ws",
                 fp8_fast_accum=bool(config.get("FP8_FAST_ACCUM", True)),

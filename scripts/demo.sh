@@ -22,12 +22,25 @@ fi
 PORT=${PORT:-8000}
 URL="http://127.0.0.1:$PORT"
 DB=${TUNER_DB_URL:-tuner.db}
+case $DB in  # a path is printed absolute below, so the next commands find it from any directory
+  *://* | /*) ;;
+  *) DB="$PWD/$DB" ;;
+esac
 say "starting the service on $URL (database $DB; the study runner starts Ray, ~10-20 s on a small machine)"
 # The server's own banner is left out (stdout): the URL is printed below, once, when the server answers.
 # Ray's notice that its local cluster uses token authentication asks nothing of the user: it is left out.
-tuner serve --db "$DB" --port "$PORT" >/dev/null 2> >(grep -v --line-buffered 'authentication_token_setup' >&2) &
+# The filter ignores Ctrl-C, so that what the server prints as it stops (what it stopped, what went back to
+# the queue) still reaches the terminal.
+tuner serve --db "$DB" --port "$PORT" >/dev/null \
+  2> >(trap '' INT; exec grep -v --line-buffered 'authentication_token_setup' >&2) &
 server=$!
-trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
+stop() {
+  trap - EXIT INT TERM
+  kill "$server" 2>/dev/null && say "stopping the service (trials in flight finish first)"
+  wait "$server" 2>/dev/null
+  say "demo stopped; run it again to resume (same database, $DB)"
+}
+trap stop EXIT INT TERM
 up=
 for _ in $(seq 1 120); do
   if curl -sf "$URL/healthz" >/dev/null; then up=1; break; fi

@@ -4,6 +4,7 @@ client against a running server and from its offline cache, its ``triton.Config`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
@@ -70,10 +71,17 @@ def fill(db: StudyDB) -> None:
 @pytest.fixture
 def server(db_url: str) -> Iterator[str]:
     """A real HTTP server (uvicorn in a thread) over a filled registry; yields its base URL."""
-    import uvicorn
-
     app = create_app(Settings(db_url=db_url, token=TOKEN))
     fill(app.state.db)
+    with serving(app) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """The app served by uvicorn in a thread on a free port, for the block; yields its base URL."""
+    import uvicorn
+
     port = _port()
     uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=uv.run, daemon=True)

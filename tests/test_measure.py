@@ -143,7 +143,7 @@ def test_eager_latency_holds_a_slow_launchers_host_time() -> None:
     leaves the host out."""
     import time as clock
 
-    from tuner.fingerprint import device_info
+    from tuner.workloads.fingerprint import device_info
 
     x = torch.zeros(1024, device="cuda")
 

@@ -37,6 +37,13 @@ class ConfigEntryOut(BaseModel):
     gpu: str
     comparable: bool
     fingerprint: dict[str, Any]
+    function: str | None = Field(
+        default=None, description="dotted name of the function the config is for (null: no one function's)"
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="the config as the function's keyword arguments: fn(a, b, **kwargs)"
+    )
+    params: dict[str, Any] = Field(default_factory=dict, description="the params as the study measured them")
     config: dict[str, Any]
     exported: dict[str, Any]
     objective: str

@@ -44,7 +44,7 @@ from kernels.attention.attention import (
     row_descriptors,
     tma_available,
 )
-from kernels.gemm.gemm import raise_if_over_shared_memory
+from kernels.gemm.gemm import device_sms, raise_if_over_shared_memory
 from kernels.launch import Descriptors, Plan, PlanCache, layout_key
 from kernels.runtime import interpreter_active
 
@@ -229,7 +229,7 @@ def attention_persistent(
     BLOCK_N: int,
     num_warps: int,
     num_stages: int,
-    num_sms: int,
+    num_sms: int | None = None,
     split_m: bool = False,
     warp_specialize: bool = False,
     sm_scale: float | None = None,
@@ -239,9 +239,11 @@ def attention_persistent(
     """``softmax(Q K^T * sm_scale [+ causal mask]) V`` with the persistent TMA kernel.
 
     Inputs and outputs as :func:`kernels.attention.attention.attention` (``[B, H, S, D]`` contiguous bf16 or
-    fp16, ``lse`` ``[B, H, S]`` fp32 when given); ``num_sms`` programs are launched (the device's
-    multiprocessor count). Launches asynchronously on the current stream.
+    fp16, ``lse`` ``[B, H, S]`` fp32 when given); ``num_sms`` programs are launched (default: the
+    device's multiprocessor count, :func:`kernels.gemm.gemm.device_sms`). Launches asynchronously on the current
+    stream.
     """
+    num_sms = device_sms(q.device) if num_sms is None else num_sms
     key = (layout_key(q, k, v, out, lse), q.device, causal, BLOCK_M, BLOCK_N, num_warps, num_stages, num_sms,
            split_m, warp_specialize)  # fmt: skip
     plan = _PLANS.get(key)

@@ -32,9 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch import Plan, PlanCache, layout_key
+from kernels.launch import Plan, PlanCache, layout_key, sm_count
 from kernels.runtime import interpreter_active
 
+#: Programs of a persistent kernel under the interpreter (no SMs to count): :func:`device_sms`.
+INTERPRETER_PROGRAMS = 3
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 #: dtype of the A and B operands the kernel reads, per precision.
@@ -313,6 +315,14 @@ def strided_mock(dtype: torch.dtype, shape: list[int], strides: tuple[int, ...])
             return strides
 
     return StridedMock(dtype, shape)
+
+
+def device_sms(device: torch.device) -> int:
+    """Programs a persistent kernel launches by default on ``device``: its multiprocessor count on a GPU,
+    :data:`INTERPRETER_PROGRAMS` under the interpreter (several, so that programs share the tiles)."""
+    if device.type == "cuda":
+        return sm_count(device)
+    return INTERPRETER_PROGRAMS
 
 
 def raise_if_over_shared_memory(kernel: Any) -> None:

@@ -47,6 +47,7 @@ from kernels.gemm.gemm import (
     INPUT_DTYPES,
     OUTPUT_DTYPES,
     check_operands,
+    device_sms,
     operand_strides,
     raise_if_over_shared_memory,
     strided_mock,
@@ -316,7 +317,7 @@ def matmul_persistent(
     GROUP_M: int,
     num_warps: int,
     num_stages: int,
-    num_sms: int,
+    num_sms: int | None = None,
     epilogue_subtile: bool = False,
     warp_specialize: bool = False,
     fp8_fast_accum: bool = True,
@@ -330,10 +331,11 @@ def matmul_persistent(
 
     ``a`` (M, K) row-major and ``b`` (K, N) either row-major or K-major (the transpose of a
     contiguous (N, K); required for fp8), in ``INPUT_DTYPES[precision]``; ``out`` (M, N)
-    contiguous in ``OUTPUT_DTYPES[precision]``. ``num_sms`` programs are launched (the
-    device's multiprocessor count is the natural value; with ``stream_k`` they must all be resident
-    at once, as one per SM is). Launches asynchronously.
+    contiguous in ``OUTPUT_DTYPES[precision]``. ``num_sms`` programs are launched (default, the
+    natural value: the device's multiprocessor count, :func:`kernels.gemm.gemm.device_sms`; with ``stream_k``
+    they must all be resident at once, as one per SM is). Launches asynchronously.
     """
+    num_sms = device_sms(a.device) if num_sms is None else num_sms
     key = (layout_key(a, b, scale_a, scale_b, out), a.device, precision, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M,
            num_warps, num_stages, num_sms, epilogue_subtile, warp_specialize, fp8_fast_accum, flatten,
            stream_k)  # fmt: skip

@@ -2,19 +2,24 @@
 
     from tuner.client import best_config, autotune_configs, nccl_env
 
-    kwargs = best_config("triton_gemm", m=8192, n=14336, k=4096, gpu="NVIDIA H200")
+    call = best_call("triton_gemm", m=8192, n=14336, k=4096)  # {"function", "kwargs", "params"}
+    c = load_function(call["function"])(a, b, **call["kwargs"])
+    kwargs = best_config("triton_gemm", m=8192, n=14336, k=4096)  # the kwargs; .function, .params
     configs = autotune_configs("triton_gemm", m=8192, n=14336, k=4096, k_configs=4)  # for @triton.autotune
     os.environ.update(nccl_env("all_reduce", 64 * 2**20, 8))
 
 The server is ``$TUNER_URL`` (default ``http://127.0.0.1:8000``), its token ``$TUNER_API_TOKEN``. Every
 answer is kept in a JSON cache (``$TUNER_CONFIG_CACHE``, default ``~/.cache/tuner/configs.json``); when
 the server cannot be reached, or ``offline=True`` (``TUNER_OFFLINE=1``), answers come from the cache, so a
-job on a machine without the network runs with what an earlier run looked up. This file imports nothing
-from the rest of the project and may be copied into another code base as it is.
+job on a machine without the network runs with what an earlier run looked up. Lookups are for the device
+the caller runs on unless ``gpu=`` says otherwise: the local GPU's name with CUDA, ``cpu`` without it (the
+entries a study under the Triton interpreter published), ``gpu="any"`` for any GPU. This file imports
+nothing from the rest of the project and may be copied into another code base as it is.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import tempfile
@@ -25,8 +30,11 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:8000"
-#: Fields of a kernel's export form that a launcher takes beside its ``kwargs`` (``best_config`` flattens them).
+#: Fields of a kernel's export form that a launcher takes beside its ``kwargs`` (an answer without the call
+#: form, from an older server or cache, is flattened with them).
 LAUNCH_FIELDS = ("num_warps", "num_stages", "precision")
+#: ``gpu=`` value that asks for the entries of any GPU (the server's default) rather than the local device's.
+ANY_GPU = "any"
 
 
 class ConfigNotFound(LookupError):
@@ -36,8 +44,9 @@ class ConfigNotFound(LookupError):
 class RegistryClient:
     """Lookups against one registry server, with a local JSON cache of every answer.
 
-    ``gpu``: the device whose entries to use (e.g. ``torch.cuda.get_device_name()``; ``"cpu"`` for
-    entries measured under the interpreter); None: any GPU. ``timeout_s``: per request."""
+    ``gpu``: the device whose entries to use (e.g. ``"NVIDIA H200"``; ``"cpu"`` for entries measured under
+    the interpreter; ``"any"``: any GPU); None: the device this process runs on (:func:`local_device`).
+    ``timeout_s``: per request."""
 
     def __init__(
         self,
@@ -62,18 +71,36 @@ class RegistryClient:
         """``GET /api/configs``: the best entry's fields, ``exact``, ``matches`` (the ``top`` nearest, each with
         its ``distance``). Shape args and fixed args (``precision="fp16"``) are keyword arguments."""
         params = {"workload": workload, **{name: _query_value(v) for name, v in shape.items()}, "top": str(top)}
-        device = gpu if gpu is not None else self.gpu
+        device = self._device(gpu)
         if device is not None:
             params["gpu"] = device
         return self._get_json("/api/configs", params)
 
-    def best_config(self, workload: str, *, gpu: str | None = None, **shape: Any) -> dict[str, Any]:
-        """The best entry's config as keyword arguments of the kernel's launcher: a kernel's export form
-        (``kwargs``, ``num_warps``, ``num_stages``, ``precision``) flattened into one dict, e.g.
-        ``kernels.gemm.gemm.matmul(a, b, **best_config("triton_gemm", m=..., n=..., k=...))``; other workloads'
-        export form as it is (``tuner export``'s ``config``)."""
-        exported = self.lookup(workload, gpu=gpu, **shape)["exported"]
-        return flat_kwargs(exported)
+    def best_call(self, workload: str, *, gpu: str | None = None, **shape: Any) -> dict[str, Any]:
+        """The best entry as the call that uses it: ``{"function", "kwargs", "params"}``, the function's dotted
+        name (None for a config that is no one function's, e.g. ``collective``'s NCCL settings), its keyword
+        arguments and the params the study measured::
+
+            call = best_call("triton_gemm", m=4096, n=4096, k=4096)
+            c = load_function(call["function"])(a, b, **call["kwargs"])
+        """
+        return call_of(self.lookup(workload, gpu=gpu, **shape))
+
+    def best_config(self, workload: str, *, gpu: str | None = None, **shape: Any) -> BestConfig:
+        """The best entry's config as the keyword arguments of the function it is for (:meth:`best_call`'s
+        ``kwargs``), a dict that also carries ``function`` (the dotted name), ``params`` and ``load()``::
+
+            kwargs = best_config("triton_gemm", m=4096, n=4096, k=4096)
+            c = kwargs.load()(a, b, **kwargs)
+        """
+        return BestConfig(self.best_call(workload, gpu=gpu, **shape))
+
+    def _device(self, gpu: str | None) -> str | None:
+        """The ``gpu`` query value: the call's, else the client's, else the local device's; None for any GPU."""
+        device = gpu if gpu is not None else self.gpu
+        if device is None:
+            device = local_device()
+        return None if device is None or device.lower() == ANY_GPU else device
 
     def autotune_configs(self, workload: str, *, k_configs: int = 4, gpu: str | None = None, **shape: Any) -> list[Any]:
         """The configs of the ``k_configs`` entries nearest the shape as a ``triton.Config`` list, for
@@ -105,7 +132,7 @@ class RegistryClient:
     def nccl_tuner_conf(self, path: str | Path | None = None, *, gpu: str | None = None) -> str:
         """The registry's collective entries as NCCL's example tuner plugin's CSV (``nccl_tuner.conf``);
         written to ``path`` when given (point ``NCCL_TUNER_CONFIG_FILE`` at it)."""
-        device = gpu if gpu is not None else self.gpu
+        device = self._device(gpu)
         text = self._get_text("/api/configs/nccl_tuner.conf", {"gpu": device} if device else {})
         if path is not None:
             Path(path).write_text(text)
@@ -157,6 +184,50 @@ class RegistryClient:
         os.replace(tmp, self.cache_path)
 
 
+class BestConfig(dict):
+    """A config as the keyword arguments of its function (``fn(a, b, **config)``), with ``function`` (its
+    dotted name, or None) and ``params`` (the params measured) beside; :meth:`load` imports the function."""
+
+    def __init__(self, call: dict[str, Any]) -> None:
+        super().__init__(call["kwargs"])
+        self.function: str | None = call["function"]
+        self.params: dict[str, Any] = dict(call["params"])
+
+    def load(self) -> Any:
+        """The function the config is for (:func:`load_function`)."""
+        if self.function is None:
+            raise ConfigNotFound(f"this config is no one function's (its params: {sorted(self.params)})")
+        return load_function(self.function)
+
+
+def load_function(dotted: str) -> Any:
+    """The function of a dotted name (``kernels.gemm.gemm.matmul``), imported."""
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def call_of(answer: dict[str, Any]) -> dict[str, Any]:
+    """A lookup's answer as ``{"function", "kwargs", "params"}``; an answer without the call form (an older
+    server's, or the cache's) from its export form."""
+    exported = answer.get("exported") or {}
+    params = dict(answer.get("params") or answer.get("config") or {})
+    if "kwargs" in answer:
+        return {"function": answer.get("function"), "kwargs": dict(answer["kwargs"]), "params": params}
+    return {"function": exported.get("function"), "kwargs": flat_kwargs(exported), "params": params}
+
+
+def local_device() -> str | None:
+    """The device this process runs on as the registry names it: the current CUDA GPU's name, ``cpu``
+    without CUDA; None (any GPU) when torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return "cpu"
+    return torch.cuda.get_device_name(torch.cuda.current_device())
+
+
 def flat_kwargs(exported: dict[str, Any]) -> dict[str, Any]:
     """A kernel's export form (``kwargs`` + launch fields) as one dict of launcher keyword arguments."""
     if "kwargs" not in exported:
@@ -193,9 +264,14 @@ def _client() -> RegistryClient:
     return _default if _default is not None else configure()
 
 
-def best_config(workload: str, **shape: Any) -> dict[str, Any]:
+def best_config(workload: str, **shape: Any) -> BestConfig:
     """:meth:`RegistryClient.best_config` of the module's client (:func:`configure`)."""
     return _client().best_config(workload, **shape)
+
+
+def best_call(workload: str, **shape: Any) -> dict[str, Any]:
+    """:meth:`RegistryClient.best_call` of the module's client."""
+    return _client().best_call(workload, **shape)
 
 
 def autotune_configs(workload: str, *, k_configs: int = 4, **shape: Any) -> list[Any]:

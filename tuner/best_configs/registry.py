@@ -18,6 +18,7 @@ entries left by distance in Python.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import logging
@@ -184,6 +185,8 @@ class Publication:
     action: str  # "added", "replaced", "kept" (the entry there is better), "none" (nothing to publish)
     message: str = ""
     unverified: list[int] = field(default_factory=list)  # entries marked unverified by this publication
+    # a study's pick publishes the best trial of every other registry key it measured (e.g. each precision)
+    others: list[Publication] = field(default_factory=list)
 
 
 def _winner(db: StudyDB, study: StudyRow, trial: int | None) -> TrialRow:
@@ -250,8 +253,30 @@ def entry_values(study: StudyRow, trial: TrialRow) -> dict[str, Any]:
     }
 
 
+def key_winners(db: StudyDB, study: StudyRow, pick: TrialRow) -> list[TrialRow]:
+    """The best trial (:func:`tuner.results.pareto.best_trial` among its own) of each registry key a study measured
+    other than its pick's: with ``precision`` a key knob, each precision's winner."""
+    from tuner.results.pareto import best_trial
+    from tuner.workloads.registry import workload_class
+
+    cls = workload_class(study.workload)
+    args = dict((study.spec or {}).get("args") or {})
+    objectives = [(o["metric"], o["direction"]) for o in (study.objectives or [])]
+
+    def key_of(row: TrialRow) -> str:
+        return canonical(cls.registry_key(args, row.params))
+
+    groups: dict[str, list[TrialRow]] = {}
+    for row in db.trials(study.id):
+        if row.status == "ok" and row.feasible and row.number != pick.number:
+            groups.setdefault(key_of(row), []).append(row)
+    groups.pop(key_of(pick), None)
+    return [best for rows in groups.values() if (best := best_trial(rows, objectives)) is not None]  # type: ignore[misc]
+
+
 def publish(db: StudyDB, study_ref: str | int, trial: int | None = None, *, force: bool = True) -> Publication:
-    """Publish a study's pick (or trial ``trial``) as the entry of its key.
+    """Publish a study's pick (or trial ``trial``) as the entry of its key; with the pick, the best trial of
+    every other key the study measured too (each precision's winner: :func:`key_winners`, in ``others``).
 
     An entry already there for the key is replaced when ``force`` (a publish by hand) or when the new
     figure is better, or the old entry is not ``ok``; otherwise it is kept. Other entries of the same
@@ -259,7 +284,15 @@ def publish(db: StudyDB, study_ref: str | int, trial: int | None = None, *, forc
     study = db.find_study(study_ref)
     if study is None:
         raise RegistryError(f"no study named or numbered {study_ref!r}")
-    values = entry_values(study, _winner(db, study, trial))
+    winner = _winner(db, study, trial)
+    publication = _publish_trial(db, study, winner, force)
+    if trial is None:
+        publication.others = [_publish_trial(db, study, other, force) for other in key_winners(db, study, winner)]
+    return publication
+
+
+def _publish_trial(db: StudyDB, study: StudyRow, trial: TrialRow, force: bool) -> Publication:
+    values = entry_values(study, trial)
     key = {k: values[k] for k in ("workload", "shape_key", "fixed_key", "gpu", "software_key")}
     with db.Session.begin() as s:
         row = s.scalar(select(ConfigEntryRow).where(*[getattr(ConfigEntryRow, k) == v for k, v in key.items()]))
@@ -444,7 +477,10 @@ def lookup(
         if distance is not None:
             matches.append(Match(row, distance))
     matches.sort(key=lambda m: (m.distance, STATUS_RANK.get(m.entry.status, 3), -_stamp(m.entry), m.entry.id))
-    matches = _one_per_shape(matches)[: max(1, k)]
+    # one entry per (shape, fixed args); of one shape's fixed args (each precision a study published) the
+    # best figure first: a lookup that names no precision gets the study's pick
+    matches = sorted(_one_per_shape(matches), key=lambda m: (m.distance, STATUS_RANK.get(m.entry.status, 3), _rank(m)))
+    matches = matches[: max(1, k)]
     if not matches:
         where = f" on {gpu}" if gpu else " on any GPU"
         wanted = ", ".join(f"{n}={v}" for n, v in asked.items())
@@ -468,13 +504,47 @@ def _one_per_shape(matches: list[Match]) -> list[Match]:
     return out
 
 
+def _rank(match: Match) -> float:
+    """An entry's figure as a sort key (best first; none last)."""
+    value = match.entry.value
+    if value is None or not math.isfinite(value):
+        return math.inf
+    return -value if match.entry.direction == "maximize" else value
+
+
 def _stamp(entry: ConfigEntryRow) -> float:
     return (entry.measured_at or entry.created_at or _now()).timestamp()
 
 
+def launch_call(entry: ConfigEntryRow) -> dict[str, Any]:
+    """The entry's config as the call that uses it takes it (:meth:`tuner.workloads.base.Workload.launch_call`):
+    ``function`` (a dotted name, or None) and ``kwargs``. A workload that cannot be built here gives the
+    export form's ``function`` and its ``kwargs`` (the form as it is when it has none)."""
+    try:
+        call = _workload(entry.workload, canonical(entry.args)).launch_call(dict(entry.config))
+    except Exception as exc:  # an unknown workload, or args this version refuses: the stored form stands in
+        log.debug("registry: entry %s's call from its export form (%s)", entry.id, exc)
+        exported = entry.exported or {}
+        call = {"function": exported.get("function"), "kwargs": dict(exported.get("kwargs", exported))}
+    return json.loads(canonical(call))
+
+
+@functools.lru_cache(maxsize=64)
+def _workload(name: str, args: str) -> Any:
+    """The workload an entry was measured with (a page of entries builds each once; none measures here)."""
+    from tuner.workloads.registry import workload_class
+
+    return workload_class(name)(**json.loads(args))
+
+
 def entry_dict(entry: ConfigEntryRow, distance: float | None = None) -> dict[str, Any]:
-    """An entry as the API and the client read it (JSON types only)."""
+    """An entry as the API and the client read it (JSON types only): ``function`` and ``kwargs`` are the
+    call that uses the config (``fn(a, b, **kwargs)``), ``params`` (also ``config``) the params measured."""
+    call = launch_call(entry)
     out = {
+        "function": call["function"],
+        "kwargs": call["kwargs"],
+        "params": entry.config,
         "id": entry.id,
         "workload": entry.workload,
         "shape": entry.shape,

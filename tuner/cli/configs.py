@@ -36,6 +36,8 @@ def _print_answer(answer: dict[str, Any]) -> None:
         f"[{answer['interval']['low']:.4g}, {answer['interval']['high']:.4g}] from {answer['study']} "
         f"trial {answer['trial']}"
     )
+    if answer.get("function"):
+        console.print(f"call: {answer['function']}(..., **{json.dumps(answer.get('kwargs') or {})})", soft_wrap=True)
     table = Table("entry", "distance", "shape", "status", answer["objective"], "config")
     for match in answer["matches"]:
         table.add_row(
@@ -54,9 +56,10 @@ def cmd_lookup(args: argparse.Namespace, open_db: Callable[..., Any]) -> int:
 
     query = _pairs(args.shape, "shape args")
     if args.url:
-        from tuner.client import ConfigNotFound, RegistryClient
+        from tuner.client import ANY_GPU, ConfigNotFound, RegistryClient
 
-        client = RegistryClient(args.url, token=args.token, gpu=args.gpu)
+        # as the local lookup below: no --gpu is any GPU's entries (the client's default is this machine's)
+        client = RegistryClient(args.url, token=args.token, gpu=args.gpu or ANY_GPU)
         try:
             answer = client.lookup(args.workload, top=args.top, **query)
         except ConfigNotFound as exc:

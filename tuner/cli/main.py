@@ -142,10 +142,33 @@ def _load_spec_or_say_why(path: str) -> Any:
     except FileNotFoundError:
         err.print(f"[red]no such spec file: {path}[/red]")
     except SpecError as exc:
-        err.print("[red]invalid spec:[/red]")
-        for field, message in exc.errors:
-            err.print(f"  {field or '(spec)'}: {message}")
+        _print_spec_errors(exc.errors)
     return None
+
+
+def _print_spec_errors(errors: list[tuple[str, str]]) -> None:
+    """``invalid spec:`` and one ``field: message`` line per error (never broken at the terminal's width)."""
+    err.print("[red]invalid spec:[/red]")
+    for field, message in errors:
+        err.print(f"  {field or '(spec)'}: {message}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _answer_errors(response: Any) -> list[tuple[str, str]] | None:
+    """A 422's ``detail`` as (field, message) pairs, the field without the ``body.`` of FastAPI's locations;
+    None when the answer is not such a list."""
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(detail, str):
+        return [("", detail)]
+    if not isinstance(detail, list) or not all(isinstance(e, dict) for e in detail):
+        return None
+    out = []
+    for error in detail:
+        loc = [str(part) for part in error.get("loc") or []]
+        out.append((".".join(loc[1:] if loc[:1] == ["body"] else loc), str(error.get("msg", error))))
+    return out
 
 
 def _print_run_summary(summary: Any, objectives: list[tuple[str, str]]) -> None:
@@ -332,7 +355,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from tuner.run.supervisor import RunnerSupervisor, Served, hand_to_app
-    from tuner.store.storage import resolve_url
+    from tuner.store.storage import StudyDB, resolve_url
 
     db_url = resolve_url(args.db)
     supervisor = None
@@ -370,10 +393,53 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not server.started:
             raise SystemExit(3)  # as uvicorn.run: the server did not start (the port taken, ...)
     finally:
+        report_db = StudyDB(db_url)  # the served app's database, opened here: tuner never imports the API
+        running = _running_studies(report_db)
         if supervisor is not None:
             # The runner alone: it lets its trials in flight finish, then shuts its Ray down itself.
             supervisor.stop()
+        for line in shutdown_report(report_db, running, f"http://{args.host}:{args.port}/", supervisor is not None):
+            err.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+def _running_studies(db: Any) -> list[int]:
+    return [row.id for row in _listed(db) if row.status == "running"]
+
+
+def shutdown_report(db: Any, running: list[int], url: str, had_runner: bool) -> list[str]:
+    """What a stopped ``tuner serve`` stopped, and where each study it was running went (back to the queue,
+    with its trials measured so far), for the terminal it ran in."""
+    from tuner.store.schema import measured_count
+
+    lines = [f"stopped: the service on {url}" + (" and its study runner" if had_runner else "")]
+    for study_id in running:
+        try:
+            row = db.get_study(study_id)
+            measured = measured_count(db.status_counts(study_id))
+        except Exception as exc:  # the database is gone: say so rather than nothing
+            lines.append(f"  study {study_id}: its state could not be read ({exc})")
+            continue
+        if row is None:
+            continue
+        budget = (row.spec or {}).get("budget", {}).get("trials")
+        progress = f"{measured}/{budget}" if budget else f"{measured}"
+        where = "went back to the queue" if row.status == "queued" else f"is {row.status}"
+        lines.append(f"  study {row.name} (id {row.id}) {where} at {progress} trials")
+    queued = [row for row in _listed(db) if row.status == "queued"]
+    if queued:
+        names = ", ".join(row.name for row in queued[:5]) + (", ..." if len(queued) > 5 else "")
+        lines.append(f"  queued: {len(queued)} ({names}); the next `tuner serve` on this database resumes them")
+    elif not running:
+        lines.append("  no study was running or queued")
+    return lines
+
+
+def _listed(db: Any) -> list[Any]:
+    try:
+        return db.list_studies()
+    except Exception:  # the database is gone: the report says nothing of its studies then
+        return []
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -416,8 +482,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     headers = {"Idempotency-Key": args.idempotency_key} if args.idempotency_key else {}
     with _client(args) as client:
         response = client.post("/api/studies", json=spec, headers=headers)
+        errors = _answer_errors(response) if response.status_code == 422 else None
+        if errors is not None:
+            _print_spec_errors(errors)
+            return 2
         if response.status_code >= 400:
-            err.print(f"[red]{response.status_code}[/red] {response.text}")
+            err.print(f"{response.status_code} {response.text}", markup=False, soft_wrap=True)
             return 2
         study = response.json()
         console.print(

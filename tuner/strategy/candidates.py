@@ -10,8 +10,9 @@ Conditions and rules are evaluated by the space's own expression evaluator, once
 combination of the levels of the params they read (a rule over four knobs sees a few hundred
 combinations, however many candidates there are), and the verdicts are kept: after the first
 proposals checking a thousand candidates is a few numpy lookups. The workload's own static check
-runs on a whole config, so it is applied lazily, to the candidates a proposal is about to pick
-(:meth:`FeasibleSet.accept`), and its verdicts are kept too.
+runs on a whole config, so it is applied to the candidates of a proposal before they are scored
+(:meth:`FeasibleSet.check_mask`: a proposal comes from the feasible set, not from configs the check then
+refuses), once per distinct config, and its verdicts are kept too.
 
 Local moves change 1 to 3 knobs of a config together (a tile with its warps, as a plateau often
 needs): an ordered knob steps to a nearby value, a categorical to another choice, a float moves by
@@ -98,6 +99,7 @@ class FeasibleSet:
         self._rules = [self._verdicts(rule.expression, self._rule_verdict(rule.expression)) for rule in space.rules]
         self._checked: dict[bytes, bool] = {}  # the workload's static check, by row key
         self.static_rejected = 0  # distinct configs the workload's check refused when they were about to be proposed
+        self.static_filtered = 0  # distinct candidates it refused before scoring (:meth:`check_mask`)
         self._yield = 1.0  # share of random draws that pass the rules (estimated below for a sampled space)
         self._move_cache: dict[tuple[int, float, int], list[float]] = {}
         self.ordered = np.array([c.kind == "ordinal" for c in self.encoder.columns])
@@ -189,6 +191,21 @@ class FeasibleSet:
             ok = self._checked[key] = self.static_check(config) is None
             self.static_rejected += not ok
         return config if ok else None
+
+    def check_mask(self, R: np.ndarray) -> np.ndarray:
+        """Which rule-feasible rows the workload's static check passes, checked once per distinct config (the
+        verdicts kept as :meth:`accept` keeps them). Candidates it refuses here are never proposed, so they
+        are no replaced proposals: :attr:`static_filtered` counts them apart from :attr:`static_rejected`."""
+        if self.static_check is None or not len(R):
+            return np.ones(len(R), dtype=bool)
+        mask = np.empty(len(R), dtype=bool)
+        for i, key in enumerate(row_keys(R)):
+            ok = self._checked.get(key)
+            if ok is None:
+                ok = self._checked[key] = self.static_check(self.encoder.config(R[i])) is None
+                self.static_filtered += not ok
+            mask[i] = ok
+        return mask
 
     def feasible(self, config: dict[str, Any]) -> bool:
         """Whether ``config`` passes the space's static rules and the workload's static check."""

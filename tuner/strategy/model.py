@@ -37,7 +37,7 @@ from scipy.special import erfc, ndtri
 
 from tuner.strategy import gp
 from tuner.strategy.candidates import FeasibleSet
-from tuner.strategy.encoding import row_key, unique_rows
+from tuner.strategy.encoding import row_key, row_keys, unique_rows
 from tuner.strategy.history import Observation
 from tuner.strategy.priors import INCUMBENT_PRIORS, Prior, PriorSet
 
@@ -45,6 +45,7 @@ FIT_CAP = 150  # observations the hyperparameters are fitted on
 PREDICT_CAP = 150  # observations the posterior conditions on (a bounded active set: the best half, the latest)
 SPREAD_CHOICES = 20  # random candidates a space-filling proposal picks the most distant of
 INCUMBENTS = 3  # best configs whose local moves join the candidates
+CHECK_ROUNDS = 3  # further random samples a proposal draws while the workload's static check refuses most
 CHEBYSHEV_RHO = 0.05
 LOCAL_TURN = 1  # trial numbers equal to this mod 3 (one objective) take a local step around the incumbent
 
@@ -258,7 +259,7 @@ class Strategy:
         local moves around the incumbents (the workload's static check is applied when one is picked), and the
         ``extra`` rows (priors' configs) that are free and pass the rules."""
         fs = self.feasible
-        parts = [fs.sample(rng, self.n_candidates, exclude)]  # type: ignore[arg-type]
+        parts = [self._checked_sample(rng, exclude)]  # type: ignore[arg-type]
         n_random = 30 if fs.enumerated else 10
         parts.append(fs.neighbours([o.levels for o in incumbents], rng, n_random, exclude))  # type: ignore[arg-type]
         if extra:
@@ -269,7 +270,22 @@ class Strategy:
         R = np.vstack(parts)
         if len(R) > len(parts[0]):  # a local move may also be in the random sample
             R = unique_rows(R)
+        R = R[fs.check_mask(R)]  # the workload's static check before scoring: proposals come from the feasible set
         return R, fs.encoder.encode_rows(R)
+
+    def _checked_sample(self, rng: np.random.Generator, exclude: set[bytes]) -> np.ndarray:
+        """A random sample of the free configs that pass the rules and the workload's static check: drawn again
+        (at most :data:`CHECK_ROUNDS` times) while the check refuses more than half of what was drawn."""
+        fs = self.feasible
+        rows = fs.sample(rng, self.n_candidates, exclude)
+        kept = rows[fs.check_mask(rows)]
+        for _ in range(CHECK_ROUNDS):
+            if 2 * len(kept) >= self.n_candidates or len(rows) < self.n_candidates:
+                break
+            exclude = exclude | set(row_keys(rows))
+            rows = fs.sample(rng, self.n_candidates, exclude)
+            kept = np.vstack([kept, rows[fs.check_mask(rows)]])
+        return kept
 
     # pieces ------------------------------------------------------------------
     def _space_filling(self, Xc: np.ndarray, taken: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:

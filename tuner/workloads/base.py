@@ -25,6 +25,8 @@ from tuner.study.yamlio import json_safe
 
 #: Version of :class:`WireResult`: a worker of another version is refused, not misread.
 RESULT_VERSION = 1
+#: Fields of a kernel's export form that its launcher takes beside ``kwargs`` (:meth:`Workload.launch_call`).
+LAUNCH_FIELDS = ("num_warps", "num_stages", "precision")
 
 
 class TrialStatus(str, enum.Enum):
@@ -323,6 +325,19 @@ class Workload(ABC):
     def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config in the form user code consumes (default: the params as they are)."""
         return dict(config)
+
+    def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The config as the call that uses it takes it: ``{"function", "kwargs"}``, the dotted name of the
+        function the config is for (None when it is no one function's) and the keyword arguments it takes
+        beside its tensors, so that ``fn(a, b, **kwargs)`` runs the config. Default: the export form's
+        ``function``, its ``kwargs`` with the launch fields (``num_warps``, ``num_stages``, ``precision``)
+        as the launchers of ``kernels/`` take them; a form without ``kwargs`` as it is."""
+        exported = self.export_config(config)
+        if "kwargs" not in exported:
+            return {"function": exported.get("function"), "kwargs": dict(exported)}
+        kwargs = dict(exported["kwargs"])
+        kwargs.update({name: exported[name] for name in LAUNCH_FIELDS if name in exported})
+        return {"function": exported.get("function"), "kwargs": kwargs}
 
     def export_env(self, config: dict[str, Any]) -> dict[str, str]:
         """The config as environment variables (default: each param, upper-cased; a boolean as ``1`` or
