@@ -29,7 +29,7 @@ from api.schemas import (
 )
 from api.views import study_out, trial_dict, trial_out, view_out
 from tuner import lifecycle, queries
-from tuner.export import ExportError, export_document, render
+from tuner.export import ExportError, ExportRefused, export_document, render
 from tuner.spec import SpecError, StudySpec, compile_study
 from tuner.storage import is_transient
 
@@ -348,6 +348,11 @@ def get_importance(row: StudyDep, db: DBDep) -> ImportanceOut:
         },
         **ERRORS,
         409: {"model": ErrorOut, "description": "nothing to export yet"},
+        422: {
+            "model": ErrorOut,
+            "description": "invalid input (`detail[].loc` names the field), or a config the format cannot "
+            "hold (an env name the shell reads, a NUL): the reason names the param",
+        },
     },
 )
 def export_study(
@@ -360,10 +365,12 @@ def export_study(
     env (``KEY=value`` lines) or python (source to paste)."""
     try:
         document = export_document(db, row, trial)
+        text = render(document, format)
+    except ExportRefused as exc:
+        raise HTTPException(422, str(exc)) from None
     except ExportError as exc:
         status = 404 if "has no trial" in str(exc) else 409
         raise HTTPException(status, str(exc)) from None
-    text = render(document, format)
     suffix = {"json": "json", "yaml": "yaml", "env": "env", "python": "py"}[format]
     filename = f"{row.name}-trial{document['trial']}.{suffix}"
     return PlainTextResponse(

@@ -1,0 +1,99 @@
+"""Reliability and security, round 3: the env export sets only harmless names and writes no raw control
+character; YAML aliases are bounded; a malformed Authorization header is a 401; a study whose stored spec
+no longer builds is shown with its error, never a 500; the service's smaller exposures are closed."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from api.settings import Settings
+from tuner.export import ExportError, render
+from tuner.storage import StudyDB
+
+pytestmark = [pytest.mark.timeout(120)]
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def client(sqlite_url: str) -> Iterator[TestClient]:
+    """The API on a fresh SQLite database, answering a server error as a 500 (as a real client sees it)."""
+    app = create_app(Settings(db_url=sqlite_url, token=TOKEN))
+    with TestClient(app, raise_server_exceptions=False) as api:
+        yield api
+    app.state.db.dispose()
+
+
+def noop_study(db: StudyDB, name: str, params: dict[str, Any], spec: dict[str, Any] | None = None) -> int:
+    """A completed ``noop`` study of one successful trial with these params, written as a runner would."""
+    spec = spec or {"name": name, "workload": "noop", "args": {}, "objectives": [{"metric": "score"}]}
+    row = db.create_study(name=name, workload="noop", status="completed", space={}, space_hash="0", spec=spec)
+    db.insert_trial(row.id, 0, params, optuna_trial_id=None)
+    db.finish_trial(
+        row.id, 0, status="ok", metrics={"score": 0.5, "cost": 1.0}, samples_ms=[1.0], feasible=True,
+        timing_comparable=False, error=None, worker="w0.0", attempt=1, fingerprint={},
+    )  # fmt: skip
+    return row.id
+
+
+def env_document(params: dict[str, Any]) -> dict[str, Any]:
+    return {"study": "s", "trial": 0, "workload": "noop", "spec": {"args": {}}, "params": params}
+
+
+# ------------------------------------------------------------------------------------------------ (a) env export
+
+REFUSED_NAMES = [
+    "path", "PATH", "ld_preload", "LD_LIBRARY_PATH", "pythonpath", "PYTHONSTARTUP", "home", "shell", "ifs", "env",
+    "bash_env", "ps1", "PS4", "prompt_command", "dyld_insert_libraries", "cdpath", "tuner_api_token",
+    "_private", "1st", "tile-size", "tile size",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("param", REFUSED_NAMES)
+def test_the_env_export_refuses_a_name_the_shell_or_a_loader_reads(param: str) -> None:
+    with pytest.raises(ExportError, match=f"param {param!r}"):
+        render(env_document({"tile": 64, param: "/evil"}), "env")
+
+
+def test_the_env_export_keeps_tuning_names() -> None:
+    text = render(env_document({"nccl_algo": "ring", "block_m": 64, "CUDA_DEVICE_MAX_CONNECTIONS": 1}), "env")
+    assert "NCCL_ALGO=ring\n" in text and "BLOCK_M=64\n" in text and "CUDA_DEVICE_MAX_CONNECTIONS=1\n" in text
+
+
+CONTROL = ["esc\x1b[31mred", "bell\x07", "cr\rhidden", "del\x7f", "c1\x85next", "vt\x0bff\x0c", "back\\slash'quote"]
+
+
+def test_control_characters_are_escaped_and_round_trip_through_bash(tmp_path: Path) -> None:
+    params = {f"p{i}": value for i, value in enumerate(CONTROL)} | {"nl": "two\nlines", "tab": "a\tb"}
+    text = render(env_document(params), "env")
+    raw = text.encode()
+    bad = [b for b in raw if (b < 0x20 and b not in b"\n\t") or b == 0x7F]
+    assert not bad, f"raw control bytes in the export: {bad}"
+    assert "\x85" not in text
+    (tmp_path / "export.env").write_bytes(raw)
+    names = [name.upper() for name in params]
+    script = "set -eu; source ./export.env; for v in " + " ".join(names) + '; do printf "%s\\0" "${!v}"; done'
+    out = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", script], cwd=tmp_path, capture_output=True, timeout=30, check=True
+    )
+    assert out.stdout.decode().split("\0")[:-1] == list(params.values())
+
+
+def test_a_nul_in_a_value_is_refused_naming_the_param() -> None:
+    with pytest.raises(ExportError, match=r"param 'mode'.*NUL"):
+        render(env_document({"mode": "a\0b"}), "env")
+
+
+def test_the_api_refuses_an_env_export_of_a_denied_name_with_422(client: TestClient) -> None:
+    study = noop_study(client.app.state.db, "evil-env", {"PATH": "/evil", "LD_PRELOAD": "/tmp/x.so"})
+    response = client.get(f"/api/studies/{study}/export", params={"format": "env"})
+    assert response.status_code == 422, response.text
+    assert "PATH" in response.json()["detail"]
+    assert client.get(f"/api/studies/{study}/export", params={"format": "json"}).status_code == 200
