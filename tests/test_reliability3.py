@@ -97,3 +97,49 @@ def test_the_api_refuses_an_env_export_of_a_denied_name_with_422(client: TestCli
     assert response.status_code == 422, response.text
     assert "PATH" in response.json()["detail"]
     assert client.get(f"/api/studies/{study}/export", params={"format": "json"}).status_code == 200
+
+
+# ------------------------------------------------------------------------------------------------ (b) YAML aliases
+
+
+def alias_bomb(ways: int = 9, levels: int = 9) -> str:
+    """A spec whose ``space`` is ``ways ** levels`` strings once its aliases are expanded (a few hundred bytes)."""
+    lines = ["name: bomb", "workload: noop", "objectives: [{metric: score}]", 'l0: &l0 ["lol"]']
+    for level in range(1, levels + 1):
+        lines.append(f"l{level}: &l{level} [{', '.join([f'*l{level - 1}'] * ways)}]")
+    lines.append(f"space: {{tile: {{choices: *l{levels}}}}}")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_is_refused_while_loading() -> None:
+    from tuner.spec import SpecError, parse_spec_text
+    from tuner.yamlio import load_yaml_text
+
+    with pytest.raises(ValueError, match=r"bomb\.yaml: .*alias"):
+        load_yaml_text(alias_bomb(), "bomb.yaml")
+    with pytest.raises(SpecError, match="alias"):
+        parse_spec_text(alias_bomb(), "bomb.yaml")
+    recursive = "a: &a [1, *a]\n"
+    with pytest.raises(ValueError, match="recursive"):
+        load_yaml_text(recursive, "loop.yaml")
+
+
+def test_aliases_that_stay_small_still_load() -> None:
+    from tuner.yamlio import load_yaml_text
+
+    assert load_yaml_text(alias_bomb(ways=3, levels=3)).get("space") == {"tile": {"choices": [[[["lol"]] * 3] * 3] * 3}}
+    assert load_yaml_text("base: &b {x: 1}\nother: *b\n") == {"base": {"x": 1}, "other": {"x": 1}}
+
+
+@pytest.mark.parametrize("command", ["submit", "run"])
+def test_tuner_submit_and_run_refuse_an_alias_bomb_with_a_clear_error(command: str, tmp_path: Path) -> None:
+    import sys
+
+    (tmp_path / "bomb.yaml").write_text(alias_bomb())
+    where = ["--url", "http://127.0.0.1:9"] if command == "submit" else ["--db", f"sqlite:///{tmp_path / 'db'}"]
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", command, str(tmp_path / "bomb.yaml"), *where],
+        capture_output=True, text=True, timeout=90, cwd=tmp_path,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "alias" in out.stderr and "Traceback" not in out.stderr
