@@ -143,3 +143,73 @@ def test_tuner_submit_and_run_refuse_an_alias_bomb_with_a_clear_error(command: s
     )  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]
     assert "alias" in out.stderr and "Traceback" not in out.stderr
+
+
+# ------------------------------------------------------------------------------------------------ (c) Authorization
+
+MALFORMED_AUTH = [
+    b"Bearer s3cret-token\xe9",  # the token, then a byte beyond ASCII
+    b"Bearer \xff\xfe\xfd",
+    "Bearer s3cret-tokén".encode(),
+    b"s3cret-token",  # no scheme
+    b"",
+    b"Bearer",
+    b"Bearer ",
+    b"Basic czNjcmV0LXRva2Vu",
+    b"\xe9",
+]
+
+
+@pytest.fixture
+def guarded(sqlite_url: str) -> Iterator[int]:
+    """The API bound beyond loopback (reads need the token too) served by uvicorn in a thread, which hands
+    the app a header's bytes as they came (a test client re-encodes them); yields its port."""
+    import threading
+
+    import uvicorn
+
+    app = create_app(Settings(db_url=sqlite_url, token=TOKEN, host="0.0.0.0"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        thread.join(0.05)
+    assert server.started, "uvicorn did not start"
+    try:
+        yield server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        app.state.db.dispose()
+
+
+def raw_status(port: int, method: str, path: str, authorization: bytes) -> int:
+    """The status of one HTTP/1.1 request sent as these bytes."""
+    import socket
+
+    from tests.test_reliability import _http_answer
+
+    body = b"{}" if method == "POST" else b""
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\nConnection: close\r\n"
+    request = head.encode() + b"Content-Type: application/json\r\nAuthorization: " + authorization + b"\r\n\r\n" + body
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = _http_answer(sock)
+    return int(answer.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("header", MALFORMED_AUTH, ids=repr)
+def test_a_malformed_authorization_header_is_a_401(guarded: int, header: bytes) -> None:
+    for method, path in [("GET", "/api/studies"), ("POST", "/api/studies"), ("DELETE", "/api/studies/1")]:
+        assert raw_status(guarded, method, path, header) == 401, (method, path)
+    assert raw_status(guarded, "GET", "/api/studies/1/export", header) == 401
+    assert raw_status(guarded, "GET", "/studies/1", header) in (200, 404)  # the page; its script asks again
+    assert raw_status(guarded, "GET", "/api/studies", f"Bearer {TOKEN}".encode()) == 200
+
+
+def test_a_non_ascii_token_set_on_the_server_matches_its_utf8_bytes(sqlite_url: str) -> None:
+    app = create_app(Settings(db_url=sqlite_url, token="s3cret-tokén", host="0.0.0.0"))
+    with TestClient(app, raise_server_exceptions=False) as api:
+        assert api.get("/api/studies", headers={"Authorization": "Bearer s3cret-tokén".encode()}).status_code == 200
+        assert api.get("/api/studies", headers={"Authorization": "Bearer s3cret-token"}).status_code == 401
+    app.state.db.dispose()
