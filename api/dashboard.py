@@ -162,6 +162,7 @@ async def study_page(request: Request, study_id: str) -> HTMLResponse:
         study_status=(study or {}).get("status") or "",
         workload=(study or {}).get("workload") or "",
         provenance_note=_provenance_note(study),
+        study_error=(study or {}).get("error") or "",
         writes_need_token=bool(settings is not None and settings.token),
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 from api.schemas import BestOut, ObjectiveOut, StudyDetail, StudyOut, TrialDetail, TrialOut
@@ -62,14 +63,16 @@ def view_out(view: StudyView, detail: bool = False, db: StudyDB | None = None) -
     row, summary = view.row, view.summary
     counts = {k: v for k, v in summary.counts.items() if v}
     measured = measured_count(counts)
-    budget = int((row.spec or {}).get("budget", {}).get("trials", 0) or 0)
+    spec = row.spec if isinstance(row.spec, dict) else {}  # not an object: ``view.error`` says so
+    limits = spec.get("budget") if isinstance(spec.get("budget"), dict) else {}
+    budget = int(_finite(limits.get("trials")) or 0)
     best = summary.best
     now = dt.datetime.now(dt.timezone.utc)
     elapsed = progress.live_elapsed_s(row.elapsed_s, row.status, row.updated_at, row.lease_expires_at, now)
     eta = None
     if row.status == "running":
         rate = progress.recent_rate(progress.recent_finishes(db, row.id), now) if measured and db else None
-        minutes = (row.spec or {}).get("budget", {}).get("minutes")
+        minutes = _finite(limits.get("minutes"))
         eta = progress.eta_s(
             measured=measured, budget_trials=budget, elapsed_s=elapsed, budget_minutes=minutes, rate_per_s=rate
         )
@@ -102,10 +105,17 @@ def view_out(view: StudyView, detail: bool = False, db: StudyDB | None = None) -
     if detail:
         return StudyDetail(
             **fields,
-            spec=row.spec,
-            space=row.space,
+            spec=spec,
+            space=row.space if isinstance(row.space, dict) else {},
             space_hash=row.space_hash,
             device=row.device,
             fingerprint=row.fingerprint,
         )
     return StudyOut(**fields)
+
+
+def _finite(value: Any) -> float | None:
+    """A stored number as a float, None for anything else (a NaN or a string written into the database)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)

@@ -213,3 +213,67 @@ def test_a_non_ascii_token_set_on_the_server_matches_its_utf8_bytes(sqlite_url: 
         assert api.get("/api/studies", headers={"Authorization": "Bearer s3cret-tokén".encode()}).status_code == 200
         assert api.get("/api/studies", headers={"Authorization": "Bearer s3cret-token"}).status_code == 401
     app.state.db.dispose()
+
+
+# ------------------------------------------------------------------------------------------------ (d) bad stored study
+
+GOOD_SPEC = '{"name": "%s", "workload": "noop", "args": {}, "objectives": [{"metric": "score"}]}'
+BAD_STORED = {
+    "nan-arg": ('{"name": "nan-arg", "workload": "noop", "args": {"sleep_ms": NaN}, "objectives": []}', "sleep_ms"),
+    "landscape-gone": (
+        '{"name": "landscape-gone", "workload": "replay", "args": {"file": "moved-away.jsonl"}, "objectives": []}',
+        "moved-away.jsonl",
+    ),
+    "not-json": ("{'name': 'not-json', oops", "not JSON"),
+    "not-an-object": ('["a", "list"]', "not an object"),
+}
+
+
+def corrupted(db: StudyDB) -> dict[str, int]:
+    """A good study and one of each kind in ``BAD_STORED``: made good, then their spec overwritten in SQL."""
+    from sqlalchemy import text
+
+    ids = {name: noop_study(db, name, {"tile": 64}) for name in ["good", *BAD_STORED]}
+    with db.engine.begin() as conn:
+        for name, (spec, _) in BAD_STORED.items():
+            conn.execute(text("UPDATE tuner_studies SET spec = :spec WHERE id = :id"), {"spec": spec, "id": ids[name]})
+        conn.execute(text("UPDATE tuner_studies SET workload = 'replay' WHERE id = :id"), {"id": ids["landscape-gone"]})
+    return ids
+
+
+def test_a_study_whose_stored_spec_no_longer_builds_is_listed_and_shown_with_its_error(client: TestClient) -> None:
+    ids = corrupted(client.app.state.db)
+    listing = client.get("/api/studies")
+    assert listing.status_code == 200, listing.text
+    errors = {s["name"]: s["error"] for s in listing.json()["items"]}
+    assert errors.keys() == ids.keys() and errors["good"] is None
+    for name, (_, reason) in BAD_STORED.items():
+        assert reason in (errors[name] or ""), (name, errors[name])
+        study = client.get(f"/api/studies/{ids[name]}")
+        assert study.status_code == 200, (name, study.text)
+        assert reason in study.json()["error"]
+        for path in ("trials", "pareto", "overview"):
+            assert client.get(f"/api/studies/{ids[name]}/{path}").status_code == 200, (name, path)
+        page = client.get(f"/studies/{ids[name]}")
+        assert page.status_code == 200 and reason in page.text, name
+        for fmt in ("json", "yaml", "env", "python"):
+            exported = client.get(f"/api/studies/{ids[name]}/export", params={"format": fmt})
+            assert exported.status_code in (409, 422), (name, fmt, exported.status_code)
+            assert reason in exported.json()["detail"], (name, fmt)
+    assert client.get(f"/api/studies/{ids['good']}/export").status_code == 200
+
+
+@pytest.mark.parametrize("name", list(BAD_STORED))
+def test_tuner_export_of_a_bad_stored_study_says_why_in_one_line(
+    name: str, sqlite_url: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from tuner.cli import main
+
+    db = StudyDB(sqlite_url)
+    db.create_tables()
+    corrupted(db)
+    db.dispose()
+    assert main(["export", name, "--db", sqlite_url]) == 2
+    said = capfd.readouterr().err
+    assert BAD_STORED[name][1] in said and "Traceback" not in said
+    assert len(said.strip().splitlines()) <= 3, said  # one line, as the terminal wraps it

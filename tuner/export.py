@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import time
 import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from tuner.db_engine import UnreadableJSON
 from tuner.pareto import best_trial, pareto_front
 from tuner.registry import workload_class
 from tuner.spec import StudySpec
@@ -58,16 +60,57 @@ def objectives_of(row: StudyRow) -> list[tuple[str, str]]:
 
 
 def objectives_or_error(row: StudyRow) -> tuple[list[tuple[str, str]], str | None]:
-    """:func:`objectives_of`, or no objectives and why, for a study whose workload can no longer be built."""
+    """:func:`objectives_of` (no objectives where they cannot be had), and :func:`build_error`: why the study
+    cannot be run or exported as it is stored, or None."""
+    error = build_error(row)
     try:
-        return objectives_of(row), None
+        return objectives_of(row), error
     except Exception as exc:  # whatever the workload raises, the study is still listed
-        return [], f"its workload can no longer be built: {type(exc).__name__}: {exc}"
+        return [], error or _one_line(f"its workload can no longer be built: {type(exc).__name__}: {exc}")
+
+
+#: Seconds a study's :func:`build_error` verdict is kept (every list entry asks; a moved file shows after this).
+BUILD_CHECK_TTL_S = 10.0
+_build_checks: dict[str, tuple[float, str | None]] = {}
+
+
+def build_error(row: StudyRow) -> str | None:
+    """Why the study's stored spec no longer builds its workload (a spec that is not JSON or not an object, an
+    arg that no longer validates, a replay landscape moved away), or None. Kept ``BUILD_CHECK_TTL_S`` seconds
+    by workload and args."""
+    spec = row.spec
+    if isinstance(spec, UnreadableJSON):
+        return f"its stored spec is not JSON ({spec.reason})"
+    if not isinstance(spec, dict):
+        return f"its stored spec is not an object but a JSON {type(spec).__name__}"
+    key = json.dumps([row.workload, spec.get("args")], sort_keys=True, default=str)
+    now = time.monotonic()
+    kept = _build_checks.get(key)
+    if kept is not None and now - kept[0] < BUILD_CHECK_TTL_S:
+        return kept[1]
+    try:
+        workload_class(row.workload)(**spec.get("args", {}))
+        error = None
+    except Exception as exc:  # whatever the workload raises is the reason
+        error = _one_line(f"its workload can no longer be built: {type(exc).__name__}: {exc}")
+    if len(_build_checks) >= 4096:
+        _build_checks.clear()
+    _build_checks[key] = (now, error)
+    return error
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None) -> dict[str, Any]:
     """The chosen config (default: best Pareto point on the first objective), its metrics,
-    the fingerprint it was measured on, the Pareto front and the spec."""
+    the fingerprint it was measured on, the Pareto front and the spec. A study whose stored spec no longer
+    builds raises :class:`ExportRefused` saying why."""
+    error = build_error(row)
+    if error is not None:
+        raise ExportRefused(f"study {row.name!r} cannot be exported: {error}")
     trials = db.trials(row.id)
     objectives = objectives_of(row)
     front = pareto_front(trials, objectives)
