@@ -4,12 +4,48 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
+import site
+import sysconfig
+from pathlib import Path
 from typing import Any
 
 from api.schemas import BestOut, ObjectiveOut, StudyDetail, StudyOut, TrialDetail, TrialOut
 from tuner import progress
 from tuner.queries import StudyView, study_view
 from tuner.storage import RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics, measured_count
+
+#: Folders a trial's traceback names files under, longest first: the project's, and where packages install.
+_ROOTS = sorted(
+    {
+        str(Path(__file__).resolve().parents[1]) + "/",
+        *(p.rstrip("/") + "/" for p in site.getsitepackages()),
+        *(sysconfig.get_paths()[name].rstrip("/") + "/" for name in ("stdlib", "platstdlib")),
+    },
+    key=len,
+    reverse=True,
+)
+#: An absolute path: a "/" that starts a word (not inside a URL or a relative path), up to a quote or space.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/-])/[^\s\"':,()\[\]<>]+")
+
+
+def without_server_paths(text: str | None) -> str | None:
+    """A trial's error text as the API serves it: each absolute path the server's own (its folders, Python's)
+    made relative to the project or to the packages' folder, any other cut to ``.../file``."""
+    if not text:
+        return text
+
+    def short(match: re.Match[str]) -> str:
+        path = match.group(0)
+        for root in _ROOTS:
+            if path.startswith(root):
+                return path[len(root) :]
+        for marker in ("/site-packages/", "/dist-packages/"):
+            if marker in path:
+                return path.split(marker, 1)[1]
+        return ".../" + path.rsplit("/", 1)[1] if path.count("/") > 1 else path
+
+    return _ABSOLUTE_PATH.sub(short, text)
 
 
 def _trial_fields(row: TrialRow) -> dict[str, Any]:
@@ -24,7 +60,7 @@ def _trial_fields(row: TrialRow) -> dict[str, Any]:
         "metrics": clean_metrics(row.metrics or {}),
         "feasible": row.feasible,
         "timing_comparable": row.timing_comparable,
-        "error": row.error,
+        "error": without_server_paths(row.error),
         "worker": row.worker,
         "attempt": row.attempt or 1,
         "duplicate_of": row.duplicate_of,

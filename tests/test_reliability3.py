@@ -4,6 +4,7 @@ no longer builds is shown with its error, never a 500; the service's smaller exp
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -277,3 +278,176 @@ def test_tuner_export_of_a_bad_stored_study_says_why_in_one_line(
     said = capfd.readouterr().err
     assert BAD_STORED[name][1] in said and "Traceback" not in said
     assert len(said.strip().splitlines()) <= 3, said  # one line, as the terminal wraps it
+
+
+# ------------------------------------------------------------------------------------------------ (e) smaller ones
+
+
+def _listening(pids: set[int]) -> list[str]:
+    """The addresses (``ip:port``) that these processes listen on, from /proc (TCP over IPv4 and IPv6)."""
+    import ipaddress
+
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes[target[8:-1]] = pid
+        except OSError:
+            continue
+    found = []
+    for table, size in (("/proc/net/tcp", 4), ("/proc/net/tcp6", 16)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            hexip, hexport = fields[1].split(":")
+            raw = bytes.fromhex(hexip)
+            words = b"".join(raw[i : i + 4][::-1] for i in range(0, size, 4))  # each 32-bit word little-endian
+            ip = ipaddress.ip_address(words)
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+                ip = ip.ipv4_mapped
+            found.append(f"{ip}:{int(hexport, 16)}")
+    return found
+
+
+def _session(sid: int) -> set[int]:
+    pids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # after the command: state, ppid, pgrp, session
+            pids.add(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads listening sockets from Linux's /proc")
+def test_a_local_ray_listens_on_loopback_only_and_its_workers_have_no_api_token() -> None:
+    import ipaddress
+    import sys
+
+    from tuner.supervisor import kill_session
+
+    script = (
+        "import ray\nfrom tuner.worker_pool import ensure_ray\nensure_ray(None)\n"
+        "import os\nseen = ray.get(ray.remote(lambda: os.environ.get('TUNER_API_TOKEN', 'none')).remote())\n"
+        "print(seen, os.environ['TUNER_API_TOKEN'], flush=True)\ninput()\nray.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+    env["TUNER_API_TOKEN"] = TOKEN
+    ray = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        text=True, start_new_session=True, env=env,
+    )  # fmt: skip
+    try:
+        assert ray.stdout is not None
+        seen_by_a_worker, kept_by_the_driver = ray.stdout.readline().split()
+        addresses = _listening(_session(ray.pid))
+    finally:
+        ray.communicate("\n", timeout=60)
+        kill_session(ray.pid)
+    assert seen_by_a_worker == "none" and kept_by_the_driver == TOKEN  # no trial worker has the API token
+    assert len(addresses) >= 3, addresses  # GCS, raylet, the worker at least
+    exposed = [a for a in addresses if not ipaddress.ip_address(a.rsplit(":", 1)[0].strip("[]")).is_loopback]
+    assert not exposed, f"listening beyond loopback: {exposed} (all: {addresses})"
+
+
+def test_the_supervised_runner_has_no_api_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import time
+
+    from tuner.supervisor import RunnerSupervisor
+
+    monkeypatch.setenv("TUNER_API_TOKEN", TOKEN)
+    out = tmp_path / "env"
+    code = f"import os, time; open({str(out)!r}, 'w').write(os.environ.get('TUNER_API_TOKEN', 'none')); time.sleep(60)"
+    runner = RunnerSupervisor([sys.executable, "-c", code], stop_timeout_s=5)
+    runner.start()
+    try:
+        while not out.exists() or not out.read_text():
+            time.sleep(0.05)
+    finally:
+        runner.stop()
+    assert out.read_text() == "none"
+
+
+def test_healthz_strict_is_503_while_degraded_and_plain_healthz_stays_200(client: TestClient) -> None:
+    from tuner.supervisor import RunnerSupervisor
+
+    assert client.get("/healthz", params={"strict": 1}).status_code == 200  # no runner: nothing is down
+    client.app.state.runner = RunnerSupervisor(["true"])  # a supervised runner not started: "stopped"
+    plain, strict = client.get("/healthz"), client.get("/healthz", params={"strict": 1})
+    assert plain.status_code == 200 and strict.status_code == 503
+    assert plain.json() == strict.json() == {"status": "degraded", "db": "ok", "runner": "stopped"}
+
+
+def test_every_response_carries_the_security_headers(client: TestClient) -> None:
+    from api.dashboard import CONTENT_SECURITY_POLICY
+
+    study = noop_study(client.app.state.db, "headers", {"tile": 64})
+    answers = {
+        "health": client.get("/healthz"),
+        "list": client.get("/api/studies"),
+        "missing": client.get("/api/studies/999"),
+        "invalid": client.get("/api/studies", params={"limit": 0}),
+        "unauthorized": client.delete(f"/api/studies/{study}"),
+        "too large": client.post("/api/studies", content=b"x" * (2 << 20), headers=AUTH),
+        "export": client.get(f"/api/studies/{study}/export", params={"format": "env"}),
+        "static": client.get("/static/favicon.svg"),
+        "openapi": client.get("/openapi.json"),
+        "page": client.get(f"/studies/{study}"),
+        "docs": client.get("/docs"),
+    }
+    assert answers["too large"].status_code == 413 and answers["unauthorized"].status_code == 401
+    for what, response in answers.items():
+        assert response.headers.get("x-content-type-options") == "nosniff", what
+        assert response.headers.get("x-frame-options") == "DENY", what
+        assert response.headers.get("referrer-policy"), what
+        assert response.headers.get("content-security-policy"), what
+    assert answers["page"].headers["content-security-policy"] == CONTENT_SECURITY_POLICY  # the page keeps its own
+    assert answers["list"].headers["content-security-policy"].startswith("default-src 'none'")
+
+
+def _real_traceback() -> str:
+    """A traceback through the project (its YAML writer) and PyYAML (installed), and a message naming a file."""
+    import traceback
+
+    import yaml
+
+    from tuner.yamlio import dump_yaml
+
+    try:
+        dump_yaml({"a": object()})
+    except yaml.YAMLError as exc:
+        return "".join(traceback.format_exception(exc)) + (
+            "\nwhile reading /srv/landscapes/softmax.jsonl, see https://example.org/a/b and tuner/x.py"
+        )
+    raise AssertionError("no error")
+
+
+def test_trial_errors_are_served_without_server_paths(client: TestClient) -> None:
+    import sys
+
+    from sqlalchemy import text
+
+    db: StudyDB = client.app.state.db
+    study = noop_study(db, "paths", {"tile": 64})
+    db.insert_trial(study, 1, {"tile": 32}, optuna_trial_id=None)
+    error = _real_traceback()
+    assert "/yaml/" in error and str(Path(__file__).resolve().parents[1]) in error  # it names absolute paths
+    with db.engine.begin() as conn:
+        conn.execute(
+            text("UPDATE tuner_trials SET status = 'runtime_error', error = :e WHERE number = 1"), {"e": error}
+        )
+    served = [
+        client.get(f"/api/studies/{study}/trials/1").json()["error"],
+        client.get(f"/api/studies/{study}/trials", params={"status": "runtime_error"}).json()["items"][0]["error"],
+        client.get(f"/api/studies/{study}/overview").json()["failures"][0]["error"],
+    ]
+    for shown in served:
+        assert 'File "/' not in shown and "/srv/" not in shown and sys.prefix not in shown, shown
+        assert 'File "tuner/yamlio.py"' in shown and 'File "yaml/' in shown and ".../softmax.jsonl" in shown
+        assert "https://example.org/a/b" in shown and " tuner/x.py" in shown

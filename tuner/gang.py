@@ -45,6 +45,7 @@ from typing import Any
 
 from tuner.failures import short_error
 from tuner.registry import workload_class
+from tuner.supervisor import without_secrets
 from tuner.worker import DispatchOrder
 from tuner.workload import RESULT_VERSION, DeviceInfo, TrialReport, TrialStatus, Workload
 
@@ -180,7 +181,7 @@ def _spawn_ranks(
 ) -> None:
     """Start the rank processes (appended to ``procs`` as they start, so the caller can kill them all)."""
     port = free_port()
-    base = dict(os.environ)
+    base = without_secrets(dict(os.environ))
     for rank in range(world_size):
         with open(logs[rank], "wb") as log:
             procs.append(
