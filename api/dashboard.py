@@ -121,9 +121,9 @@ async def _lookup_study(request: Request, study_id: int) -> tuple[int, dict[str,
     # Straight into the app, past any proxy prefix: its routes match "/api/..." as they are.
     transport = httpx.ASGITransport(app=request.app, raise_app_exceptions=False)
     base_url = f"{request.url.scheme}://{request.url.netloc or 'localhost'}"  # the same Host, for host checks
-    headers = {"accept": "application/json"}
+    headers: dict[str, str | bytes] = {"accept": "application/json"}
     if "authorization" in request.headers:  # reads may need the caller's token; never more than the caller has
-        headers["authorization"] = request.headers["authorization"]
+        headers["authorization"] = request.headers["authorization"].encode("latin-1")  # the bytes as they came
     try:
         async with httpx.AsyncClient(transport=transport, base_url=base_url, timeout=10) as client:
             response = await client.get(f"/api/studies/{study_id}", headers=headers)
@@ -164,6 +164,7 @@ async def study_page(request: Request, study_id: str) -> HTMLResponse:
         study_status=(study or {}).get("status") or "",
         workload=(study or {}).get("workload") or "",
         provenance_note=_provenance_note(study),
+        study_error=(study or {}).get("error") or "",
         writes_need_token=bool(settings is not None and settings.token),
     )
 

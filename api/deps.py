@@ -36,11 +36,16 @@ BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
 def _token_ok(request: Request, settings: Settings) -> bool:
+    """Whether the request carries the server's token (or the server has none). The header is compared as the
+    bytes that came (headers arrive as latin-1 text) with the token's UTF-8 bytes, so a header of any bytes,
+    empty or without a scheme, is simply not the token."""
     if not settings.token:
         return True
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), settings.token)
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        value.strip().encode("latin-1"), settings.token.encode("utf-8")
+    )
 
 
 def require_write(request: Request, settings: SettingsDep, _credentials: BearerDep) -> None:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
+import re
+import site
+import sysconfig
+from pathlib import Path
 from typing import Any
 
 from api.schemas import BestOut, ObjectiveOut, StudyDetail, StudyOut, TrialDetail, TrialOut
@@ -11,6 +16,38 @@ from tuner.store import progress
 from tuner.store.queries import StudyView, study_view
 from tuner.store.storage import RUNNING, StudyDB, StudyRow, TrialRow, clean_metrics, measured_count
 from tuner.workloads.registry import workload_class
+
+#: Folders a trial's traceback names files under, longest first: the project's, and where packages install.
+_ROOTS = sorted(
+    {
+        str(Path(__file__).resolve().parents[1]) + "/",
+        *(p.rstrip("/") + "/" for p in site.getsitepackages()),
+        *(sysconfig.get_paths()[name].rstrip("/") + "/" for name in ("stdlib", "platstdlib")),
+    },
+    key=len,
+    reverse=True,
+)
+#: An absolute path: a "/" that starts a word (not inside a URL or a relative path), up to a quote or space.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.~:/-])/[^\s\"':,()\[\]<>]+")
+
+
+def without_server_paths(text: str | None) -> str | None:
+    """A trial's error text as the API serves it: each absolute path the server's own (its folders, Python's)
+    made relative to the project or to the packages' folder, any other cut to ``.../file``."""
+    if not text:
+        return text
+
+    def short(match: re.Match[str]) -> str:
+        path = match.group(0)
+        for root in _ROOTS:
+            if path.startswith(root):
+                return path[len(root) :]
+        for marker in ("/site-packages/", "/dist-packages/"):
+            if marker in path:
+                return path.split(marker, 1)[1]
+        return ".../" + path.rsplit("/", 1)[1] if path.count("/") > 1 else path
+
+    return _ABSOLUTE_PATH.sub(short, text)
 
 
 def _trial_fields(row: TrialRow) -> dict[str, Any]:
@@ -25,7 +62,7 @@ def _trial_fields(row: TrialRow) -> dict[str, Any]:
         "metrics": clean_metrics(row.metrics or {}),
         "feasible": row.feasible,
         "timing_comparable": row.timing_comparable,
-        "error": row.error,
+        "error": without_server_paths(row.error),
         "worker": row.worker,
         "attempt": row.attempt or 1,
         "duplicate_of": row.duplicate_of,
@@ -77,14 +114,16 @@ def view_out(view: StudyView, detail: bool = False, db: StudyDB | None = None) -
     row, summary = view.row, view.summary
     counts = {k: v for k, v in summary.counts.items() if v}
     measured = measured_count(counts)
-    budget = int((row.spec or {}).get("budget", {}).get("trials", 0) or 0)
+    spec = row.spec if isinstance(row.spec, dict) else {}  # not an object: ``view.error`` says so
+    limits = spec.get("budget") if isinstance(spec.get("budget"), dict) else {}
+    budget = int(_finite(limits.get("trials")) or 0)
     best = summary.best
     now = dt.datetime.now(dt.timezone.utc)
     elapsed = progress.live_elapsed_s(row.elapsed_s, row.status, row.updated_at, row.lease_expires_at, now)
     eta = None
     if row.status == "running":
         rate = progress.recent_rate(progress.recent_finishes(db, row.id), now) if measured and db else None
-        minutes = (row.spec or {}).get("budget", {}).get("minutes")
+        minutes = _finite(limits.get("minutes"))
         eta = progress.eta_s(
             measured=measured, budget_trials=budget, elapsed_s=elapsed, budget_minutes=minutes, rate_per_s=rate
         )
@@ -118,10 +157,17 @@ def view_out(view: StudyView, detail: bool = False, db: StudyDB | None = None) -
     if detail:
         return StudyDetail(
             **fields,
-            spec=row.spec,
-            space=row.space,
+            spec=spec,
+            space=row.space if isinstance(row.space, dict) else {},
             space_hash=row.space_hash,
             device=row.device,
             fingerprint=row.fingerprint,
         )
     return StudyOut(**fields)
+
+
+def _finite(value: Any) -> float | None:
+    """A stored number as a float, None for anything else (a NaN or a string written into the database)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)

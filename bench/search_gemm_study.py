@@ -15,9 +15,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.common import run_study, verdict, write_result
+from tuner.study.spec import parse_spec_text
 
 
 def main() -> None:
@@ -28,7 +27,7 @@ def main() -> None:
     parser.add_argument("--reference", type=float, required=True, help="the seeded best TFLOP/s to reach 0.98 of")
     parser.add_argument("--out")
     ns = parser.parse_args()
-    spec: dict[str, Any] = yaml.safe_load(ns.spec.read_text())
+    spec: dict[str, Any] = parse_spec_text(ns.spec.read_text(), str(ns.spec))
     spec.update(name=f"{spec['name']}-{ns.sampler}-no-seeds", warm_start=False, sampler=ns.sampler)
     spec["budget"] = {**spec.get("budget", {}), "trials": ns.trials}
     study = run_study(spec)

@@ -388,11 +388,12 @@ def test_a_study_whose_workload_no_longer_builds_is_listed_with_its_error(
     assert page.status_code == 200, page.text
     items = {s["name"]: s for s in page.json()["items"]}
     assert items["replayed"]["objectives"] == [{"metric": "gbps", "direction": "maximize"}]
-    assert items["replayed"]["error"] is None
+    assert "softmax.jsonl" in items["replayed"]["error"]  # listed with its objectives, and why it cannot run
     assert items["nan-sleep"]["objectives"] == [
         {"metric": "score", "direction": "maximize"},
         {"metric": "cost", "direction": "minimize"},
     ]
+    assert "sleep_ms" in items["nan-sleep"]["error"]
     assert items["legacy"]["objectives"] == [] and "sleep_ms" in items["legacy"]["error"]
     for study in items.values():
         for path in ("", "/trials", "/pareto", "/overview"):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from sqlalchemy import func, select, text
 
@@ -40,9 +42,16 @@ def list_workloads() -> list[WorkloadOut]:
     return out
 
 
-@router.get("/healthz", response_model=HealthOut, response_model_exclude_none=True)
-def healthz(db: DBDep, request: Request) -> HealthOut:
-    """Liveness and what the service depends on: the database's reachability and the runner's state."""
+@router.get(
+    "/healthz",
+    response_model=HealthOut,
+    response_model_exclude_none=True,
+    responses={503: {"model": HealthOut, "description": "with `?strict=1`: the service is degraded"}},
+)
+def healthz(db: DBDep, request: Request, response: Response, strict: Annotated[bool, Query()] = False) -> HealthOut:
+    """Liveness and what the service depends on: the database's reachability and the runner's state. Always
+    200 while the server answers (liveness); ``?strict=1`` (readiness, for a load balancer or an orchestrator's
+    probe): 503 while ``degraded``, with the same body."""
     try:
         with db.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
@@ -54,6 +63,8 @@ def healthz(db: DBDep, request: Request) -> HealthOut:
     supervisor = getattr(request.app.state, "runner", None)
     runner = supervisor.state if supervisor is not None else None
     ok = db_state == "ok" and runner in (None, "running")
+    if strict and not ok:
+        response.status_code = 503
     return HealthOut(status="ok" if ok else "degraded", db=db_state, runner=runner)
 
 

@@ -22,7 +22,7 @@ from api.schemas import (
     TrialPage,
 )
 from api.views import study_out, trial_dict, trial_out, view_out
-from tuner.results.export import ExportError, export_document, render
+from tuner.results.export import ExportError, ExportRefused, export_document, render
 from tuner.store import lifecycle, queries
 from tuner.study.spec import SpecError, StudySpec, compile_study
 
@@ -339,6 +339,11 @@ def get_importance(row: StudyDep, db: DBDep) -> ImportanceOut:
         },
         **ERRORS,
         409: {"model": ErrorOut, "description": "nothing to export yet"},
+        422: {
+            "model": ErrorOut,
+            "description": "invalid input (`detail[].loc` names the field), or a config the format cannot "
+            "hold (an env name the shell reads, a NUL): the reason names the param",
+        },
     },
 )
 def export_study(
@@ -351,10 +356,12 @@ def export_study(
     env (``KEY=value`` lines) or python (source to paste)."""
     try:
         document = export_document(db, row, trial)
+        text = render(document, format)
+    except ExportRefused as exc:
+        raise HTTPException(422, str(exc)) from None
     except ExportError as exc:
         status = 404 if "has no trial" in str(exc) else 409
         raise HTTPException(status, str(exc)) from None
-    text = render(document, format)
     suffix = {"json": "json", "yaml": "yaml", "env": "env", "python": "py"}[format]
     filename = f"{row.name}-trial{document['trial']}.{suffix}"
     return PlainTextResponse(

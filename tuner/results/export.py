@@ -5,26 +5,48 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import unicodedata
+from collections.abc import Mapping
 from typing import Any
 
 from tuner.results.pareto import best_trial, pareto_front
 from tuner.store.storage import StudyDB, StudyRow
-from tuner.study.spec import objectives_from_spec, objectives_of, objectives_or_error  # noqa: F401 (re-exported)
+from tuner.study.spec import build_error, objectives_from_spec, objectives_of, objectives_or_error  # noqa: F401 (re-exported)
 from tuner.study.yamlio import dump_yaml
 from tuner.workloads.base import comment_text
 from tuner.workloads.registry import workload_class
 
 FORMATS = ("json", "yaml", "env", "python")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME = re.compile(r"[A-Z][A-Z0-9_]*")
+#: Names the env export never sets: what the shell that ``source``s it, the dynamic loader or an interpreter
+#: reads (setting them changes what that shell runs, loads or is), and this service's own settings.
+ENV_DENIED = frozenset(
+    "PATH HOME SHELL IFS ENV CDPATH FPATH GLOBIGNORE SHELLOPTS PS0 PS1 PS2 PS3 PS4 PROMPT_COMMAND HISTFILE MAIL "
+    "MAILPATH TMPDIR USER LOGNAME PWD OLDPWD UID EUID PPID TERM EDITOR VISUAL PAGER LANG LANGUAGE GCONV_PATH "
+    "LOCPATH NLSPATH HOSTALIASES LOCALDOMAIN RES_OPTIONS NODE_OPTIONS PERL5LIB PERL5OPT PERLLIB RUBYLIB RUBYOPT "
+    "JAVA_TOOL_OPTIONS ZDOTDIR".split()
+)
+#: Name prefixes the env export never sets (the loader's ``LD_*`` / ``DYLD_*``, ``PYTHON*``, ``BASH*``, ...).
+ENV_DENIED_PREFIXES = ("LD_", "DYLD_", "PYTHON", "BASH", "LC_", "GIT_", "SSH_", "TUNER_")
+#: Characters an env value holds raw inside single quotes (every other control character is escaped).
+_RAW_CONTROLS = "\t\n"
 
 
 class ExportError(ValueError):
     pass
 
 
+class ExportRefused(ExportError):
+    """The study's config cannot be exported in the asked form (the API answers 422)."""
+
+
 def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None) -> dict[str, Any]:
     """The chosen config (default: best Pareto point on the first objective), its metrics,
-    the fingerprint it was measured on, the Pareto front and the spec."""
+    the fingerprint it was measured on, the Pareto front and the spec. A study whose stored spec no longer
+    builds raises :class:`ExportRefused` saying why."""
+    error = build_error(row)
+    if error is not None:
+        raise ExportRefused(f"study {row.name!r} cannot be exported: {error}")
     trials = db.trials(row.id)
     objectives = objectives_of(row)
     front = pareto_front(trials, objectives)
@@ -142,13 +164,48 @@ def caveats(document: dict[str, Any]) -> list[str]:
     return lines
 
 
-def env_lines(env: dict[str, str]) -> str:
-    """``KEY=value`` lines that a POSIX shell ``source``s to exactly these values: each value is quoted
-    (``shlex.quote``), so ``$(...)``, backticks, quotes and newlines in it stay text."""
-    for key in env:
-        if not _ENV_NAME.fullmatch(key):
-            raise ExportError(f"{key!r} is not an environment variable name")
-    return "".join(f"{key}={shlex.quote(str(value))}\n" for key, value in env.items())
+def env_lines(env: dict[str, str], params: Mapping[str, Any] | None = None) -> str:
+    """``KEY=value`` lines that a shell ``source``s to exactly these values: each value is quoted
+    (``shlex.quote``), so ``$(...)``, backticks, quotes and newlines in it stay text; a value with another
+    control character (ESC, BEL, CR, DEL, C1) is ANSI-C quoted (``$'...'``, bash, zsh, ksh, dash 0.5.12+), each
+    such character's UTF-8 bytes as ``\\xHH``, so the file holds none raw. Only names of the form
+    ``[A-Z][A-Z0-9_]*`` outside :data:`ENV_DENIED` / :data:`ENV_DENIED_PREFIXES` are written; another name, or a
+    value holding NUL (which no environment variable can), raises :class:`ExportRefused` naming the param
+    (``params``: the config, to find the param a name comes from)."""
+    lines = []
+    for key, value in env.items():
+        param = next((p for p in params or {} if str(p).upper() == key), key)
+        why = _env_name_refused(key)
+        if why:
+            raise ExportRefused(f"the env export refuses param {param!r} (variable {key!r}): {why}; rename the param")
+        text = str(value)
+        if "\0" in text:
+            raise ExportRefused(f"the env export refuses param {param!r}: its value holds NUL, which no variable can")
+        lines.append(f"{key}={_shell_quoted(text)}\n")
+    return "".join(lines)
+
+
+def _env_name_refused(key: str) -> str | None:
+    """Why ``key`` may not be set by an export, or None."""
+    if not _ENV_NAME.fullmatch(key):
+        return "an exported name is upper-case letters, digits and '_', starting with a letter"
+    if key in ENV_DENIED or key.startswith(ENV_DENIED_PREFIXES):
+        return "the shell, the dynamic loader or an interpreter reads that variable"
+    return None
+
+
+def _shell_quoted(text: str) -> str:
+    if not any(unicodedata.category(c) == "Cc" and c not in _RAW_CONTROLS for c in text):
+        return shlex.quote(text)
+    out = []
+    for c in text:
+        if c in "\\'":
+            out.append("\\" + c)
+        elif unicodedata.category(c) == "Cc" and c not in _RAW_CONTROLS:
+            out.extend(f"\\x{b:02x}" for b in c.encode())
+        else:
+            out.append(c)
+    return "$'" + "".join(out) + "'"
 
 
 def render(document: dict[str, Any], fmt: str) -> str:
@@ -163,7 +220,7 @@ def render(document: dict[str, Any], fmt: str) -> str:
     comments = "".join(f"# {comment_text(line)}\n" for line in [header, *caveats(document)])
     workload = workload_class(document["workload"])(**document["spec"].get("args", {}))
     if fmt == "env":
-        return comments + env_lines(workload.export_env(document["params"]))
+        return comments + env_lines(workload.export_env(document["params"]), document["params"])
     if fmt == "python":
         return comments + workload.export_python(document["params"])
     raise ExportError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner.run.supervisor import without_secrets
 from tuner.run.worker import DispatchOrder
 from tuner.workloads.base import RESULT_VERSION, DeviceInfo, TrialReport, TrialStatus, Workload
 from tuner.workloads.failures import short_error
@@ -180,7 +181,7 @@ def _spawn_ranks(
 ) -> None:
     """Start the rank processes (appended to ``procs`` as they start, so the caller can kill them all)."""
     port = free_port()
-    base = dict(os.environ)
+    base = without_secrets(dict(os.environ))
     for rank in range(world_size):
         with open(logs[rank], "wb") as log:
             procs.append(

@@ -25,6 +25,14 @@ from pathlib import Path
 log = logging.getLogger("tuner.run.supervisor")
 BACKOFF_S = (1.0, 30.0)  # first and largest wait before a restart
 STABLE_S = 60.0  # a runner up this long resets the backoff
+#: Variables the runner, its local Ray and every trial process go without: the API's bearer token (trial
+#: code is the workloads' and the user's; none of it talks to the API).
+SECRET_ENV = ("TUNER_API_TOKEN",)
+
+
+def without_secrets(env: dict[str, str]) -> dict[str, str]:
+    """``env`` less :data:`SECRET_ENV`."""
+    return {k: v for k, v in env.items() if k not in SECRET_ENV}
 
 
 class RunnerSupervisor:
@@ -46,7 +54,7 @@ class RunnerSupervisor:
         self._thread.start()
 
     def _spawn(self) -> subprocess.Popen:
-        process = subprocess.Popen(self.command, start_new_session=True)
+        process = subprocess.Popen(self.command, start_new_session=True, env=without_secrets(dict(os.environ)))
         self.state = "running"
         log.info("runner started (pid %s)", process.pid)
         return process

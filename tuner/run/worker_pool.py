@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.run.session import StudyFailed
+from tuner.run.supervisor import SECRET_ENV
 from tuner.workloads.base import TrialStatus, read_report
 
 log = logging.getLogger("tuner.run.orchestrator")
@@ -34,19 +35,39 @@ def ensure_ray(address: str | None = None, min_cpus: int = 2) -> None:
 
     The local Ray is a new instance even when a cluster started with ``ray start`` runs on this
     machine (``address="local"``): without an address, ``ray.init`` would join that cluster, and
-    refuse the CPU count.
+    refuse the CPU count. It serves this machine only, so everything it starts (GCS, raylet, agents,
+    metrics, workers) listens on loopback, and it has no dashboard. Ray listens on every interface for a
+    node whose IP is not loopback, and on Linux it takes the machine's address as the node's unless Ray
+    clusters are off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``), which a local Ray sets. Its processes
+    start without ``SECRET_ENV`` (the API token): no trial worker has it.
     """
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read when ray is imported, and by its processes
     import ray
 
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING}
-    address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, min_cpus) + 1, **kwargs)
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False  # where ray was imported before the variable was set
+        # Ray's processes (and so every trial worker) take the environment as it is now: without the secrets.
+        secrets = {name: os.environ.pop(name) for name in SECRET_ENV if name in os.environ}
+        try:
+            ray.init(
+                address="local",
+                num_cpus=max(os.cpu_count() or 1, min_cpus) + 1,
+                _node_ip_address="127.0.0.1",
+                dashboard_host="127.0.0.1",
+                **kwargs,
+            )
+        finally:
+            os.environ.update(secrets)
 
 
 @dataclass

@@ -4,6 +4,7 @@ database that is briefly unreachable (a restarting server, a locked SQLite file)
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -119,16 +120,33 @@ def tune_sqlite_engine(engine: Engine, retry_s: float = RUNNER_RETRY_S) -> None:
     engine.dispose()
 
 
+class UnreadableJSON(dict):  # type: ignore[type-arg]
+    """What a JSON column reads as when its stored text does not parse (written around the service, e.g. by
+    hand in SQL): empty, ``reason`` saying why. A read shows the row with that error instead of failing every
+    query that selects it (the whole study list)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        self.reason = reason
+
+
+def _json_loads(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        return UnreadableJSON(f"{exc.args[0] if exc.args else exc}, in {text[:40]!r}")
+
+
 def make_engine(url: str, retry_s: float = 0.0) -> Engine:
     """An engine (with pre-ping for a database server); on a server, a new connection waits up to ``retry_s`` s
-    for it to come back."""
+    for it to come back. A JSON column whose text does not parse reads as :class:`UnreadableJSON`."""
     if url.startswith("sqlite"):
         # No pre-ping: a SQLite connection is a file handle no server can drop, and a ping on every
         # checkout was a tenth of a loaded server's time.
-        engine = create_engine(url, connect_args={"timeout": 30})
+        engine = create_engine(url, connect_args={"timeout": 30}, json_deserializer=_json_loads)
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    engine = create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, pool_pre_ping=True, json_deserializer=_json_loads)
     if retry_s > 0:
         _retry_connect(engine, retry_s)
     return engine

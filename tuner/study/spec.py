@@ -7,8 +7,10 @@ Every refusal is a :class:`SpecError` whose lines name the offending field.
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -421,8 +423,47 @@ def objectives_of(row: Any) -> list[tuple[str, str]]:
 
 
 def objectives_or_error(row: Any) -> tuple[list[tuple[str, str]], str | None]:
-    """:func:`objectives_of`, or no objectives and why, for a study whose workload can no longer be built."""
+    """:func:`objectives_of` (no objectives where they cannot be had), and :func:`build_error`: why the study
+    cannot be run or exported as it is stored, or None."""
+    error = build_error(row)
     try:
-        return objectives_of(row), None
+        return objectives_of(row), error
     except Exception as exc:  # whatever the workload raises, the study is still listed
-        return [], f"its workload can no longer be built: {type(exc).__name__}: {exc}"
+        return [], error or _one_line(f"its workload can no longer be built: {type(exc).__name__}: {exc}")
+
+
+#: Seconds a study's :func:`build_error` verdict is kept (every list entry asks; a moved file shows after this).
+BUILD_CHECK_TTL_S = 10.0
+_build_checks: dict[str, tuple[float, str | None]] = {}
+
+
+def build_error(row: Any) -> str | None:
+    """Why the study's stored spec no longer builds its workload (a spec that is not JSON or not an object, an
+    arg that no longer validates, a replay landscape moved away), or None. Kept ``BUILD_CHECK_TTL_S`` seconds
+    by workload and args. A JSON column that did not parse reads as an empty dict with a ``reason``
+    (``tuner.store.engine.UnreadableJSON``)."""
+    spec = row.spec
+    reason = getattr(spec, "reason", None)
+    if isinstance(spec, dict) and reason is not None:
+        return f"its stored spec is not JSON ({reason})"
+    if not isinstance(spec, dict):
+        return f"its stored spec is not an object but a JSON {type(spec).__name__}"
+    key = json.dumps([row.workload, spec.get("args")], sort_keys=True, default=str)
+    now = time.monotonic()
+    kept = _build_checks.get(key)
+    if kept is not None and now - kept[0] < BUILD_CHECK_TTL_S:
+        return kept[1]
+    try:
+        workload_class(row.workload)(**spec.get("args", {}))
+        error = None
+    except Exception as exc:  # whatever the workload raises is the reason
+        error = _one_line(f"its workload can no longer be built: {type(exc).__name__}: {exc}")
+    if len(_build_checks) >= 4096:
+        _build_checks.clear()
+    _build_checks[key] = (now, error)
+    return error
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
