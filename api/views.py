@@ -97,7 +97,9 @@ def study_timing(row: StudyRow) -> dict[str, str] | None:
         default = getattr(workload_class(row.workload), "timing", None)
     except Exception:  # an unknown workload: the study is still shown
         return None
-    mode = ((row.spec or {}).get("args") or {}).get("timing", default)
+    spec = row.spec if isinstance(row.spec, dict) else {}  # a stored spec that is no object shows its error
+    args = spec.get("args") if isinstance(spec.get("args"), dict) else {}
+    mode = args.get("timing", default)
     if mode not in TIMING_MEANS:
         return None
     return {"mode": mode, "means": TIMING_MEANS[mode]}

@@ -217,8 +217,8 @@ LATENCY_METRIC,
         }
 
     def launch_call(self, config: dict[str, Any]) -> dict[str, Any]:
-        """``kernels.<kernel_name>.<kernel_name>`` and its keyword arguments (precision, tile, launch options)."""
-        return {**super().launch_call(config), "function": f"kernels.{self.kernel_name}.{self.kernel_name}"}
+        """``kernels.norms.<kernel_name>.<kernel_name>`` and its keyword arguments (precision, tile, launch options)."""
+        return {**super().launch_call(config), "function": f"kernels.norms.{self.kernel_name}.{self.kernel_name}"}
 
     def export_python(self, config: dict[str, Any]) -> str:
         """A ``triton.Config`` list ready to paste into ``@triton.autotune(configs=...)``."""

@@ -81,7 +81,8 @@ def test_publish_then_exact_and_nearest_lookup_then_retract(db_url: str) -> None
         published = configs.publish(db, study)
         assert published.action == "added"
         entry = published.entry
-        assert entry.shape == args and entry.fixed == {"precision": "fp16"} and entry.gpu == "NVIDIA H200"
+        assert entry.shape == args and entry.fixed == {"precision": "fp16", "timing": "eager"}
+        assert entry.gpu == "NVIDIA H200"
         assert entry.comparable and entry.status == "ok" and entry.trial_number == 1 and entry.value == value
         assert entry.interval["source"] == "timing" and entry.interval["low"] < value < entry.interval["high"]
         assert entry.exported["kwargs"]["BLOCK_M"] == 128 and entry.exported["num_warps"] == 8
