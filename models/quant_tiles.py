@@ -47,9 +47,10 @@ def default_tile(m: int, n: int, k: int, bits: int, group_size: int, smem_bytes:
     split-K: at decode sizes (2-8 MB of int4 weights per Linear of a 1B model, microseconds) the
     wrapper's two extra kernels (workspace zeroing and the final copy) cost more than the extra
     programs gain; 4 warps; 4 pipeline stages, fewer when the estimate of
-    :func:`kernels.quant.quant_gemm.shared_memory_bytes` exceeds ``smem_bytes``.
+    :func:`kernels.quant.quant_rules.shared_memory_bytes` exceeds ``smem_bytes``.
     """
-    from kernels.quant.quant_gemm import MIN_BLOCK_K, shared_memory_bytes
+    from kernels.quant.quant_gemm import MIN_BLOCK_K
+    from kernels.quant.quant_rules import shared_memory_bytes
 
     if m <= GEMV_MAX_M:
         return gemv_tile(n, k, bits)

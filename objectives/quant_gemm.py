@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from kernels.quant.quant_rules import shared_memory_bytes
 from tuner.workloads.base import (
     DeviceInfo,
     MetricSpec,
@@ -272,8 +273,6 @@ class QuantGemm(KernelWorkload):
         reason = _precision_reason(precision, device)
         if reason:
             return reason
-        from kernels.quant.quant_gemm import shared_memory_bytes
-
         smem = shared_memory_bytes({**config, **values})
         if device.smem_per_block_bytes is not None and smem > device.smem_per_block_bytes:
             return f"needs ~{smem} bytes of shared memory, {device.name} allows {device.smem_per_block_bytes}"

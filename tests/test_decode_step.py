@@ -286,7 +286,7 @@ def test_default_tile_fits_decode_and_prefill_shapes() -> None:
     assert default_tile(64, 16384, 2048, 8, 32)["BLOCK_N"] == 64  # 256 tiles
     big = default_tile(4096, 8192, 8192, 8, 32, smem_bytes=232448)
     assert big["BLOCK_M"] == 64 and big["BLOCK_N"] == 128
-    from kernels.quant.quant_gemm import shared_memory_bytes
+    from objectives.quant_gemm import shared_memory_bytes
 
     small = default_tile(4096, 8192, 8192, 8, 32, smem_bytes=100_000)
     assert shared_memory_bytes({**small, "bits": 8, "group_size": 32}) <= 100_000

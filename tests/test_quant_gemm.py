@@ -297,8 +297,7 @@ def test_static_check_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.timeout(30)
 def test_default_space_loads_and_matches_static_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kernels.quant.quant_gemm import shared_memory_bytes
-    from objectives.quant_gemm import PARAMS, WS_FLAGS, WS_PARAMS, QuantGemm
+    from objectives.quant_gemm import PARAMS, WS_FLAGS, WS_PARAMS, QuantGemm, shared_memory_bytes
     from tuner.study.space import compile_space, load_space_file
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
