@@ -233,3 +233,20 @@ def test_a_capability_the_sampler_lacks_is_refused_by_the_spec() -> None:
         assert sorted(field for field, _ in refused.value.errors) == ["resources.workers", "sampler"]
     finally:
         sampler_registry.unregister("one_at_a_time")
+
+
+def test_the_registry_imports_no_sampler_until_one_is_made() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from tuner.study import sampler_registry as r\n"
+        "assert r.resolve('auto', 5).name == 'nsga2' and r.sampler_info('grid').enumerates\n"
+        "assert 'tuner.strategy' not in sys.modules and 'optuna' not in sys.modules, sorted(sys.modules)\n"
+        "r.sampler_info('random').load()\n"
+        "assert 'tuner.strategy.samplers' in sys.modules\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
