@@ -72,6 +72,7 @@ def run_one(path: Path, metric: str, strategy: str, seed: int, trials: int) -> d
     from objectives.replay import params_key
     from tuner.strategy import SpaceExhausted
     from tuner.strategy.samplers import CONSTRAINTS_ATTR, make_sampler
+    from tuner.study.sampler_registry import resolve
     from tuner.workloads.base import DeviceInfo, TrialStatus
 
     replay, space, maximize, records = load(path, metric)
@@ -87,6 +88,7 @@ def run_one(path: Path, metric: str, strategy: str, seed: int, trials: int) -> d
         device=device.to_dict(),
         static_check=lambda c: replay.static_check(c, device),
     )
+    exhaustible = resolve(SAMPLER[strategy], 1).exhaustible  # it says when nothing new is left
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize" if maximize else "minimize", sampler=sampler)
     measured: dict[str, tuple[bool, float]] = {}
@@ -95,7 +97,7 @@ def run_one(path: Path, metric: str, strategy: str, seed: int, trials: int) -> d
     exhausted = False
     stopped_at = None
     while len(curve) < trials and in_a_row < REPEAT_LIMIT:
-        if hasattr(sampler, "is_exhausted") and sampler.is_exhausted(study):
+        if exhaustible and sampler.is_exhausted(study):  # type: ignore[attr-defined]
             exhausted = True
             break
         started = time.perf_counter()

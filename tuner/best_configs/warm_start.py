@@ -31,6 +31,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from tuner.best_configs import registry as configs
 from tuner.store.storage import Base, StudyDB, TrialRow, UTCDateTime
+from tuner.study.sampler_registry import sampler_info
 
 log = logging.getLogger("tuner.best_configs.warm_start")
 
@@ -93,8 +94,10 @@ def plan(db: StudyDB, compiled: Any, device: Mapping[str, Any], study_id: int, *
     if not fresh:
         mode = "seeds" if requested else "off"
         return WarmStart(requested, mode, "resumed a study begun before warm starts were stored: the seeds left")
-    if spec.sampler == "grid":
-        return WarmStart(requested, "off", "the grid sampler visits its grid in its own order: no warm start")
+    if sampler_info(spec.sampler).enumerates:
+        return WarmStart(
+            requested, "off", f"the {spec.sampler} sampler visits its grid in its own order: no warm start"
+        )
     if requested is False:
         return WarmStart(requested, "off", "warm_start: false")
     if requested is True:

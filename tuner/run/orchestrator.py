@@ -32,6 +32,7 @@ from tuner.run.session import StudyConflict, StudyFailed, StudySession
 from tuner.run.worker_pool import MAX_ATTEMPTS, MAX_WORKER_START_FAILURES, Outcome, Work, WorkerPool, ensure_ray
 from tuner.store import progress
 from tuner.store.storage import DUPLICATE, RUNNING, StudyDB, TrialRow, TrialWrite, measured_count
+from tuner.strategy import SpaceExhausted
 from tuner.strategy.adapter import Proposal, SamplerAdapter, finite
 from tuner.study.spec import CompiledStudy
 from tuner.workloads.base import DeviceInfo, TrialStatus
@@ -143,7 +144,7 @@ class Orchestrator:
         self._to_tell: list[tuple[int, str, dict[str, Any]]] = []  # results to tell once committed
         self._reusable: dict[str, Any] = {}  # config key -> finished trial whose result a repeat reuses
         self._duplicates_in_a_row = 0
-        self._exhausted: str | None = None
+        self._exhausted: SpaceExhausted | None = None  # why no new trial may start, once nothing new is left
         self._prior_proposals: dict[str, int] = {}  # replaced-proposal counts of earlier runs of the study
 
     # public ------------------------------------------------------------------
@@ -170,7 +171,7 @@ class Orchestrator:
                 self._remeasure()
             if self._stop:
                 status = "stopped"
-            message = self._exhausted
+            message = self._exhausted.reason if self._exhausted is not None else None
         except KeyboardInterrupt:
             status, message = "stopped", "interrupted"
         except StudyFailed as exc:
@@ -307,32 +308,25 @@ class Orchestrator:
             or measured_count(self._counts, include_running=True) >= self.spec.budget.trials
             or self._exhausted is not None
             or (minutes is not None and self._elapsed() >= minutes * 60)
-            or self._sampler_exhausted()
         )
-
-    def _sampler_exhausted(self) -> bool:
-        """Whether the sampler has nothing new left; the study's message says why (a grid's end is its plan)."""
-        if not self._sampler().exhausted():
-            return False
-        self._exhausted = self._exhausted or self._sampler().exhausted_reason
-        return True
 
     def _sampler(self) -> SamplerAdapter:
         assert self.sampler is not None, "the sampler is made once the workers are up"
         return self.sampler
 
     def _ask(self) -> Work | None:
-        """Ask the sampler until a statically feasible config comes (each rejection is recorded)."""
+        """Ask the sampler until a statically feasible config comes (each rejection is recorded); None once
+        nothing new is left (the sampler's :class:`SpaceExhausted`, kept with its reason for the study)."""
         for _ in range(STATIC_REJECT_LIMIT):
-            proposal = self._sampler().ask()
-            if proposal is None:  # the project's strategy has nothing new to propose
-                self._exhausted = self._sampler().exhausted_reason
+            try:
+                proposal = self._sampler().ask()
+            except SpaceExhausted as exc:
+                self._exhausted = exc
                 return None
             work = self._admit(proposal)
             if work is not None:
                 return work
-            if self._exhausted is not None or self._sampler().exhausted():
-                self._exhausted = self._exhausted or self._sampler().exhausted_reason
+            if self._exhausted is not None:
                 return None
         raise StudyFailed(f"{STATIC_REJECT_LIMIT} proposals in a row were statically infeasible; widen the space")
 
@@ -350,7 +344,7 @@ class Orchestrator:
             self._count(DUPLICATE, +1)
             self._duplicates_in_a_row += 1
             if self._duplicates_in_a_row >= DUPLICATE_LIMIT:
-                self._exhausted = f"{DUPLICATE_LIMIT} proposals in a row repeated measured configs"
+                self._exhausted = SpaceExhausted(f"{DUPLICATE_LIMIT} proposals in a row repeated measured configs")
             return None
         self._duplicates_in_a_row = 0
         reason = self._static_reason(config)

@@ -18,8 +18,8 @@ samplers keep none; the project's TPE keeps the finished trials encoded, one cop
 study's samplers, and draws each proposal from the seed and the trial number; NSGA-II's
 generation numbers, kept in its trials' system attributes, are not rebuilt: after a restart it
 counts generations afresh).
-The grid sampler and the project's own strategy (``auto``, :mod:`tuner.strategy`) are made
-once: the grid's order comes from the study's seed and the points it has visited from the
+A sampler not declared ``reseeded`` (the grid; the project's own strategy ``auto``, :mod:`tuner.strategy`)
+is made once: the grid's order comes from the study's seed and the points it has visited from the
 trials' params; the strategy derives each proposal from the seed, the trial number and the
 trials (a small space is decoded in full once; a large one is sampled, never listed).
 
@@ -44,8 +44,9 @@ from optuna.search_space import IntersectionSearchSpace
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.store.storage import RUNNING
-from tuner.strategy import Prior, SpaceExhausted, TunerSampler
-from tuner.strategy.samplers import EnumeratedGridSampler, make_sampler, resolve_sampler_name
+from tuner.strategy import Prior, SpaceExhausted
+from tuner.strategy.samplers import make_sampler
+from tuner.study.sampler_registry import resolve
 from tuner.study.space import SearchSpace
 from tuner.study.spec import CompiledStudy
 from tuner.workloads.base import TrialStatus
@@ -115,20 +116,18 @@ class SamplerAdapter:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.compiled = compiled
         spec = compiled.spec
-        self.sampler_name = resolve_sampler_name(spec.sampler, len(compiled.objectives))
-        self._priors = self._as_priors(priors) if self.sampler_name == "auto" else []
+        #: the registered sampler the study gets (its capabilities decide what the adapter does)
+        self.info = resolve(spec.sampler, len(compiled.objectives))
+        self.sampler_name = self.info.name
+        self._priors = self._as_priors(priors) if self.info.priors else []
         #: what became of the priors: how many the strategy reads, or why none
         self.priors_note = self._priors_note(priors)
         self._seed = spec.seed
         self._grid: list[dict[str, Any]] | None = None
-        if self.sampler_name == "grid":
+        if self.info.enumerates:
             self._grid = [compiled.space.optuna_params(p) for p in compiled.space.grid()]
-        # TPE and random read a trial without constraints as feasible, so satisfied ones get none
-        # (as before); GP and NSGA-II want the same constraints on every trial.
-        self._constraints_on_every_trial = self.sampler_name not in ("tpe", "optuna_tpe", "random", "grid")
-        self._per_trial_seed = self._seed is not None and self.sampler_name not in ("grid", "auto")
+        self._per_trial_seed = self._seed is not None and self.info.reseeded
         self._device, self._static_reason = device, static_reason
-        self.exhausted_reason: str | None = None  # set when the strategy has nothing new to propose
         self._storage = optuna.storages.InMemoryStorage()
         self._intersection = IntersectionSearchSpace()  # one for the study, whatever the samplers made
         self._sampler = self._make_sampler(self._seed)
@@ -142,7 +141,7 @@ class SamplerAdapter:
         self._worst: dict[str, float] = {}
         self.origins: dict[int, dict[str, Any]] = {}  # trial number -> where its enqueued config came from
         self._rebuild(rows)
-        if spec.warm_start and self._grid is None:
+        if spec.warm_start and not self.info.enumerates:
             self._enqueue_seeds(rows, static_reason, warm_configs)
 
     # sampler ------------------------------------------------------------------
@@ -182,7 +181,7 @@ class SamplerAdapter:
     def _priors_note(self, records: Sequence[Mapping[str, Any]]) -> str | None:
         if not records:
             return None
-        if self.sampler_name != "auto":
+        if not self.info.priors:
             return (
                 f"{len(records)} priors not used: the {self.sampler_name} sampler (Optuna's) learns from its "
                 "study's trials only; the registry's configs are enqueued first all the same"
@@ -201,30 +200,25 @@ class SamplerAdapter:
         """The sampler's view of the study (copies), in number order."""
         return self._study.get_trials(deepcopy=True)
 
-    def exhausted(self) -> bool:
-        """Whether the sampler has nothing new left to propose (a grid visited in full, or every statically
-        feasible config measured or in flight under the project's strategy)."""
-        if self.exhausted_reason is not None:
-            return True
-        if not isinstance(self._sampler, (EnumeratedGridSampler, TunerSampler)):
-            return False
-        done = self._sampler.is_exhausted(self._study)
-        if done and isinstance(self._sampler, TunerSampler):
-            self.exhausted_reason = "the space is exhausted: every statically feasible config is measured"
-        return done
-
     def proposal_counts(self) -> dict[str, int] | None:
         """Proposals the sampler replaced inside its proposal step in this run (see
         :meth:`TunerSampler.proposal_counts`); None for a sampler that replaces nothing (an Optuna
         sampler's repeats and statically infeasible proposals are trial rows, in the status counts)."""
-        if isinstance(self._sampler, TunerSampler):
-            return self._sampler.proposal_counts()
+        if self.info.replaces_proposals:
+            return self._sampler.proposal_counts()  # type: ignore[attr-defined]
         return None
 
     # ask and tell -------------------------------------------------------------
-    def ask(self) -> Proposal | None:
-        """The next config, suggested by the space's code through an Optuna trial; None when the
-        project's strategy finds nothing new to propose (:attr:`exhausted_reason` says why)."""
+    def ask(self) -> Proposal:
+        """The next config, suggested by the space's code through an Optuna trial. Raises
+        :class:`SpaceExhausted` (the one signal of the end; its ``reason`` is the study's message) when the
+        sampler has nothing new left: an ``exhaustible`` sampler says so before a trial is asked (a grid
+        visited in full, every statically feasible config measured or in flight), or its proposal finds none."""
+        if self.info.exhaustible and self._sampler.is_exhausted(self._study):  # type: ignore[attr-defined]
+            raise SpaceExhausted(self.info.exhausted_message)
+        return self._ask()
+
+    def _ask(self) -> Proposal:
         number = self._queued.popleft() if self._queued else self._take_number()
         trial = self._study_for(number).ask()
         assert trial.number == number, (trial.number, number)
@@ -232,8 +226,7 @@ class SamplerAdapter:
             config = self.compiled.space.suggest(trial)
         except SpaceExhausted as exc:  # the asked trial never runs: it is no row, and samplers ignore it
             trial.study.tell(trial, state=TrialState.FAIL)
-            self.exhausted_reason = f"the space is exhausted: {exc}"
-            return None
+            raise SpaceExhausted(f"the space is exhausted: {exc}") from exc
         self._open[number] = trial
         return Proposal(number, config)
 
@@ -248,7 +241,7 @@ class SamplerAdapter:
         if trial is None:
             return  # never asked here, or told already
         values, violations = self._outcome(status, metrics)
-        if self._constraints_on_every_trial or any(v > 0 for v in violations):
+        if self.info.constraints_on_every_trial or any(v > 0 for v in violations):
             for index, violation in enumerate(violations):
                 trial.set_constraint(str(index), violation)
         trial.study.tell(trial, values, state=TrialState.COMPLETE, skip_if_finished=True)
@@ -305,7 +298,7 @@ class SamplerAdapter:
         self._note(row.status, row.metrics)
         params, distributions = self._encoder.encode(row.params)
         constraints = None
-        if self._constraints_on_every_trial or any(v > 0 for v in violations):
+        if self.info.constraints_on_every_trial or any(v > 0 for v in violations):
             constraints = {str(i): v for i, v in enumerate(violations)}
         return optuna.trial.create_trial(
             params=params, distributions=distributions, values=values, constraints=constraints
@@ -316,7 +309,7 @@ class SamplerAdapter:
         params, _ = self._encoder.encode(row.params)
         self._study.enqueue_trial(params)
         self._queued.append(self._take_number())
-        self.ask()  # the caller dispatches the row's own config again and tells its result
+        self._ask()  # the caller dispatches the row's own config again and tells its result
 
     def _enqueue_seeds(
         self,

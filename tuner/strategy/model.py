@@ -80,7 +80,13 @@ def _nearest_first(R: np.ndarray, levels: np.ndarray, order: np.ndarray) -> np.n
 
 
 class SpaceExhausted(RuntimeError):
-    """Every statically feasible config of the space has been measured or is in flight."""
+    """Nothing new is left to propose (every statically feasible config of the space measured or in flight,
+    a grid visited in full): the one signal of the end, from a proposal, the adapter and the orchestrator.
+    ``reason``: the study's message (None: nothing to say, as a grid's end is its plan)."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        super().__init__(reason or "nothing new is left to propose")
+        self.reason = reason
 
 
 def _schedule_point(n: int) -> int:

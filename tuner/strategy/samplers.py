@@ -1,4 +1,5 @@
-"""Sampler choice: Optuna samplers configured for batch-aware, constraint-aware tuning.
+"""The samplers' factories (registered in :mod:`tuner.study.sampler_registry`), configured for batch-aware,
+constraint-aware tuning.
 
 Constraints reach the samplers as Optuna 5 trial constraints
 (``Trial.set_constraint``, read back as ``FrozenTrial.constraints``): one
@@ -28,17 +29,12 @@ from optuna.samplers import BaseSampler
 from optuna.search_space import IntersectionSearchSpace
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.study.sampler_registry import SamplerInputs, resolve
+
 CONSTRAINTS_ATTR = "constraints"  # Optuna's system-attribute key of a trial's constraint values
 
 if TYPE_CHECKING:
     from tuner.study.space import SearchSpace
-
-
-def resolve_sampler_name(name: str, n_objectives: int) -> str:
-    """``auto``: the project's strategy for 1-3 objectives (``auto``), NSGA-II above 3."""
-    if name != "auto":
-        return name
-    return "auto" if n_objectives <= 3 else "nsga2"
 
 
 def make_sampler(
@@ -56,8 +52,8 @@ def make_sampler(
     priors: Sequence[Any] = (),
     storage: optuna.storages.BaseStorage | None = None,
 ) -> BaseSampler:
-    """The sampler called ``name`` (see :func:`resolve_sampler_name` for ``auto``): ``tpe`` (the project's TPE
-    for one objective, Optuna's for several), ``optuna_tpe``, ``nsga2``, ``gp``, ``random``, ``grid``.
+    """The sampler registered as ``name`` (:mod:`tuner.study.sampler_registry`; ``auto`` above 3 objectives is
+    NSGA-II), made by its factory from these inputs (:class:`~tuner.study.sampler_registry.SamplerInputs`).
 
     ``auto`` needs the compiled ``space``; ``device`` (the fields of ``device.<field>`` rules) and
     ``static_check`` (the workload's static check: a reason when infeasible) let it apply every
@@ -65,41 +61,94 @@ def make_sampler(
     study's search-space intersection, shared by the samplers made for one study (NSGA-II; the project's TPE
     keys its history of encoded trials on it); ``storage``: the study's Optuna storage (NSGA-II writes the
     generations it counts there). ``priors``
-    (:class:`tuner.strategy.Prior`: configs measured at other shapes) reach ``auto`` only: Optuna's samplers
-    take no observations but their study's trials, and priors must never be trials.
+    (:class:`tuner.strategy.Prior`: configs measured at other shapes) reach a sampler declared ``priors``
+    only: Optuna's samplers take no observations but their study's trials, and priors must never be trials.
     """
-    name = resolve_sampler_name(name, n_objectives)
-    if name == "auto" and space is not None:
-        from tuner.strategy import TunerSampler
+    info = resolve(name, n_objectives)
+    inputs = SamplerInputs(
+        n_objectives=n_objectives,
+        seed=seed,
+        budget_trials=budget_trials,
+        has_conditions=has_conditions,
+        grid_points=grid_points,
+        space=space,
+        device=device,
+        static_check=static_check,
+        intersection=intersection,
+        priors=priors if info.priors else (),
+        storage=storage,
+    )
+    return info.load()(inputs)
 
-        return TunerSampler(
-            space, seed=seed, device=device, static_check=static_check, budget_trials=budget_trials, priors=priors
+
+def _startup(inputs: SamplerInputs) -> int:
+    return max(5, min(10, inputs.budget_trials // 6))
+
+
+def make_auto(inputs: SamplerInputs) -> BaseSampler:
+    """``auto``: the project's strategy (:mod:`tuner.strategy`); TPE when no compiled space is given."""
+    if inputs.space is None:
+        return make_tpe(inputs)
+    from tuner.strategy import TunerSampler
+
+    return TunerSampler(
+        inputs.space,
+        seed=inputs.seed,
+        device=inputs.device,
+        static_check=inputs.static_check,
+        budget_trials=inputs.budget_trials,
+        priors=inputs.priors,
+    )
+
+
+def make_tpe(inputs: SamplerInputs) -> BaseSampler:
+    """``tpe``: the project's TPE (:mod:`tuner.strategy.tpe`) for one objective, Optuna's for several."""
+    if inputs.n_objectives != 1:
+        return make_optuna_tpe(inputs)
+    from tuner.strategy.tpe import TPEHistory, TPESampler
+
+    # one history of encoded trials per study, whatever number of samplers are made for it
+    intersection = inputs.intersection
+    history = _TPE_HISTORIES.setdefault(intersection, TPEHistory()) if intersection is not None else None
+    return TPESampler(seed=inputs.seed, n_startup_trials=_startup(inputs), history=history)
+
+
+def make_optuna_tpe(inputs: SamplerInputs) -> BaseSampler:
+    """``optuna_tpe``: Optuna's multivariate TPE (grouped for a conditional space), with the constant liar."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # `group`
+        return optuna.samplers.TPESampler(
+            seed=inputs.seed,
+            multivariate=True,
+            group=inputs.has_conditions,
+            constant_liar=True,
+            n_startup_trials=_startup(inputs),
         )
-    startup = max(5, min(10, budget_trials // 6))
-    if name in ("tpe", "auto") and n_objectives == 1:
-        from tuner.strategy.tpe import TPEHistory, TPESampler
 
-        # one history of encoded trials per study, whatever number of samplers are made for it
-        history = _TPE_HISTORIES.setdefault(intersection, TPEHistory()) if intersection is not None else None
-        return TPESampler(seed=seed, n_startup_trials=startup, history=history)
-    if name in ("tpe", "auto", "optuna_tpe"):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # `group`
-            return optuna.samplers.TPESampler(
-                seed=seed, multivariate=True, group=has_conditions, constant_liar=True, n_startup_trials=startup
-            )
-    if name == "nsga2":
-        population = max(8, min(50, budget_trials // 5))
-        return SharedSpaceNSGAII(seed=seed, population_size=population, intersection=intersection, storage=storage)
-    if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    if name == "grid":
-        if grid_points is None:
-            raise ValueError("the grid sampler needs the enumerated grid")
-        return EnumeratedGridSampler(grid_points, seed=seed)
-    raise ValueError(f"unknown sampler {name!r}")
+
+def make_nsga2(inputs: SamplerInputs) -> BaseSampler:
+    """``nsga2``: NSGA-II on the study's shared intersection (:class:`SharedSpaceNSGAII`)."""
+    population = max(8, min(50, inputs.budget_trials // 5))
+    return SharedSpaceNSGAII(
+        seed=inputs.seed, population_size=population, intersection=inputs.intersection, storage=inputs.storage
+    )
+
+
+def make_gp(inputs: SamplerInputs) -> BaseSampler:
+    """``gp``: Optuna's GP sampler."""
+    return optuna.samplers.GPSampler(seed=inputs.seed, n_startup_trials=_startup(inputs))
+
+
+def make_random(inputs: SamplerInputs) -> BaseSampler:
+    """``random``: Optuna's random sampler."""
+    return optuna.samplers.RandomSampler(seed=inputs.seed)
+
+
+def make_grid(inputs: SamplerInputs) -> BaseSampler:
+    """``grid``: every point of the enumerated grid once (:class:`EnumeratedGridSampler`)."""
+    if inputs.grid_points is None:
+        raise ValueError("the grid sampler needs the enumerated grid")
+    return EnumeratedGridSampler(inputs.grid_points, seed=inputs.seed)
 
 
 #: intersection of a study (one per study: see ``make_sampler``) -> the project's TPE's encoded trials of it

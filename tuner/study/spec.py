@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from tuner.study import expr
+from tuner.study import expr, sampler_registry
 from tuner.study.space import SearchSpace, SpaceError, compile_space, load_space_file
 from tuner.study.yamlio import load_json_text, load_yaml_text
 from tuner.workloads.base import DeviceInfo, MetricSpec, Workload, interpreter_active
 from tuner.workloads.registry import UnknownWorkload, workload_class
 
-SAMPLERS = ("auto", "tpe", "optuna_tpe", "nsga2", "gp", "random", "grid")
 #: Samplers (numpy's, Optuna's) take 32-bit seeds.
 MAX_SEED = 2**32 - 1
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
@@ -87,7 +87,10 @@ class StudySpec(_Model):
     objectives: list[ObjectiveSpec] = Field(min_length=1, max_length=8)
     constraints: list[str] = Field(default_factory=list, max_length=32)
     budget: Budget = Field(default_factory=Budget)
-    sampler: Literal["auto", "tpe", "optuna_tpe", "nsga2", "gp", "random", "grid"] = "auto"
+    #: a name of :mod:`tuner.study.sampler_registry` (the schema lists those registered)
+    sampler: str = Field(
+        default="auto", json_schema_extra=lambda schema: schema.update(enum=list(sampler_registry.names()))
+    )
     seed: int | None = Field(default=0, ge=0, le=MAX_SEED)
     #: true: the space's seed configs first; ``registry``: the configs of the registry's entries at the
     #: ``warm_start_k`` nearest shapes (same workload, GPU and fixed args) before them, and what they measured
@@ -111,6 +114,15 @@ class StudySpec(_Model):
         if errors:
             raise ValidationError.from_exception_data(cls.__name__, errors)  # type: ignore[arg-type]
         return data
+
+    @field_validator("sampler")
+    @classmethod
+    def _registered_sampler(cls, value: str) -> str:
+        if value not in sampler_registry.names():
+            raise PydanticCustomError(
+                "unknown_sampler", "{message}", {"message": sampler_registry.unknown_message(value)}
+            )
+        return value
 
     def identity(self) -> dict[str, Any]:
         """The parts that define what is measured: a resumed study must keep them."""
@@ -234,6 +246,21 @@ def _check_gpus_per_trial(spec: StudySpec, cls: type[Workload], workload: Worklo
     return []
 
 
+def sampler_errors(spec: StudySpec) -> list[tuple[str, str]]:
+    """The spec against what its sampler declares it can do (several objectives, trials in flight)."""
+    n_objectives = len(spec.objectives)
+    info = sampler_registry.resolve(spec.sampler, max(1, n_objectives))
+    errors = []
+    if n_objectives > 1 and not info.multi_objective:
+        errors.append(("sampler", f"the {info.name} sampler takes one objective; the spec has {n_objectives}"))
+    workers = spec.resources.workers or 1
+    if not info.batch and (workers > 1 or (spec.resources.trials_per_worker or 1) > 1):
+        errors.append(
+            ("resources.workers", f"the {info.name} sampler proposes one trial at a time: one worker, one trial")
+        )
+    return errors
+
+
 def declared_arg_errors(cls: type[Workload], args: dict[str, Any]) -> list[tuple[str, str]]:
     """``args`` against the keyword arguments the workload's constructor declares: each unknown one (with a
     "did you mean" for a near miss) and each missing required one, naming every arg the workload takes."""
@@ -269,7 +296,7 @@ def _compile_overrides(document: dict[str, Any], spec: StudySpec) -> tuple[Searc
     def attempt(overrides: dict[str, Any]) -> tuple[SearchSpace | None, tuple[str, str] | None]:
         try:
             space = compile_space(document, overrides)
-            if spec.sampler == "grid":
+            if sampler_registry.sampler_info(spec.sampler).enumerates:
                 space.grid()
             return space, None
         except SpaceError as exc:
@@ -399,6 +426,7 @@ def compile_study(spec: StudySpec) -> CompiledStudy:
     if space is not None and workload is not None and not errors:
         errors.extend(infeasible_space_errors(space, workload))
     errors.extend(_check_gpus_per_trial(spec, cls, workload))
+    errors.extend(sampler_errors(spec))
     if errors:
         raise SpecError(errors)
     assert space is not None
