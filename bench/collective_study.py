@@ -70,7 +70,7 @@ def winner_row(study: str, size: int, best: Any, args: argparse.Namespace) -> di
     }
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="write the JSON result here")
     parser.add_argument("--quick", action="store_true", help="smoke run: two sizes, 4 trials, 1 round")
@@ -80,7 +80,46 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=1.2, help="study time cap per size")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of winner vs default")
     parser.add_argument("--iters", type=int, default=20, help="timed collectives per trial")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def _size_spec(label: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "name": f"collective-{args.op}-{label}",
+        "workload": "collective",
+        "args": workload_args(size, args),
+        "objectives": [{"metric": "busbw_gbps"}],
+        "budget": {"trials": args.trials, "minutes": args.minutes, "trial_timeout_s": TRIAL_TIMEOUT_S},
+        "remeasure": {"top_k": 0},  # the winner is re-measured against the default below
+        "sampler": "auto",
+        "seed": 0,
+        "resources": {"gpus_per_trial": 2},
+    }
+
+
+def _against_the_default(size: int, best: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """The winner against NCCL's default settings, interleaved in the same run."""
+    values = interleaved(
+        {
+            "default": lambda: busbw(size, DEFAULT_CONFIG, args),
+            "tuned": lambda: busbw(size, best.params, args),
+        },
+        rounds=args.rounds,
+    )
+    default_med, tuned_med = median(values["default"]), median(values["tuned"])
+    ratio = tuned_med / default_med if default_med and tuned_med else None
+    return {
+        "winner": {"trial": best.number, "params": best.params, "metrics": best.metrics},
+        "interleaved_busbw_gbps": values,
+        "default_busbw_gbps": default_med,
+        "tuned_busbw_gbps": tuned_med,
+        "ratio": ratio,
+        "verdict": verdict(ratio, 1.0),
+    }
+
+
+def main() -> None:
+    args = _parse_args()
     sizes = dict(SIZES)
     if args.quick:
         sizes = {"1MiB": 2**20, "256MiB": 2**28}
@@ -90,17 +129,7 @@ def main() -> None:
     started = time.time()
     for label, size in sizes.items():
         print(f"== {args.op} {label}: study of {args.trials} trials", flush=True)
-        spec = {
-            "name": f"collective-{args.op}-{label}",
-            "workload": "collective",
-            "args": workload_args(size, args),
-            "objectives": [{"metric": "busbw_gbps"}],
-            "budget": {"trials": args.trials, "minutes": args.minutes, "trial_timeout_s": TRIAL_TIMEOUT_S},
-            "remeasure": {"top_k": 0},  # the winner is re-measured against the default below
-            "sampler": "auto",
-            "seed": 0,
-            "resources": {"gpus_per_trial": 2},
-        }
+        spec = _size_spec(label, size, args)
         run = run_study(spec)
         best = run.best("busbw_gbps")
         entry: dict[str, Any] = {"study": run.describe()}
@@ -123,28 +152,14 @@ def main() -> None:
             per_size[label] = entry
             winners.append(winner_row(spec["name"], size, best, args))
             continue
-        values = interleaved(
-            {
-                "default": lambda size=size: busbw(size, DEFAULT_CONFIG, args),
-                "tuned": lambda size=size, params=best.params: busbw(size, params, args),
-            },
-            rounds=args.rounds,
-        )
-        default_med, tuned_med = median(values["default"]), median(values["tuned"])
-        ratio = tuned_med / default_med if default_med and tuned_med else None
-        entry.update(
-            {
-                "winner": {"trial": best.number, "params": best.params, "metrics": best.metrics},
-                "interleaved_busbw_gbps": values,
-                "default_busbw_gbps": default_med,
-                "tuned_busbw_gbps": tuned_med,
-                "ratio": ratio,
-                "verdict": verdict(ratio, 1.0),
-            }
-        )
+        entry.update(_against_the_default(size, best, args))
         per_size[label] = entry
         winners.append(winner_row(spec["name"], size, best, args))
-        print(f"   default {default_med} GB/s, tuned {tuned_med} GB/s, ratio {ratio}", flush=True)
+        print(
+            f"   default {entry['default_busbw_gbps']} GB/s, tuned {entry['tuned_busbw_gbps']} GB/s, "
+            f"ratio {entry['ratio']}",
+            flush=True,
+        )
     table = size_table(winners)
     wins = [
         {"size": label, "ratio": e["ratio"], "params": e["winner"]["params"]}

@@ -142,6 +142,35 @@ def prepare_seeds(workload: Any, device: Any) -> dict[str, float]:
     return seconds
 
 
+def _candidates(int4: Any, pick: Any) -> tuple[dict[str, dict[str, Any]], str]:
+    """The configs re-measured interleaved, by name, and the name the best int4 config is compared with (bf16
+    compiled the same way when the int4 config is compiled)."""
+    candidates: dict[str, dict[str, Any]] = {"baseline_bf16": BASELINE}
+    int4_compile = "off" if int4 is None else int4.params.get("compile") or "off"
+    int4_base = "baseline_bf16"
+    if int4_compile != "off":
+        int4_base = "bf16_compiled"
+        candidates[int4_base] = {**BASELINE, "compile": int4_compile}
+    if int4 is not None:
+        candidates["best_int4"] = int4.params
+    if pick is not None and pick.params not in candidates.values():
+        candidates["pick"] = pick.params
+    return candidates, int4_base
+
+
+def _int4_verdict(ratio: float | None, top1: float | None) -> str:
+    """The int4 target: faster than bf16, strictly, and top-1 agreement of at least MIN_TOP1."""
+    int4_verdict = verdict(ratio, TARGET_RATIO, strictly=True)
+    if int4_verdict == "met" and (top1 is None or top1 < MIN_TOP1):
+        int4_verdict = f"missed (top-1 agreement below {MIN_TOP1})"
+    return int4_verdict
+
+
+def _pretrain_loss(workload: Any, steps: int) -> dict[str, Any]:
+    losses = workload.pretrain_losses
+    return {"steps": steps, "first": losses[0] if losses else None, "last": losses[-1] if losses else None}
+
+
 def run_batch(batch: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
@@ -170,11 +199,7 @@ def run_batch(batch: int, args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "prompt_len": args.prompt_len,
         "gen_tokens": args.gen_tokens,
-        "pretrain_loss": {
-            "steps": args.train_steps,
-            "first": workload.pretrain_losses[0] if workload.pretrain_losses else None,
-            "last": workload.pretrain_losses[-1] if workload.pretrain_losses else None,
-        },
+        "pretrain_loss": _pretrain_loss(workload, args.train_steps),
         "reference_greedy_tokens": tokens,
         "gptq_seconds_before_study": gptq_s,
         "baseline": {"config": BASELINE, "tokens_per_s_before_study": baseline_before, "run": baseline_log[-1]},
@@ -183,16 +208,7 @@ def run_batch(batch: int, args: argparse.Namespace) -> dict[str, Any]:
         "best_int4_in_study": _row(int4),
         "best_in_study": _row(study.best("tokens_per_s")),
     }
-    candidates: dict[str, dict[str, Any]] = {"baseline_bf16": BASELINE}
-    int4_compile = "off" if int4 is None else int4.params.get("compile") or "off"
-    int4_base = "baseline_bf16"
-    if int4_compile != "off":
-        int4_base = "bf16_compiled"
-        candidates[int4_base] = {**BASELINE, "compile": int4_compile}
-    if int4 is not None:
-        candidates["best_int4"] = int4.params
-    if pick is not None and pick.params not in candidates.values():
-        candidates["pick"] = pick.params
+    candidates, int4_base = _candidates(int4, pick)
     logs: dict[str, list[dict[str, Any]]] = {name: [] for name in candidates}
     values = interleaved(
         {name: measure_fn(workload, config, logs[name]) for name, config in candidates.items()}, rounds=args.rounds
@@ -209,9 +225,7 @@ def run_batch(batch: int, args: argparse.Namespace) -> dict[str, Any]:
     int4_metrics = first_ok("best_int4")
     int4_top1 = int4_metrics.get("top1_agreement")
     int4_ratio = ratio("best_int4", int4_base)
-    int4_verdict = verdict(int4_ratio, TARGET_RATIO, strictly=True)
-    if int4_verdict == "met" and (int4_top1 is None or int4_top1 < MIN_TOP1):
-        int4_verdict = f"missed (top-1 agreement below {MIN_TOP1})"
+    int4_verdict = _int4_verdict(int4_ratio, int4_top1)
     # The pick may be the baseline or the best int4 config: then it was measured under that name.
     pick_name = None if pick is None else next(name for name, config in candidates.items() if config == pick.params)
     out.update(

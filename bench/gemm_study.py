@@ -59,7 +59,7 @@ def remeasure_interleaved(size: int, config: dict[str, Any], rounds: int) -> dic
     return {"tuned_bf16_tflops": ours, "torch_matmul_bf16_tflops": theirs, "clock_after_each": clocks}
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=8192)
     parser.add_argument("--trials", type=int, default=60)
@@ -67,15 +67,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved re-measurement rounds")
     parser.add_argument("--db", help="SQLite file (default: a fresh temporary file)")
     parser.add_argument("--out", help="write the result JSON here")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    from tuner.run.orchestrator import Orchestrator
-    from tuner.store.storage import StudyDB
-    from tuner.study.spec import load_spec
-    from tuner.workloads.fingerprint import fingerprint
 
-    size = args.size
-    spec = {
+def _study_spec(size: int, args: argparse.Namespace) -> dict[str, Any]:
+    return {
         "name": f"gemm-{size}-multiobjective",
         "workload": "triton_gemm",
         "args": {"m": size, "n": size, "k": size},
@@ -85,6 +81,96 @@ def main() -> None:
         "sampler": "auto",
         "seed": args.seed,
     }
+
+
+def _trial_row(t: Any, origin: str) -> dict[str, Any]:
+    return {
+        "trial": t.number,
+        "status": t.status,
+        "origin": origin,
+        "params": t.params,
+        "metrics": t.metrics,
+        "worker": t.worker,
+        "duplicate_of": t.duplicate_of,
+        "remeasured": t.remeasured,
+        "seconds": round((t.finished_at - t.started_at).total_seconds(), 2) if t.finished_at else None,
+    }
+
+
+def _best_rows(
+    best_bf16: Any, best_bf16_sampler: Any, best_any: Any, origin: Any, seconds_to: Any, torch_median: float
+) -> dict[str, Any]:
+    """The result's rows of the best bf16 trial (any, from the sampler), the default pick and the best overall."""
+    return {
+        "best_bf16": None
+        if best_bf16 is None
+        else {
+            "trial": best_bf16.number,
+            "origin": origin(best_bf16),
+            "params": best_bf16.params,
+            "tflops_in_study": best_bf16.metrics["tflops"],
+            "seconds_to_find": seconds_to(best_bf16),
+        },
+        "best_bf16_from_sampler_proposals": None
+        if best_bf16_sampler is None
+        else {
+            "trial": best_bf16_sampler.number,
+            "params": best_bf16_sampler.params,
+            "tflops_in_study": best_bf16_sampler.metrics["tflops"],
+            "ratio_to_torch_matmul": round(best_bf16_sampler.metrics["tflops"] / torch_median, 3),
+        },
+        "default_pick_after_interleaved_remeasure": None
+        if best_any is None
+        else {"trial": best_any.number, "params": best_any.params, "remeasured": best_any.remeasured},
+        "best_overall": None
+        if best_any is None
+        else {
+            "trial": best_any.number,
+            "params": best_any.params,
+            "metrics": best_any.metrics,
+            "seconds_to_find": seconds_to(best_any),
+        },
+    }
+
+
+def _trial_counts(summary: Any, trials: list[Any], measured: list[Any]) -> dict[str, Any]:
+    """The result's counts of trials by outcome, and the failures."""
+    return {
+        "workers": len({t.worker.split(".")[0] for t in measured if t.worker}),
+        "study_status": summary.status,
+        "trials_measured": len(measured),
+        "trials_static_pruned": sum(t.status == "infeasible_static" for t in trials),
+        "trials_reusing_a_repeated_config": sum(t.duplicate_of is not None for t in trials),
+        "status_breakdown": summary.counts,
+        "failures": [
+            {"trial": t.number, "status": t.status, "params": t.params, "error": (t.error or "")[-300:]}
+            for t in measured
+            if t.status != "ok"
+        ],
+    }
+
+
+def _report(result: dict[str, Any], out: str | None, torch_median: float, tuned_median: float | None) -> None:
+    text = json.dumps(result, indent=2, default=str)
+    if out:
+        Path(out).write_text(text + "\n")
+    short = {k: result[k] for k in ("status_breakdown", "trials_per_minute", "best_bf16", "best_overall")}
+    print(json.dumps(short, indent=2, default=str))
+    print(
+        f"torch.matmul bf16 {torch_median:.1f} TFLOP/s; best bf16 found {tuned_median} TFLOP/s; "
+        f"ratio {result['ratio_best_bf16_to_torch_matmul']}"
+    )
+
+def main() -> None:
+    args = _parse_args()
+
+    from tuner.run.orchestrator import Orchestrator
+    from tuner.store.storage import StudyDB
+    from tuner.study.spec import load_spec
+    from tuner.workloads.fingerprint import fingerprint
+
+    size = args.size
+    spec = _study_spec(size, args)
     compiled = load_spec(spec)
     baseline_before = baseline_bf16_tflops(size)
     db_path = Path(args.db) if args.db else Path(tempfile.mkdtemp()) / "gemm-study.db"
@@ -130,49 +216,12 @@ def main() -> None:
         "shape": {"m": size, "n": size, "k": size},
         "spec": spec,
         "space_points": compiled.space.size(),
-        "workers": len({t.worker.split(".")[0] for t in measured if t.worker}),
-        "study_status": summary.status,
-        "trials_measured": len(measured),
-        "trials_static_pruned": sum(t.status == "infeasible_static" for t in trials),
-        "trials_reusing_a_repeated_config": sum(t.duplicate_of is not None for t in trials),
-        "status_breakdown": summary.counts,
-        "failures": [
-            {"trial": t.number, "status": t.status, "params": t.params, "error": (t.error or "")[-300:]}
-            for t in measured
-            if t.status != "ok"
-        ],
+        **_trial_counts(summary, trials, measured),
         "trials_per_minute": round(len(measured) / loop_minutes, 2) if loop_minutes else None,
         "startup_s": round(summary.startup_s, 1),
         "study_loop_s": round(summary.loop_s, 1),
         "wall_s": round(time.time() - wall_start, 1),
-        "best_bf16": None
-        if best_bf16 is None
-        else {
-            "trial": best_bf16.number,
-            "origin": origin(best_bf16),
-            "params": best_bf16.params,
-            "tflops_in_study": best_bf16.metrics["tflops"],
-            "seconds_to_find": seconds_to(best_bf16),
-        },
-        "best_bf16_from_sampler_proposals": None
-        if best_bf16_sampler is None
-        else {
-            "trial": best_bf16_sampler.number,
-            "params": best_bf16_sampler.params,
-            "tflops_in_study": best_bf16_sampler.metrics["tflops"],
-            "ratio_to_torch_matmul": round(best_bf16_sampler.metrics["tflops"] / torch_median, 3),
-        },
-        "default_pick_after_interleaved_remeasure": None
-        if best_any is None
-        else {"trial": best_any.number, "params": best_any.params, "remeasured": best_any.remeasured},
-        "best_overall": None
-        if best_any is None
-        else {
-            "trial": best_any.number,
-            "params": best_any.params,
-            "metrics": best_any.metrics,
-            "seconds_to_find": seconds_to(best_any),
-        },
+        **_best_rows(best_bf16, best_bf16_sampler, best_any, origin, seconds_to, torch_median),
         "pareto_front": [{"trial": t.number, "params": t.params, "metrics": t.metrics} for t in summary.pareto],
         "torch_matmul_bf16_tflops": {
             "before_study": baseline_before,
@@ -189,31 +238,9 @@ def main() -> None:
         },
         "ratio_best_bf16_to_torch_matmul": round(tuned_median / torch_median, 3) if tuned_median else None,
         "target": ">= 0.85 x torch.matmul bf16",
-        "trials": [
-            {
-                "trial": t.number,
-                "status": t.status,
-                "origin": origin(t),
-                "params": t.params,
-                "metrics": t.metrics,
-                "worker": t.worker,
-                "duplicate_of": t.duplicate_of,
-                "remeasured": t.remeasured,
-                "seconds": round((t.finished_at - t.started_at).total_seconds(), 2) if t.finished_at else None,
-            }
-            for t in trials
-        ],
+        "trials": [_trial_row(t, origin(t)) for t in trials],
     }
-    text = json.dumps(result, indent=2, default=str)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    short = {k: result[k] for k in ("status_breakdown", "trials_per_minute", "best_bf16", "best_overall")}
-    print(json.dumps(short, indent=2, default=str))
-    print(
-        f"torch.matmul bf16 {torch_median:.1f} TFLOP/s; best bf16 found {tuned_median} TFLOP/s; "
-        f"ratio {result['ratio_best_bf16_to_torch_matmul']}"
-    )
-
+    _report(result, args.out, torch_median, tuned_median)
 
 if __name__ == "__main__":
     main()

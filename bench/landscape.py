@@ -285,6 +285,61 @@ def grid_configs(grid: dict[str, list[Any]], when: dict[str, str] | None = None)
     return list(out.values())
 
 
+def _header(
+    workload_name: str,
+    args: dict[str, Any],
+    grid: dict[str, list[Any]],
+    workload: Any,
+    configs: int,
+    when: dict[str, str] | None,
+    order_seed: int | None,
+) -> dict[str, Any]:
+    """The landscape's first line: what was run, in what order, on what machine."""
+    from tuner.workloads.fingerprint import fingerprint
+
+    return {
+        "kind": "landscape",
+        "format": 1,
+        "workload": workload_name,
+        "args": args,
+        "grid": grid,
+        "configs": configs,
+        **({"when": when} if when else {}),
+        "order": "grid order" if order_seed is None else f"seeded random order (seed {order_seed})",
+        "pruning": "the default space's rules, then the workload's static_check: infeasible_static, not run",
+        "metrics": [
+            {"name": m.name, "direction": m.direction, "unit": m.unit, "description": m.description}
+            for m in workload.metric_specs()
+        ],
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": _command(),
+        "fingerprint": fingerprint(),
+    }
+
+
+def _record(workload: Any, config: dict[str, Any], reason: str | None, i: int, device: Any) -> dict[str, Any]:
+    """One config's line: infeasible without a launch, or run once (its exception classified)."""
+    from tuner.workloads.base import TrialContext, TrialResult, TrialStatus
+    from tuner.workloads.failures import classify_exception
+    from tuner.workloads.roofline import gpu_clock_and_temperature
+
+    if reason is not None:
+        result = TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason)
+    else:  # its compile, ahead, has finished
+        try:
+            result = workload.run(config, device, TrialContext(trial_number=i))
+        except Exception as exc:
+            result = TrialResult(classify_exception(exc), error=traceback.format_exc()[-2000:])
+    return {
+        "params": config,
+        "status": result.status.value,
+        "metrics": {k: (v if v == v and abs(v) != float("inf") else None) for k, v in result.metrics.items()},
+        "samples": [round(s, 6) for s in result.samples_ms],
+        "error": (result.error or None) and result.error[-1000:],
+        "telemetry": gpu_clock_and_temperature() if device.is_gpu else {},
+    }
+
+
 def record_landscape(
     workload_name: str,
     args: dict[str, Any],
@@ -308,11 +363,8 @@ def record_landscape(
     import random
 
     from tuner.study.space import compile_space
-    from tuner.workloads.base import TrialContext, TrialResult, TrialStatus
-    from tuner.workloads.failures import classify_exception
-    from tuner.workloads.fingerprint import device_info, fingerprint
+    from tuner.workloads.fingerprint import device_info
     from tuner.workloads.registry import workload_class
-    from tuner.workloads.roofline import gpu_clock_and_temperature
 
     workload = workload_class(workload_name)(**args)
     device = device_info()
@@ -320,24 +372,7 @@ def record_landscape(
     if order_seed is not None:
         random.Random(order_seed).shuffle(configs)
     configs = configs[:limit]
-    header = {
-        "kind": "landscape",
-        "format": 1,
-        "workload": workload_name,
-        "args": args,
-        "grid": grid,
-        "configs": len(configs),
-        **({"when": when} if when else {}),
-        "order": "grid order" if order_seed is None else f"seeded random order (seed {order_seed})",
-        "pruning": "the default space's rules, then the workload's static_check: infeasible_static, not run",
-        "metrics": [
-            {"name": m.name, "direction": m.direction, "unit": m.unit, "description": m.description}
-            for m in workload.metric_specs()
-        ],
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": _command(),
-        "fingerprint": fingerprint(),
-    }
+    header = _header(workload_name, args, grid, workload, len(configs), when, order_seed)
     counts: dict[str, int] = {}
     out.parent.mkdir(parents=True, exist_ok=True)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=compile_threads)
@@ -363,22 +398,9 @@ def record_landscape(
                 print(f"  time limit: {i} of {len(configs)} configs recorded in {time.time() - start:.0f} s")
                 break
             recorded += 1
-            if reason is not None:
-                result = TrialResult(TrialStatus.INFEASIBLE_STATIC, error=reason)
-            else:
+            if reason is None:
                 prepared[i].result()
-                try:
-                    result = workload.run(config, device, TrialContext(trial_number=i))
-                except Exception as exc:
-                    result = TrialResult(classify_exception(exc), error=traceback.format_exc()[-2000:])
-            record = {
-                "params": config,
-                "status": result.status.value,
-                "metrics": {k: (v if v == v and abs(v) != float("inf") else None) for k, v in result.metrics.items()},
-                "samples": [round(s, 6) for s in result.samples_ms],
-                "error": (result.error or None) and result.error[-1000:],
-                "telemetry": gpu_clock_and_temperature() if device.is_gpu else {},
-            }
+            record = _record(workload, config, reason, i, device)
             fh.write(json.dumps(record) + "\n")
             fh.flush()
             counts[record["status"]] = counts.get(record["status"], 0) + 1

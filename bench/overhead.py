@@ -198,7 +198,27 @@ def baselines(plains: dict[str, Plain], n: int, ours_ms: float) -> dict[str, flo
     }
 
 
-def main() -> None:
+#: What the result's figures mean.
+RESULT_KEYS = {
+    "ours_p95_ms": "95th percentile of the intervals between consecutive finished trials of the whole "
+    "engine, the sampler's ask and tell included (the issue's target)",
+    "orchestration_p95_ms": "the same intervals, each less the time of the sampler's ask and tell calls "
+    "made inside it in the same run: the engine's own cost (rows, Ray, dispatch)",
+    "ours_sampler_ms_per_trial": "mean time of our run's SamplerAdapter.ask and tell per trial",
+    "plain_optuna_ms_per_trial": "plain Optuna (Study.optimize, RDB storage) with plain_optuna_sampler",
+    "plain_optuna_same_sampler_ms_per_trial": "plain Optuna on the same database with the engine's sampler",
+    "sampler_only_ms_per_trial": "the engine's sampler on an in-memory Optuna study (no database)",
+    "sampler_only_optuna_ms_per_trial": "plain_optuna_sampler on an in-memory Optuna study",
+}
+#: What the engine is compared with.
+BASELINE = (
+    "optuna.Study.optimize with plain_optuna_sampler (and with the engine's sampler: *_same_sampler), same "
+    "space code, same database and SQLite settings, same process; sampler_only: the engine's sampler on an "
+    "in-memory study (its own cost)"
+)
+
+
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=1000)
     parser.add_argument("--sampler", default="tpe", choices=["tpe", "optuna_tpe", "random", "nsga2"])
@@ -211,7 +231,11 @@ def main() -> None:
     parser.add_argument("--db", help="SQLite file to use (default: a fresh temporary file)")
     parser.add_argument("--db-url", help="a database URL instead (PostgreSQL: both sides on that database)")
     parser.add_argument("--out", help="write the result as JSON here")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.db_url:
         url = args.db_url
@@ -270,22 +294,8 @@ def main() -> None:
         "ours_startup_s": round(ours.startup_s, 2),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "targets": {"ours_p95_ms_max": 20.0, "ratio_max": 0.2},
-        "keys": {
-            "ours_p95_ms": "95th percentile of the intervals between consecutive finished trials of the whole "
-            "engine, the sampler's ask and tell included (the issue's target)",
-            "orchestration_p95_ms": "the same intervals, each less the time of the sampler's ask and tell calls "
-            "made inside it in the same run: the engine's own cost (rows, Ray, dispatch)",
-            "ours_sampler_ms_per_trial": "mean time of our run's SamplerAdapter.ask and tell per trial",
-            "plain_optuna_ms_per_trial": "plain Optuna (Study.optimize, RDB storage) with plain_optuna_sampler",
-            "plain_optuna_same_sampler_ms_per_trial": "plain Optuna on the same database with the engine's sampler",
-            "sampler_only_ms_per_trial": "the engine's sampler on an in-memory Optuna study (no database)",
-            "sampler_only_optuna_ms_per_trial": "plain_optuna_sampler on an in-memory Optuna study",
-        },
-        "baseline": (
-            "optuna.Study.optimize with plain_optuna_sampler (and with the engine's sampler: *_same_sampler), same "
-            "space code, same database and SQLite settings, same process; sampler_only: the engine's sampler on an "
-            "in-memory study (its own cost)"
-        ),
+        "keys": RESULT_KEYS,
+        "baseline": BASELINE,
         "machine": {
             "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(),

@@ -108,7 +108,7 @@ def compare_study(
     }
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=None, help="budget of every study (default 20; dry run 4)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -126,19 +126,12 @@ def main() -> None:
     )
     parser.add_argument("--db", default=None, help="SQLite file (default: a fresh temporary one)")
     parser.add_argument("--out")
-    ns = parser.parse_args()
-    if ns.dry_run:  # before triton is imported anywhere, workers included (they inherit the environment)
-        os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench.common import write_result
-    from tuner.best_configs import registry as configs
-    from tuner.store.storage import StudyDB
+    return parser.parse_args()
 
-    trials = ns.trials or (4 if ns.dry_run else 20)
-    shapes, target = (CPU_SHAPES, CPU_TARGET) if ns.dry_run else (GPU_SHAPES, GPU_TARGET)
-    db = StudyDB(ns.db or str(Path(tempfile.mkdtemp()) / "registry.db"))
-    db.create_tables()
-    started = time.time()
+
+def _publish(db: Any, shapes: list[tuple[int, int, int]], trials: int) -> list[dict[str, Any]]:
+    """One study per shape; each publishes its pick to the registry when it completes."""
+    from tuner.best_configs import registry as configs
 
     published = []
     for shape in shapes:  # each study publishes its pick when it completes (publish: true is the default)
@@ -153,8 +146,14 @@ def main() -> None:
                 "entry": configs.entry_dict(entries[0]) if total else None,
             }
         )
-    gpu = published[0]["entry"]["gpu"] if published[0]["entry"] else None
-    found = configs.lookup(db, "triton_gemm", dict(zip("mnk", target, strict=True)), gpu=gpu, k=ns.k)
+    return published
+
+
+def _lookup(db: Any, target: tuple[int, int, int], gpu: str | None, k: int) -> tuple[Any, dict[str, Any]]:
+    """The registry's answer for the target shape: an exact entry or the nearest ones."""
+    from tuner.best_configs import registry as configs
+
+    found = configs.lookup(db, "triton_gemm", dict(zip("mnk", target, strict=True)), gpu=gpu, k=k)
     lookup = {
         "shape": target,
         "gpu": gpu,
@@ -170,6 +169,27 @@ def main() -> None:
             for m in found.matches
         ],
     }
+
+    return found, lookup
+
+
+def main() -> None:
+    ns = _parse_args()
+    if ns.dry_run:  # before triton is imported anywhere, workers included (they inherit the environment)
+        os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.common import write_result
+    from tuner.store.storage import StudyDB
+
+    trials = ns.trials or (4 if ns.dry_run else 20)
+    shapes, target = (CPU_SHAPES, CPU_TARGET) if ns.dry_run else (GPU_SHAPES, GPU_TARGET)
+    db = StudyDB(ns.db or str(Path(tempfile.mkdtemp()) / "registry.db"))
+    db.create_tables()
+    started = time.time()
+
+    published = _publish(db, shapes, trials)
+    gpu = published[0]["entry"]["gpu"] if published[0]["entry"] else None
+    found, lookup = _lookup(db, target, gpu, ns.k)
 
     cold_seeds = ns.cold == "seeds"
     runs = [compare_study(db, mode, target, trials, seed, ns.k, cold_seeds) for seed in ns.seeds for mode in ns.modes]

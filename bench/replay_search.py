@@ -478,7 +478,7 @@ def _allow(path: Path) -> None:
     os.environ["TUNER_LANDSCAPE_DIR"] = os.pathsep.join([*allowed, str(path.resolve().parent)])
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--landscape")
     parser.add_argument(
@@ -506,13 +506,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.cached_only and not args.cache:
         parser.error("--cached-only needs --cache")
+    if not args.timing_trials and not args.landscape:
+        parser.error("--landscape is required (or --timing-trials)")
+    return args
+
+
+def main() -> None:
+    args = _parse_args()
     if args.timing_trials:
         strategies = [s for s in args.strategies if s in ("tpe", "optuna_tpe", "tuner")]
         result = proposal_times(args.timing_trials, strategies)
         write_result({"benchmark": "milliseconds per proposal (ask + suggest), CPU", "summary": result}, args.out)
         return
-    if not args.landscape:
-        parser.error("--landscape is required (or --timing-trials)")
     path = Path(args.landscape)
     if args.objectives:
         _allow(path)

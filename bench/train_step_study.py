@@ -83,7 +83,7 @@ def study_spec(name: str, workload_args: dict[str, Any], args: argparse.Namespac
     return spec
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="preset of models/config.py (default 1b; 125m with --quick)")
     parser.add_argument("--global-batch", type=int, default=8, help="sequences per optimizer step")
@@ -104,99 +104,23 @@ def main() -> None:
         args.steps, args.warmup_steps, args.rounds = 2, 1, 1
         args.trials, args.minutes = 4, 1.0
         args.constrained_trials, args.constrained_minutes = 3, 0.5
+    return args
 
-    from objectives.train_step import TrainStep
-    from tuner.workloads.base import TrialContext
-    from tuner.workloads.fingerprint import device_info
 
-    workload_args = {
-        "model": args.model,
-        "global_batch": args.global_batch,
-        "steps": args.steps,
-        "warmup_steps": args.warmup_steps,
-        "seed": args.seed,
-    }
-    start = time.monotonic()
-
-    print(f"== 3-objective study: {args.trials} trials / {args.minutes} min, {workload_args}", flush=True)
-    main_study = run_study(study_spec(f"train-step-{args.model}", workload_args, args))
-    ok = [t for t in main_study.ok() if t.metrics.get("tokens_per_s") is not None]
-    accurate = [t for t in ok if t.metrics.get("loss_error", float("inf")) <= LOSS_TOLERANCE]
-    winner = max(accurate, key=lambda t: t.metrics["tokens_per_s"]) if accurate else None
-    pareto = list(main_study.summary.pareto)
-    default_in_study = main_study.ok(**DEFAULT_CONFIG)
-    print(f"   {time.monotonic() - start:.0f} s; winner {None if winner is None else winner.params}", flush=True)
-    partial: dict[str, Any] = {
-        "benchmark": f"train_step {args.model} tuning vs the default config",
-        "partial": "the 3-objective study only: the run stopped before the constrained study ended",
-        "workload_args": workload_args,
-        "main_study": main_study.describe(),
-        "pareto_front": [trial_row(t) for t in pareto],
-        "winner_in_study": None if winner is None else trial_row(winner),
-        "trials": [trial_row(t) for t in main_study.trials],
-    }
-    write_result(partial, args.out)  # replaced by the full result at the end
-
-    print(
-        f"== constrained study: peak_mem_gb <= {MEMORY_LIMIT_GB:g}, {args.constrained_trials} trials / "
-        f"{args.constrained_minutes} min",
-        flush=True,
-    )
-    constrained = run_study(
-        study_spec(
-            f"train-step-{args.model}-under-{MEMORY_LIMIT_GB:g}gb",
-            {**workload_args, "memory_limit_gb": MEMORY_LIMIT_GB},
-            args,
-            objectives=[{"metric": "tokens_per_s", "direction": "maximize"}],
-            constraints=[f"peak_mem_gb <= {MEMORY_LIMIT_GB:g}"],
-            budget={
-                "trials": args.constrained_trials,
-                "minutes": args.constrained_minutes,
-                "trial_timeout_s": 300,
-            },
-        )
-    )
-    feasible = [
-        t for t in constrained.ok() if t.feasible and t.metrics.get("loss_error", float("inf")) <= LOSS_TOLERANCE
-    ]
-    under = max(feasible, key=lambda t: t.metrics["tokens_per_s"]) if feasible else None
-    print(f"   {time.monotonic() - start:.0f} s; best under the limit {None if under is None else under.params}")
-    partial.update(
-        {
-            "partial": "both studies, no interleaved re-measurement: the run stopped before it ended",
-            "constrained_study": constrained.describe(),
-            "constrained_trials": [trial_row(t) for t in constrained.trials],
-        }
-    )
-    write_result(partial, args.out)
-
-    # Interleaved re-measurement: the winner against the default config, same workload, same stopwatch.
-    device = device_info()
-    bench_workload = TrainStep(**workload_args)
-    runs: dict[str, list[dict[str, Any]]] = {"tuned": [], "default": []}
-
-    def measure(name: str, config: dict[str, Any]) -> float:
-        result = bench_workload.run(config, device, TrialContext())
-        runs[name].append({"status": result.status.value, "metrics": result.metrics, "error": result.error})
-        print(f"   {name}: {result.status.value} {result.metrics.get('tokens_per_s')} tokens/s", flush=True)
-        return result.metrics.get("tokens_per_s", float("nan")) if result.ok else float("nan")
-
-    candidates = {"default": lambda: measure("default", DEFAULT_CONFIG)}
-    if winner is not None:
-        candidates = {"tuned": lambda: measure("tuned", winner.params), **candidates}
-    print(f"== interleaved re-measurement, {args.rounds} rounds", flush=True)
-    values = interleaved(candidates, rounds=args.rounds)
-    tuned_tps, default_tps = median(values.get("tuned", [])), median(values.get("default", []))
-    ratio = round(tuned_tps / default_tps, 3) if tuned_tps and default_tps else None
-    tuned_mfu = median([r["metrics"].get("mfu", float("nan")) for r in runs["tuned"] if r["status"] == "ok"])
-    under_cost = None
-    if under is not None and winner is not None:
-        under_cost = round(1 - under.metrics["tokens_per_s"] / winner.metrics["tokens_per_s"], 3)
-
-    from tuner.results.pareto import pareto_front
-
-    objectives = [(o["metric"], o["direction"]) for o in main_study.spec["objectives"]]
-    combined_front = pareto_front([*main_study.trials, *constrained.trials], objectives)
+def _summary(
+    args: argparse.Namespace,
+    winner: Any,
+    under: Any,
+    pareto: list[Any],
+    combined_front: list[Any],
+    tuned_tps: float | None,
+    default_tps: float | None,
+    ratio: float | None,
+    tuned_mfu: float | None,
+    under_cost: float | None,
+    start: float,
+) -> dict[str, Any]:
+    """The result's verdicts: the tuned config against the default, MFU, the front, the best under the limit."""
     summary = {
         "baseline": {"name": "default config (no tuning)", "config": DEFAULT_CONFIG, "grad_accum": args.global_batch},
         "tuned_config": None if winner is None else winner.params,
@@ -230,6 +154,119 @@ def main() -> None:
         summary[k]["verdict"] == "met"
         for k in ("speedup_vs_default", "mfu_tuned", "pareto_front_size", f"under_{MEMORY_LIMIT_GB:g}gb")
     )
+    return summary
+
+
+def _constrained_study(args: argparse.Namespace, workload_args: dict[str, Any]) -> Any:
+    """The single-objective study under the memory limit."""
+    print(
+        f"== constrained study: peak_mem_gb <= {MEMORY_LIMIT_GB:g}, {args.constrained_trials} trials / "
+        f"{args.constrained_minutes} min",
+        flush=True,
+    )
+    constrained = run_study(
+        study_spec(
+            f"train-step-{args.model}-under-{MEMORY_LIMIT_GB:g}gb",
+            {**workload_args, "memory_limit_gb": MEMORY_LIMIT_GB},
+            args,
+            objectives=[{"metric": "tokens_per_s", "direction": "maximize"}],
+            constraints=[f"peak_mem_gb <= {MEMORY_LIMIT_GB:g}"],
+            budget={
+                "trials": args.constrained_trials,
+                "minutes": args.constrained_minutes,
+                "trial_timeout_s": 300,
+            },
+        )
+    )
+    return constrained
+
+
+def _remeasure(
+    workload_args: dict[str, Any], winner: Any, rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[dict[str, Any]]]]:
+    """Interleaved re-measurement: the winner against the default config, same workload, same stopwatch."""
+    from objectives.train_step import TrainStep
+    from tuner.workloads.base import TrialContext
+    from tuner.workloads.fingerprint import device_info
+
+    device = device_info()
+    bench_workload = TrainStep(**workload_args)
+    runs: dict[str, list[dict[str, Any]]] = {"tuned": [], "default": []}
+
+    def measure(name: str, config: dict[str, Any]) -> float:
+        result = bench_workload.run(config, device, TrialContext())
+        runs[name].append({"status": result.status.value, "metrics": result.metrics, "error": result.error})
+        print(f"   {name}: {result.status.value} {result.metrics.get('tokens_per_s')} tokens/s", flush=True)
+        return result.metrics.get("tokens_per_s", float("nan")) if result.ok else float("nan")
+
+    candidates = {"default": lambda: measure("default", DEFAULT_CONFIG)}
+    if winner is not None:
+        candidates = {"tuned": lambda: measure("tuned", winner.params), **candidates}
+    print(f"== interleaved re-measurement, {rounds} rounds", flush=True)
+    values = interleaved(candidates, rounds=rounds)
+    return values, runs
+
+
+def main() -> None:
+    args = _parse_args()
+
+    workload_args = {
+        "model": args.model,
+        "global_batch": args.global_batch,
+        "steps": args.steps,
+        "warmup_steps": args.warmup_steps,
+        "seed": args.seed,
+    }
+    start = time.monotonic()
+
+    print(f"== 3-objective study: {args.trials} trials / {args.minutes} min, {workload_args}", flush=True)
+    main_study = run_study(study_spec(f"train-step-{args.model}", workload_args, args))
+    ok = [t for t in main_study.ok() if t.metrics.get("tokens_per_s") is not None]
+    accurate = [t for t in ok if t.metrics.get("loss_error", float("inf")) <= LOSS_TOLERANCE]
+    winner = max(accurate, key=lambda t: t.metrics["tokens_per_s"]) if accurate else None
+    pareto = list(main_study.summary.pareto)
+    default_in_study = main_study.ok(**DEFAULT_CONFIG)
+    print(f"   {time.monotonic() - start:.0f} s; winner {None if winner is None else winner.params}", flush=True)
+    partial: dict[str, Any] = {
+        "benchmark": f"train_step {args.model} tuning vs the default config",
+        "partial": "the 3-objective study only: the run stopped before the constrained study ended",
+        "workload_args": workload_args,
+        "main_study": main_study.describe(),
+        "pareto_front": [trial_row(t) for t in pareto],
+        "winner_in_study": None if winner is None else trial_row(winner),
+        "trials": [trial_row(t) for t in main_study.trials],
+    }
+    write_result(partial, args.out)  # replaced by the full result at the end
+
+    constrained = _constrained_study(args, workload_args)
+    feasible = [
+        t for t in constrained.ok() if t.feasible and t.metrics.get("loss_error", float("inf")) <= LOSS_TOLERANCE
+    ]
+    under = max(feasible, key=lambda t: t.metrics["tokens_per_s"]) if feasible else None
+    print(f"   {time.monotonic() - start:.0f} s; best under the limit {None if under is None else under.params}")
+    partial.update(
+        {
+            "partial": "both studies, no interleaved re-measurement: the run stopped before it ended",
+            "constrained_study": constrained.describe(),
+            "constrained_trials": [trial_row(t) for t in constrained.trials],
+        }
+    )
+    write_result(partial, args.out)
+
+    values, runs = _remeasure(workload_args, winner, args.rounds)
+    tuned_tps, default_tps = median(values.get("tuned", [])), median(values.get("default", []))
+    ratio = round(tuned_tps / default_tps, 3) if tuned_tps and default_tps else None
+    tuned_mfu = median([r["metrics"].get("mfu", float("nan")) for r in runs["tuned"] if r["status"] == "ok"])
+    under_cost = None
+    if under is not None and winner is not None:
+        under_cost = round(1 - under.metrics["tokens_per_s"] / winner.metrics["tokens_per_s"], 3)
+
+    from tuner.results.pareto import pareto_front
+
+    objectives = [(o["metric"], o["direction"]) for o in main_study.spec["objectives"]]
+    combined_front = pareto_front([*main_study.trials, *constrained.trials], objectives)
+    summary = _summary(args, winner, under, pareto, combined_front, tuned_tps, default_tps, ratio, tuned_mfu,
+                       under_cost, start)
     write_result(
         {
             "benchmark": f"train_step {args.model} tuning vs the default config",

@@ -99,17 +99,37 @@ def static_violation(
 ) -> str | None:
     """Why ``config`` cannot run on ``device`` (None when it can), for the model ``cfg`` with the batch fixed by the
     workload's args (``fixed_batch``, None when it is a knob); ``memory_estimate`` gives a config's bytes."""
-    reason = missing_params(config, ("batch", *PARAMS) if fixed_batch is None else PARAMS)
+    required = ("batch", *PARAMS) if fixed_batch is None else PARAMS
+    reason = missing_params(config, required) or _batch_reason(config, fixed_batch)
     if reason:
         return reason
+    bits = config["weight_bits"]
+    if bits not in WEIGHT_BITS:
+        return f"weight_bits must be one of {WEIGHT_BITS}, got {bits!r}"
+    reason = _weights_reason(config, bits, cfg)
+    if reason:
+        return reason
+    if config["kv_dtype"] not in KV_DTYPES:
+        return f"kv_dtype must be one of {KV_DTYPES}, got {config['kv_dtype']!r}"
+    return (
+        _attention_reason(config, device, cfg)
+        or _compile_reason(config, device)
+        or _device_reason(config, device, memory_estimate)
+    )
+
+
+def _batch_reason(config: dict[str, Any], fixed_batch: int | None) -> str | None:
+    """The batch: the args' one when they fix it, else a knob in [1, 1024]."""
     if fixed_batch is not None and "batch" in config and config["batch"] != fixed_batch:
         return f"batch is fixed to {fixed_batch} by the workload's args, config asks for {config['batch']!r}"
     batch = config.get("batch", fixed_batch)
     if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= 1024:
         return f"batch must be an int in [1, 1024], got {batch!r}"
-    bits = config["weight_bits"]
-    if bits not in WEIGHT_BITS:
-        return f"weight_bits must be one of {WEIGHT_BITS}, got {bits!r}"
+    return None
+
+
+def _weights_reason(config: dict[str, Any], bits: int, cfg: GPTConfig) -> str | None:
+    """The quantized weights' knobs: group size, int8 first blocks, quantizer, kernel, LM head bits, fused GELU."""
     group = config.get("group_size")
     if bits == 16 and group is not None:
         return "group_size applies to quantized weights only (weight_bits < 16)"
@@ -144,8 +164,11 @@ def static_violation(
         return f"fuse_gelu must be true or false, got {config['fuse_gelu']!r}"
     if fuse_gelu(config) and quant_kernel(config) != "packed":
         return "fuse_gelu applies the MLP's GELU in the packed kernel's epilogue: it needs quant_kernel=packed"
-    if config["kv_dtype"] not in KV_DTYPES:
-        return f"kv_dtype must be one of {KV_DTYPES}, got {config['kv_dtype']!r}"
+    return None
+
+
+def _attention_reason(config: dict[str, Any], device: DeviceInfo, cfg: GPTConfig) -> str | None:
+    """The attention kernel of one query over the cache."""
     attention = config["attention"]
     if attention == "triton":
         return "attention='triton': the flash kernel cannot attend one query over a masked cache (decode_step)"
@@ -158,6 +181,11 @@ def static_violation(
         if not device.is_gpu and not interpreter_active():
             return ("attention=flash_decode runs a Triton kernel (kernels/attention/decode_attention.py): "
                     "on a CPU only under the interpreter (TRITON_INTERPRET=1)")  # fmt: skip
+    return None
+
+
+def _compile_reason(config: dict[str, Any], device: DeviceInfo) -> str | None:
+    """torch.compile and what needs it: split-K sums left to the next operation, programmatic dependent launch."""
     if config.get("compile") is not None and config["compile"] not in COMPILE_MODES:
         return f"compile must be one of {COMPILE_MODES}, got {config['compile']!r}"
     sums = config.get("split_sums")
@@ -181,6 +209,13 @@ def static_violation(
         return f"pdl (programmatic dependent launch) needs compute capability >= 9.0, {device.name} has " + (
             f"{device.compute_capability}"
         )
+    return None
+
+
+def _device_reason(
+    config: dict[str, Any], device: DeviceInfo, memory_estimate: Callable[[dict[str, Any]], int]
+) -> str | None:
+    """CUDA graphs, the compute capability and the memory the config needs on ``device``."""
     if not isinstance(config["cuda_graphs"], bool):
         return f"cuda_graphs must be true or false, got {config['cuda_graphs']!r}"
     if config["cuda_graphs"] and not device.is_gpu:

@@ -32,7 +32,16 @@ from typing import Any
 
 from kernels.attention.attention_ws_rules import KNOBS, knob_conflict
 from tuner.workloads.base import DeviceInfo, MetricSpec, comment_text, interpreter_active, is_pow2, missing_params
-from tuner.workloads.kernel import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
+from tuner.workloads.kernel import (
+    LATENCY_METRIC,
+    TIMING_METRICS,
+    Checked,
+    KernelWorkload,
+    NumericsCheck,
+    Reference,
+    check_timing,
+)
+from tuner.workloads.kernel import check_numerics as shared_check_numerics
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
@@ -111,40 +120,14 @@ class _Case:
     device: DeviceInfo = field(default_factory=DeviceInfo)  # where it lives (the persistent kernel's SM count)
 
 
-@dataclass(frozen=True)
-class NumericsCheck:
-    """Outcome of comparing one output with the reference (the error is relative to ``max|ref|``)."""
-
-    max_rel_error: float
-    failure: str | None
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None
-
-
 def check_numerics(out: Any, ref: Any, precision: str) -> NumericsCheck:
-    """Compare the kernel's ``out`` with the fp32 reference; NaN/inf anywhere is a failure.
-
-    ``out`` was filled with NaN before the launch, so an element the kernel
-    never wrote shows up here as NaN.
-    """
-    import torch
-
+    """Compare the kernel's ``out`` with the fp32 SDPA reference (:func:`tuner.workloads.kernel.check_numerics`;
+    the error is relative to ``max|ref|``)."""
     from kernels.gemm.gemm import max_rel_error
 
-    non_finite = int((~torch.isfinite(out)).sum())
-    if non_finite:
-        return NumericsCheck(
-            math.inf, f"{non_finite} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)"
-        )
-    error = max_rel_error(out, ref)
     tolerance = TOLERANCE_VS_FP32[precision]
-    if not error <= tolerance:
-        return NumericsCheck(
-            error, f"max_rel_error {error:.3g} vs the fp32 SDPA reference exceeds {precision} tolerance {tolerance:g}"
-        )
-    return NumericsCheck(error, None)
+    reference = Reference("max_rel_error", ref, tolerance, "the fp32 SDPA reference", f"{precision} tolerance ")
+    return shared_check_numerics(out, [reference], max_rel_error)
 
 
 class FlashAttention(KernelWorkload):
@@ -370,8 +353,7 @@ class FlashAttention(KernelWorkload):
         return [case.out]
 
     def _check(self, config: dict[str, Any], case: _Case) -> Checked:
-        check = check_numerics(case.out, case.ref, config["precision"])
-        return Checked({"max_rel_error": check.max_rel_error}, check.failure)
+        return check_numerics(case.out, case.ref, config["precision"]).checked()
 
     def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
         latency_s = median_ms * 1e-3

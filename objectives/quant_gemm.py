@@ -41,7 +41,16 @@ from tuner.workloads.base import (
     timing_comparable,
     triton_configs_python,
 )
-from tuner.workloads.kernel import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
+from tuner.workloads.kernel import (
+    LATENCY_METRIC,
+    TIMING_METRICS,
+    Checked,
+    KernelWorkload,
+    NumericsCheck,
+    Reference,
+    check_timing,
+)
+from tuner.workloads.kernel import check_numerics as shared_check_numerics
 from tuner.workloads.measure import L2_FLUSH_BYTES
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16")
@@ -107,52 +116,28 @@ def packed_shared_memory_bytes(values: dict[str, int]) -> int:
     )
 
 
-@dataclass(frozen=True)
-class NumericsCheck:
-    """Outcome of comparing one output with the references (errors relative to ``max|ref|``)."""
-
-    max_rel_error: float
-    dequant_rel_error: float | None
-    failure: str | None
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None
-
-
 def check_numerics(out: Any, ref: Any, dequant_ref: Any, bits: int, precision: str) -> NumericsCheck:
-    """Compare the kernel's ``out`` with the unquantized and the dequantized references; NaN/inf fails.
-
-    ``out`` was filled with NaN before the launch, so an element the kernel never wrote shows up as NaN.
-    """
-    import torch
-
+    """Compare the kernel's ``out`` with the unquantized and the dequantized references
+    (:func:`tuner.workloads.kernel.check_numerics`; errors relative to ``max|ref|``)."""
     from kernels.gemm.gemm import max_rel_error
 
-    non_finite = int((~torch.isfinite(out)).sum())
-    if non_finite:
-        return NumericsCheck(
-            math.inf, None, f"{non_finite} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)"
-        )
-    error = max_rel_error(out, ref)
-    tolerance = TOLERANCE_VS_UNQUANTIZED[bits]
-    if not error <= tolerance:
-        return NumericsCheck(
-            error,
-            None,
-            f"max_rel_error {error:.3g} vs the unquantized {precision} product exceeds the int{bits} "
-            f"tolerance {tolerance:g}",
-        )
-    dequant_error = max_rel_error(out, dequant_ref)
-    tolerance = TOLERANCE_VS_DEQUANTIZED[precision]
-    if not dequant_error <= tolerance:
-        return NumericsCheck(
-            error,
-            dequant_error,
-            f"error {dequant_error:.3g} vs the fp32 product of the dequantized weights exceeds {tolerance:g}: "
-            "the kernel, not the quantization, is wrong",
-        )
-    return NumericsCheck(error, dequant_error, None)
+    references = (
+        Reference(
+            "max_rel_error",
+            ref,
+            TOLERANCE_VS_UNQUANTIZED[bits],
+            f"the unquantized {precision} product",
+            f"the int{bits} tolerance ",
+        ),
+        Reference(
+            "dequant_rel_error",
+            dequant_ref,
+            TOLERANCE_VS_DEQUANTIZED[precision],
+            "the fp32 product of the dequantized weights",
+            blame=": the kernel, not the quantization, is wrong",
+        ),
+    )
+    return shared_check_numerics(out, references, max_rel_error)
 
 
 @dataclass
@@ -422,11 +407,8 @@ class QuantGemm(KernelWorkload):
 
     def _check(self, config: dict[str, Any], case: _Case) -> Checked:
         check = check_numerics(case.out, case.ref, case.dequant_ref, int(config["bits"]), config["precision"])
-        extra: dict[str, Any] = {"weight_copies": len(case.weights)}
-        if check.dequant_rel_error is not None:
-            extra["dequant_rel_error"] = check.dequant_rel_error
-        metrics = {"max_rel_error": check.max_rel_error, "weight_bytes": float(case.weight_bytes)}
-        return Checked(metrics, check.failure, extra)
+        checked = check.checked(weight_bytes=float(case.weight_bytes))
+        return Checked(checked.metrics, checked.failure, {"weight_copies": len(case.weights), **checked.extra})
 
     def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
         latency_s = median_ms * 1e-3

@@ -21,7 +21,16 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from tuner.workloads.base import DeviceInfo, MetricSpec, missing_params, not_pow2, triton_configs_python
-from tuner.workloads.kernel import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
+from tuner.workloads.kernel import (
+    LATENCY_METRIC,
+    TIMING_METRICS,
+    Checked,
+    KernelWorkload,
+    NumericsCheck,
+    Reference,
+    check_timing,
+)
+from tuner.workloads.kernel import check_numerics as shared_check_numerics
 
 PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK", "ROWS_PER_PROGRAM", "num_warps", "num_stages")
@@ -59,52 +68,24 @@ class _Case:
     out: Any
 
 
-@dataclass(frozen=True)
-class NumericsCheck:
-    """Outcome of comparing one output with the references (per-row errors, see :func:`check_numerics`)."""
-
-    max_rel_error: float
-    operand_rel_error: float | None
-    failure: str | None
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None
-
-
 def check_numerics(out: Any, ref: Any, operand_ref: Any | None, precision: str) -> NumericsCheck:
-    """Compare the kernel's ``out`` with the fp32 reference(s); NaN/inf anywhere is a failure.
+    """Compare the kernel's ``out`` with the fp32 reference(s) (:func:`tuner.workloads.kernel.check_numerics`).
 
-    ``out`` was filled with NaN before the launch, so an element the kernel never wrote shows up
-    here as NaN. Errors are ``max over rows of max|out - ref| / max|ref|`` within the row.
+    Errors are ``max over rows of max|out - ref| / max|ref|`` within the row.
     """
-    import torch
-
     from kernels.norms.rmsnorm import row_rel_error
 
-    non_finite = int((~torch.isfinite(out)).sum())
-    if non_finite:
-        return NumericsCheck(
-            math.inf, None, f"{non_finite} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)"
-        )
-    error = row_rel_error(out, ref)
-    tolerance = TOLERANCE_VS_FP32[precision]
-    if not error <= tolerance:
-        return NumericsCheck(
-            error, None, f"max_rel_error {error:.3g} vs fp32 reference exceeds {precision} tolerance {tolerance:g}"
-        )
-    operand_error = None
-    if operand_ref is not None:
-        operand_error = row_rel_error(out, operand_ref)
-        tolerance = TOLERANCE_VS_OPERANDS[precision]
-        if not operand_error <= tolerance:
-            return NumericsCheck(
-                error,
-                operand_error,
-                f"error {operand_error:.3g} vs the fp32 op on the {precision} inputs exceeds {tolerance:g}: "
-                "the kernel, not the input rounding, is wrong",
-            )
-    return NumericsCheck(error, operand_error, None)
+    references = (
+        Reference("max_rel_error", ref, TOLERANCE_VS_FP32[precision], "fp32 reference", f"{precision} tolerance "),
+        Reference(
+            "operand_rel_error",
+            operand_ref,
+            TOLERANCE_VS_OPERANDS.get(precision, math.inf),  # fp32: no operands reference
+            f"the fp32 op on the {precision} inputs",
+            blame=": the kernel, not the input rounding, is wrong",
+        ),
+    )
+    return shared_check_numerics(out, references, row_rel_error)
 
 
 def _positive_int(arg: str, value: Any) -> int:
@@ -195,9 +176,7 @@ LATENCY_METRIC,
         return [case.out]
 
     def _check(self, config: dict[str, Any], case: _Case) -> Checked:
-        check = check_numerics(case.out, case.ref, case.operand_ref, config["precision"])
-        extra = {} if check.operand_rel_error is None else {"operand_rel_error": check.operand_rel_error}
-        return Checked({"max_rel_error": check.max_rel_error}, check.failure, extra)
+        return check_numerics(case.out, case.ref, case.operand_ref, config["precision"]).checked()
 
     def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
         latency_s = median_ms * 1e-3

@@ -27,7 +27,16 @@ from tuner.workloads.base import (
     not_pow2,
     triton_configs_python,
 )
-from tuner.workloads.kernel import LATENCY_METRIC, TIMING_METRICS, Checked, KernelWorkload, check_timing
+from tuner.workloads.kernel import (
+    LATENCY_METRIC,
+    TIMING_METRICS,
+    Checked,
+    KernelWorkload,
+    NumericsCheck,
+    Reference,
+    check_timing,
+)
+from tuner.workloads.kernel import check_numerics as shared_check_numerics
 
 PRECISIONS: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8")
 TILE_PARAMS: tuple[str, ...] = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
@@ -77,19 +86,6 @@ class _Case:
     device: DeviceInfo = field(default_factory=DeviceInfo)  # where it lives (the persistent kernels' SM count)
 
 
-@dataclass(frozen=True)
-class NumericsCheck:
-    """Outcome of comparing one output with the references (errors are relative to ``max|ref|``)."""
-
-    max_rel_error: float
-    operand_rel_error: float | None
-    failure: str | None
-
-    @property
-    def ok(self) -> bool:
-        return self.failure is None
-
-
 def tma_rows_aligned(m: int, n: int, k: int, precision: str) -> bool:
     """Whether every row stride of the persistent kernels' TMA descriptors is a multiple of 16 bytes: A (and
     fp8's K-major B) rows of K elements, 16-bit B rows and C rows of N. The same rule as
@@ -108,42 +104,21 @@ def operand_tolerance(precision: str, k: int) -> float:
 
 
 def check_numerics(out: Any, ref: Any, operand_ref: Any | None, precision: str, k: int) -> NumericsCheck:
-    """Compare the kernel's ``out`` with the fp32 reference(s); NaN/inf anywhere is a failure.
-
-    ``out`` was filled with NaN before the launch, so an element the kernel
-    never wrote shows up here as NaN.
-    """
-    import torch
-
+    """Compare the kernel's ``out`` with the fp32 reference and, for a rounded precision, with the fp32 product
+    of its operands (:func:`tuner.workloads.kernel.check_numerics`; errors relative to ``max|ref|``)."""
     from kernels.gemm.gemm import max_rel_error
 
-    non_finite = int((~torch.isfinite(out)).sum())
-    if non_finite:
-        return NumericsCheck(
-            math.inf,
-            None,
-            f"{non_finite} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)",
-        )
-    error = max_rel_error(out, ref)
-    tolerance = TOLERANCE_VS_FP32[precision]
-    if not error <= tolerance:
-        return NumericsCheck(
-            error,
-            None,
-            f"max_rel_error {error:.3g} vs fp32 reference exceeds {precision} tolerance {tolerance:g}",
-        )
-    operand_error = None
-    if operand_ref is not None:
-        operand_error = max_rel_error(out, operand_ref)
-        tolerance = operand_tolerance(precision, k)
-        if not operand_error <= tolerance:
-            return NumericsCheck(
-                error,
-                operand_error,
-                f"error {operand_error:.3g} vs the fp32 product of the {precision} operands exceeds "
-                f"{tolerance:g}: the kernel, not the input rounding, is wrong",
-            )
-    return NumericsCheck(error, operand_error, None)
+    references = (
+        Reference("max_rel_error", ref, TOLERANCE_VS_FP32[precision], "fp32 reference", f"{precision} tolerance "),
+        Reference(
+            "operand_rel_error",
+            operand_ref,
+            math.inf if operand_ref is None else operand_tolerance(precision, k),
+            f"the fp32 product of the {precision} operands",
+            blame=": the kernel, not the input rounding, is wrong",
+        ),
+    )
+    return shared_check_numerics(out, references, max_rel_error)
 
 
 class TritonGemm(KernelWorkload):
@@ -266,9 +241,7 @@ class TritonGemm(KernelWorkload):
         return [case.out]
 
     def _check(self, config: dict[str, Any], case: _Case) -> Checked:
-        check = check_numerics(case.out, case.ref, case.operand_ref, config["precision"], self.k)
-        extra = {} if check.operand_rel_error is None else {"operand_rel_error": check.operand_rel_error}
-        return Checked({"max_rel_error": check.max_rel_error}, check.failure, extra)
+        return check_numerics(case.out, case.ref, case.operand_ref, config["precision"], self.k).checked()
 
     def _metrics(self, config: dict[str, Any], case: _Case, median_ms: float) -> dict[str, float]:
         latency_s = median_ms * 1e-3

@@ -143,12 +143,10 @@ def chromium_or_skip() -> str:
 @pytest.fixture
 def interpreter() -> None:
     """Skip unless Triton kernels run under the interpreter (TRITON_INTERPRET=1 before triton was imported)."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs the Triton interpreter (TRITON_INTERPRET=1 before triton is imported)")
     from kernels.gemm.gemm import matmul_kernel
+    from tuner.workloads.contract import require_interpreter
 
-    if type(matmul_kernel).__name__ != "InterpretedFunction":
-        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: kernels compile, not interpret")
+    require_interpreter(matmul_kernel)
 
 
 #: Put before every ``aot_child`` script: ``compile_or_skip(compile)`` returns ``compile()``'s kernel, or, when

@@ -1,33 +1,77 @@
-"""The shape the project keeps its engine and service code in: no module in ``tuner/`` or ``api/`` over
-600 lines and no function over 60 (decorators and docstring included), so each stays readable whole."""
+"""The shape the project keeps its code in, so each module and function stays readable whole.
+
+Every package (``tuner/``, ``api/``, ``objectives/``, ``kernels/``, ``models/``, ``bench/``): no Python module over
+650 lines and no function over 80 (decorators and docstring included). The engine and the service (``tuner/``,
+``api/``) keep the stricter 600 and 60. The few functions exempted are named below with the reason.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
-MAX_MODULE_LINES = 600
-MAX_FUNCTION_LINES = 60
+PACKAGES = ("tuner", "api", "objectives", "kernels", "models", "bench")
+#: (packages, most lines in a module, most lines in a function)
+LIMITS = {"every package": (PACKAGES, 650, 80), "engine and service": (("tuner", "api"), 600, 60)}
+_GLUON = "a Gluon kernel: Gluon has no interpreter, so a split could only be checked on a GPU; left whole"
+#: ``path:function`` -> why it stays longer than the limit (the limit of every package).
+EXEMPT: dict[str, str] = {
+    "kernels/attention/attention_ws.py:_attend_tile": _GLUON,
+    "kernels/attention/attention_ws.py:attention_fwd_ws_kernel": _GLUON,
+    "kernels/attention/attention_ws_steps.py:_consume_chained": _GLUON,
+    "kernels/attention/decode_attention.py:_decode_split_kernel": (
+        "split into @triton.jit helpers, the interpreter's run of test_decode_step's flash-decode test went past its "
+        "timeout on this machine (each helper call re-patches triton.language); left whole"
+    ),
+    "kernels/quant/quant_gemm_packed.py:packed_quant_kernel": (
+        "one pipelined loop per path whose compiled form (wgmma waits, ptxas's schedule) was tuned on an H100: "
+        "the interpreter cannot show that a split keeps it; left whole"
+    ),
+}
+#: ``path`` -> why the module stays longer than the limit.
+EXEMPT_MODULES: dict[str, str] = {
+    "kernels/quant/quant_gemm_ws.py": "a Gluon kernel module (9 lines over) whose launcher a parallel change edits",
+}
 
 
-def _modules() -> list[Path]:
-    return sorted(p for d in ("tuner", "api") for p in (REPO / d).rglob("*.py"))
+def _modules(packages: tuple[str, ...]) -> list[Path]:
+    return sorted(p for d in packages for p in (REPO / d).rglob("*.py"))
 
 
-def test_no_module_is_over_600_lines() -> None:
-    long = {
-        str(p.relative_to(REPO)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
-    }
-    assert not long, f"split these modules: {long}"
-
-
-def test_no_function_is_over_60_lines() -> None:
+def _long_functions(path: Path, limit: int) -> dict[str, int]:
     long = {}
-    for path in _modules():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                if (length := node.end_lineno - start + 1) > MAX_FUNCTION_LINES:
-                    long[f"{path.relative_to(REPO)}:{node.lineno} {node.name}"] = length
-    assert not long, f"split these functions: {long}"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            if (length := node.end_lineno - start + 1) > limit:
+                long[f"{path.relative_to(REPO)}:{node.name}"] = length
+    return long
+
+
+@pytest.mark.parametrize("scope", LIMITS)
+def test_no_module_is_over_the_limit(scope: str) -> None:
+    packages, max_lines, _ = LIMITS[scope]
+    sizes = {str(p.relative_to(REPO)): len(p.read_text().splitlines()) for p in _modules(packages)}
+    long = {name: n for name, n in sizes.items() if n > max_lines and name not in EXEMPT_MODULES}
+    assert not long, f"split these modules (over {max_lines} lines): {long}"
+
+
+@pytest.mark.parametrize("scope", LIMITS)
+def test_no_function_is_over_the_limit(scope: str) -> None:
+    packages, _, max_lines = LIMITS[scope]
+    long = {name: n for p in _modules(packages) for name, n in _long_functions(p, max_lines).items()}
+    long = {name: n for name, n in long.items() if name not in EXEMPT}
+    assert not long, f"split these functions (over {max_lines} lines): {long}"
+
+
+def test_every_exemption_is_still_needed() -> None:
+    """An exempted function that was split (or renamed) leaves the list."""
+    packages, _, max_lines = LIMITS["every package"]
+    long = {name for p in _modules(packages) for name in _long_functions(p, max_lines)}
+    assert not set(EXEMPT) - long, set(EXEMPT) - long
+    max_module = LIMITS["every package"][1]
+    short = {m for m in EXEMPT_MODULES if len((REPO / m).read_text().splitlines()) <= max_module}
+    assert not short, short

@@ -158,6 +158,31 @@ def _attn_fwd_inner(
 
 
 @triton.jit
+def _load_q(Q, desc_q, row0, start_m, offs_m, offs_d, SEQ_LEN: tl.constexpr, HEAD_DIM: tl.constexpr,
+            BLOCK_M: tl.constexpr, EVEN_M: tl.constexpr, USE_TMA: tl.constexpr):  # fmt: skip
+    """The program's BLOCK_M query rows (rows past SEQ_LEN read as zeros)."""
+    if USE_TMA:
+        q = desc_q.load([(row0 + start_m * BLOCK_M).to(tl.int32), 0])
+    else:
+        q_ptrs = Q + row0 * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+        if EVEN_M:
+            q = tl.load(q_ptrs)
+        else:
+            q = tl.load(q_ptrs, mask=offs_m[:, None] < SEQ_LEN, other=0.0)
+    return q
+
+
+@triton.jit
+def _store_out(Out, o, row0, offs_m, offs_d, SEQ_LEN: tl.constexpr, HEAD_DIM: tl.constexpr, EVEN_M: tl.constexpr):
+    """The program's normalized output rows, in Out's dtype (rows past SEQ_LEN not stored)."""
+    o_ptrs = Out + row0 * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    if EVEN_M:
+        tl.store(o_ptrs, o.to(Out.dtype.element_ty))
+    else:
+        tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=offs_m[:, None] < SEQ_LEN)
+
+
+@triton.jit
 def attention_fwd_kernel(
     Q,
     K,
@@ -200,14 +225,7 @@ def attention_fwd_kernel(
     qk_scale = sm_scale * 1.4426950408889634  # log2(e): exp(x) = exp2(x * log2(e))
 
     # Q is loaded once and stays on chip for the whole loop.
-    if USE_TMA:
-        q = desc_q.load([(row0 + start_m * BLOCK_M).to(tl.int32), 0])
-    else:
-        q_ptrs = Q + row0 * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        if EVEN_M:
-            q = tl.load(q_ptrs)
-        else:
-            q = tl.load(q_ptrs, mask=offs_m[:, None] < SEQ_LEN, other=0.0)
+    q = _load_q(Q, desc_q, row0, start_m, offs_m, offs_d, SEQ_LEN, HEAD_DIM, BLOCK_M, EVEN_M, USE_TMA)
     k_ptrs = K + row0 * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     v_ptrs = V + row0 * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     kv_row = row0
@@ -243,12 +261,7 @@ def attention_fwd_kernel(
 
     if STORE_LSE:
         tl.store(Lse + row0 + offs_m, m_i + tl.math.log2(l_i), mask=offs_m < SEQ_LEN)
-    acc = acc / l_i[:, None]
-    o_ptrs = Out + row0 * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    if EVEN_M:
-        tl.store(o_ptrs, acc.to(Out.dtype.element_ty))
-    else:
-        tl.store(o_ptrs, acc.to(Out.dtype.element_ty), mask=offs_m[:, None] < SEQ_LEN)
+    _store_out(Out, acc / l_i[:, None], row0, offs_m, offs_d, SEQ_LEN, HEAD_DIM, EVEN_M)
 
 
 def _check_precision(precision: str) -> None:

@@ -343,6 +343,39 @@ def _meta(bits: int, group_size: int, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int, 
 _PLANS = PlanCache()
 
 
+def _check_operands(x: torch.Tensor, weights: PackedWeights, BLOCK_M: int, BLOCK_N: int, SPLIT_K: int) -> tuple:
+    """``(m, n, k)`` of ``x @ dequant(weights)``; raises ValueError on X, the words or the scales that the tile
+    config cannot take."""
+    qweight, scales = weights.qweight, weights.scales
+    if x.dtype not in ACT_DTYPES.values():
+        raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D (M, K), got {tuple(x.shape)}")
+    bits, group_size = weights.bits, weights.group_size
+    m, k = x.shape
+    n = qweight.shape[1]
+    check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
+    if qweight.dtype != torch.int32 or qweight.shape[0] * pack_factor(bits) != k:
+        raise ValueError(
+            f"qweight must be int32 ({k // pack_factor(bits)}, {n}), got {qweight.dtype} {tuple(qweight.shape)}"
+        )
+    if scales.dtype not in ACT_DTYPES.values() or tuple(scales.shape) != (k // group_size, n):
+        raise ValueError(
+            f"scales must be bf16/fp16 ({k // group_size}, {n}), got {scales.dtype} {tuple(scales.shape)}"
+        )
+    return m, n, k
+
+
+def _output(x: torch.Tensor, out: torch.Tensor | None, m: int, n: int, SPLIT_K: int, PARTIALS: int) -> tuple:
+    """``(out, shape, dtype)``: Y (or the partials) as the caller gave it, checked, else allocated."""
+    shape, dtype = ((SPLIT_K, m, n), partials_dtype(PARTIALS, x.dtype)) if PARTIALS else ((m, n), x.dtype)
+    if out is None:
+        out = torch.empty(shape, device=x.device, dtype=dtype)
+    elif tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(f"out must be contiguous {shape} {dtype}, got {tuple(out.shape)} {out.dtype}")
+    return out, shape, dtype
+
+
 def packed_matmul(
     x: torch.Tensor,
     weights: PackedWeights,
@@ -387,27 +420,9 @@ def packed_matmul(
            ACT)  # fmt: skip
     plan = _PLANS.get(key)
     if plan is None:
-        if x.dtype not in ACT_DTYPES.values():
-            raise ValueError(f"x must be bfloat16 or float16, got {x.dtype}")
-        if x.ndim != 2:
-            raise ValueError(f"x must be 2-D (M, K), got {tuple(x.shape)}")
         bits, group_size = weights.bits, weights.group_size
-        m, k = x.shape
-        n = qweight.shape[1]
-        check_layout(m, n, k, bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K)
-        if qweight.dtype != torch.int32 or qweight.shape[0] * pack_factor(bits) != k:
-            raise ValueError(
-                f"qweight must be int32 ({k // pack_factor(bits)}, {n}), got {qweight.dtype} {tuple(qweight.shape)}"
-            )
-        if scales.dtype not in ACT_DTYPES.values() or tuple(scales.shape) != (k // group_size, n):
-            raise ValueError(
-                f"scales must be bf16/fp16 ({k // group_size}, {n}), got {scales.dtype} {tuple(scales.shape)}"
-            )
-        shape, dtype = ((SPLIT_K, m, n), partials_dtype(PARTIALS, x.dtype)) if PARTIALS else ((m, n), x.dtype)
-        if out is None:
-            out = torch.empty(shape, device=x.device, dtype=dtype)
-        elif tuple(out.shape) != shape or out.dtype != dtype or not out.is_contiguous():
-            raise ValueError(f"out must be contiguous {shape} {dtype}, got {tuple(out.shape)} {out.dtype}")
+        m, n, k = _check_operands(x, weights, BLOCK_M, BLOCK_N, SPLIT_K)
+        out, shape, dtype = _output(x, out, m, n, SPLIT_K, PARTIALS)
         meta = _meta(bits, group_size, BLOCK_M, BLOCK_N, SPLIT_K, UNROLL, num_warps, num_stages, PREFETCH, FAST_DECODE,
                      MAXNREG, TMA, SWAP, STREAM, PARTIALS, PDL, ACT)  # fmt: skip
         sms = _multiprocessors(x.device) if STREAM else 1

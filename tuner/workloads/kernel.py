@@ -30,9 +30,19 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from tuner.workloads.base import MetricSpec
-from tuner.workloads.template import Checked, MeasuredWorkload
+from tuner.workloads.template import Checked, MeasuredWorkload, NumericsCheck, Reference, check_numerics
 
-__all__ = ["LATENCY_METRIC", "TIMING_METRICS", "TIMING_MODES", "Checked", "KernelWorkload", "check_timing"]
+__all__ = [
+    "LATENCY_METRIC",
+    "TIMING_METRICS",
+    "TIMING_MODES",
+    "Checked",
+    "KernelWorkload",
+    "NumericsCheck",
+    "Reference",
+    "check_numerics",
+    "check_timing",
+]
 
 #: How a kernel workload's trial is timed (its ``timing`` arg): one eager call, or a call inside a CUDA graph.
 TIMING_MODES: tuple[str, ...] = ("eager", "cuda_graph")

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from abc import abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -60,6 +61,64 @@ class Checked:
     failure: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     status: TrialStatus = TrialStatus.NUMERICS_FAIL
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One reference a kernel's output is compared with, and how a miss reads:
+    ``"<error> vs <against> exceeds <bound><tolerance><blame>"`` (``max_rel_error`` for the first reference,
+    ``error`` for the later ones). A reference whose ``tensor`` is None is skipped."""
+
+    key: str  # the error's name: the first is the metric ``max_rel_error``, later ones go to ``extra``
+    tensor: Any
+    tolerance: float
+    against: str  # e.g. "fp32 reference"
+    bound: str = ""  # e.g. "fp16 tolerance "
+    blame: str = ""  # e.g. ": the kernel, not the input rounding, is wrong"
+
+
+@dataclass(frozen=True)
+class NumericsCheck:
+    """Outcome of comparing one output with its references: each reference's error (in checking order, the
+    first is ``max_rel_error``) and the failure, None when correct."""
+
+    errors: dict[str, float]
+    failure: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    @property
+    def max_rel_error(self) -> float:
+        return next(iter(self.errors.values()))
+
+    def checked(self, **metrics: float) -> Checked:
+        """As the template's :class:`Checked`: the first error (and ``metrics``) as metrics, the rest as extra."""
+        (first, error), *rest = self.errors.items()
+        return Checked({first: error, **metrics}, self.failure, dict(rest))
+
+
+def check_numerics(out: Any, references: Iterable[Reference], error: Callable[[Any, Any], float]) -> NumericsCheck:
+    """Compare a kernel's ``out`` with each reference in turn by ``error(out, ref)``; NaN/inf anywhere fails.
+
+    ``out`` was filled with NaN before the launch (``_poison``), so an element the kernel never wrote shows
+    up here as NaN. The first reference that misses its tolerance is the failure.
+    """
+    import torch
+
+    non_finite = int((~torch.isfinite(out)).sum())
+    if non_finite:
+        message = f"{non_finite} of {out.numel()} output elements are NaN/inf (unwritten or overflowed)"
+        return NumericsCheck({"max_rel_error": math.inf}, message)
+    errors: dict[str, float] = {}
+    for i, ref in enumerate(r for r in references if r.tensor is not None):
+        errors[ref.key] = value = error(out, ref.tensor)
+        if not value <= ref.tolerance:
+            label = "max_rel_error" if i == 0 else "error"
+            failure = f"{label} {value:.3g} vs {ref.against} exceeds {ref.bound}{ref.tolerance:g}{ref.blame}"
+            return NumericsCheck(errors, failure)
+    return NumericsCheck(errors, None)
 
 
 class MeasuredWorkload(Workload):
