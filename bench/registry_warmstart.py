@@ -131,6 +131,7 @@ def _parse_args() -> argparse.Namespace:
 
 def _publish(db: Any, shapes: list[tuple[int, int, int]], trials: int) -> list[dict[str, Any]]:
     """One study per shape; each publishes its pick to the registry when it completes."""
+    from tuner.best_configs import answers
     from tuner.best_configs import registry as configs
 
     published = []
@@ -143,7 +144,7 @@ def _publish(db: Any, shapes: list[tuple[int, int, int]], trials: int) -> list[d
                 "shape": shape,
                 "study_status": summary.status,
                 "wall_s": round(wall_s, 1),
-                "entry": configs.entry_dict(entries[0]) if total else None,
+                "entry": answers.entry_dict(entries[0]) if total else None,
             }
         )
     return published

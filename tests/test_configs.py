@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
+from tuner.best_configs import answers
 from tuner.best_configs import registry as configs
 from tuner.best_configs.recheck import recheck
 from tuner.best_configs.registry import ConfigEntryRow, RegistryError
@@ -105,7 +106,7 @@ def test_publish_then_exact_and_nearest_lookup_then_retract(db_url: str) -> None
     assert shapes(near) == [(4096, 4096, 4096), (16384, 16384, 16384)]  # 1024 is beyond the bound
     log2_ratio = math.log2(6144 / 4096)
     assert near.matches[0].distance == pytest.approx(3**0.5 * log2_ratio)
-    assert configs.lookup_dict(near)["matches"][1]["distance"] == pytest.approx(3**0.5 * math.log2(16384 / 6144))
+    assert answers.lookup_dict(near)["matches"][1]["distance"] == pytest.approx(3**0.5 * math.log2(16384 / 6144))
 
     with pytest.raises(RegistryError, match="no triton_gemm entry on NVIDIA A100"):
         configs.lookup(db, "triton_gemm", {"m": 4096, "n": 4096, "k": 4096}, gpu="NVIDIA A100")

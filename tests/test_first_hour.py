@@ -295,7 +295,7 @@ def test_submit_prints_a_bad_specs_errors_as_run_does(tmp_path: Path, capsys: py
 
 
 def test_the_shutdown_report_says_what_stopped_and_what_went_back_to_the_queue(tmp_path: Path) -> None:
-    from tuner.cli.main import shutdown_report
+    from tuner.cli.serve import shutdown_report
     from tuner.run.service import REQUEUED
     from tuner.store import lifecycle
     from tuner.store.storage import StudyDB

@@ -284,7 +284,9 @@ def test_run_on_cpu_returns_ok_with_all_metrics(interpreter: None, name: str) ->
         workload.prepare(config, CPU)  # a no-op on CPU
         result = workload.run(config, CPU, TrialContext(trial_number=0))
         assert result.status == TrialStatus.OK, result.error
-        assert {m.name for m in workload.metrics} == set(result.metrics) == {"gbps", "latency_ms", "max_rel_error"}
+        assert {m.name for m in workload.metrics} == set(result.metrics) == {
+            "gbps", "latency_ms", "gpu_us", "host_us", "max_rel_error"
+        }
         assert all(math.isfinite(v) for v in result.metrics.values()), result.metrics
         assert result.metrics["gbps"] > 0 and result.metrics["latency_ms"] > 0
         assert 0 <= result.metrics["max_rel_error"] <= {"fp32": 1e-5, "fp16": 1e-2, "bf16": 5e-2}[precision]

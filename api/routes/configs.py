@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.deps import MAX_ID, DBDep, require_read, require_write
 from api.schemas import ErrorOut
+from tuner.best_configs import answers
 from tuner.best_configs import registry as configs
 from tuner.workloads.registry import UnknownWorkload, workload_class
 
@@ -121,7 +122,7 @@ def lookup_config(
         found = configs.lookup(db, workload, shape, gpu=gpu, fixed=rest or None, k=top)
     except configs.RegistryError as exc:
         raise HTTPException(404, str(exc)) from None
-    return configs.lookup_dict(found)
+    return answers.lookup_dict(found)
 
 
 @router.get("/entries", response_model=EntryPage, responses=ERRORS)
@@ -139,7 +140,7 @@ def list_configs(
     total, page = configs.list_entries(
         db, workload=workload, gpu=gpu, status=status, shape=shape, limit=limit, offset=offset
     )
-    return {"total": total, "items": [configs.entry_dict(e) for e in page]}
+    return {"total": total, "items": [answers.entry_dict(e) for e in page]}
 
 
 @router.get(
@@ -233,7 +234,7 @@ def get_config(entry_id: Annotated[int, Path(ge=1, le=MAX_ID)], db: DBDep) -> di
     entry = configs.get_entry(db, entry_id)
     if entry is None:
         raise HTTPException(404, f"no registry entry {entry_id}")
-    return configs.entry_dict(entry)
+    return answers.entry_dict(entry)
 
 
 @router.delete("/{entry_id}", status_code=204, dependencies=[Depends(require_write)], responses=ERRORS)
@@ -307,5 +308,5 @@ def publish_config(body: PublishIn, db: DBDep) -> dict[str, Any]:
         raise HTTPException(404, str(exc)) from None
     except (TypeError, ValueError) as exc:  # a study whose args its workload no longer takes
         raise HTTPException(422, f"study {body.study}: {exc}") from None
-    entry = configs.entry_dict(done.entry) if done.entry is not None else None
+    entry = answers.entry_dict(done.entry) if done.entry is not None else None
     return {"action": done.action, "message": done.message, "entry": entry, "unverified": done.unverified}

@@ -52,6 +52,7 @@ def _print_answer(answer: dict[str, Any]) -> None:
 
 
 def cmd_lookup(args: argparse.Namespace, open_db: Callable[..., Any]) -> int:
+    from tuner.best_configs import answers
     from tuner.best_configs import registry as configs
 
     query = _pairs(args.shape, "shape args")
@@ -80,7 +81,7 @@ def cmd_lookup(args: argparse.Namespace, open_db: Callable[..., Any]) -> int:
         except configs.RegistryError as exc:
             err.print(f"[red]{exc}[/red]")
             return 2
-        answer = configs.lookup_dict(found)
+        answer = answers.lookup_dict(found)
     if args.json:
         print(json.dumps(answer, indent=2))
     else:
