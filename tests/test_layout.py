@@ -35,8 +35,6 @@ KNOWN_UPWARD = {
     # the API's trial filters name the statuses and the metrics a workload declares
     "tuner.store.queries -> tuner.workloads.base": "statuses and metric names stored with the study",
     "tuner.store.queries -> tuner.workloads.registry": "statuses and metric names stored with the study",
-    # the incremental front of the summary tests dominance as the export's front does
-    "tuner.store.summary -> tuner.results.pareto": "one read path for results (issue #61 item 2)",
     # the registry's recheck measures an entry again with a trial worker
     "tuner.best_configs.recheck -> tuner.run.worker": "the recheck job moves into tuner.run",
 }

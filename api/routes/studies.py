@@ -22,7 +22,7 @@ from api.schemas import (
     TrialPage,
 )
 from api.views import study_out, trial_dict, trial_out, view_out
-from tuner.results.export import ExportError, ExportRefused, export_document, render
+from tuner.results.export import FRONT_LIMIT, ExportError, ExportRefused, export_document, render
 from tuner.store import lifecycle, queries
 from tuner.study.spec import SpecError, StudySpec, compile_study
 
@@ -351,11 +351,13 @@ def export_study(
     db: DBDep,
     format: Literal["json", "yaml", "env", "python"] = "json",
     trial: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
+    limit: Annotated[int, Query(ge=0, le=10000)] = FRONT_LIMIT,
 ) -> PlainTextResponse:
-    """The chosen config (default pick, or ``?trial=n``) as json/yaml (config, metrics, fingerprint, spec),
-    env (``KEY=value`` lines) or python (source to paste)."""
+    """The chosen config (default pick, or ``?trial=n``) as json/yaml (config, metrics, fingerprint, spec,
+    the first ``limit`` trials of the Pareto front, ``pareto_front_total`` its size), env (``KEY=value``
+    lines) or python (source to paste). Read from the study's summary and by trial number."""
     try:
-        document = export_document(db, row, trial)
+        document = export_document(db, row, trial, limit=limit)
         text = render(document, format)
     except ExportRefused as exc:
         raise HTTPException(422, str(exc)) from None

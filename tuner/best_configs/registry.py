@@ -189,7 +189,7 @@ class Publication:
 
 
 def _winner(db: StudyDB, study: StudyRow, trial: int | None) -> TrialRow:
-    from tuner.results.pareto import best_trial
+    from tuner.store.queries import kept_results
 
     if trial is not None:
         row = db.trial(study.id, trial)
@@ -201,10 +201,10 @@ def _winner(db: StudyDB, study: StudyRow, trial: int | None) -> TrialRow:
     objectives = [(o["metric"], o["direction"]) for o in (study.objectives or [])]
     if not objectives:
         raise RegistryError(f"study {study.name} has no stored objectives")
-    best = best_trial(db.trials(study.id), objectives)
+    best = kept_results(db, study, limit=0).pick  # the pick the study's summary keeps
     if best is None:
         raise RegistryError(f"study {study.name} has no feasible ok trial to publish")
-    return best  # type: ignore[return-value]
+    return best
 
 
 def entry_values(study: StudyRow, trial: TrialRow) -> dict[str, Any]:

@@ -201,7 +201,7 @@ def _print_front(front: list[Any], objectives: list[tuple[str, str]], chosen: in
 
 def cmd_status(args: argparse.Namespace) -> int:
     from tuner.results.export import objectives_of
-    from tuner.results.pareto import best_trial
+    from tuner.store.queries import study_view
     from tuner.store.storage import measured_count
 
     db = _db(args)
@@ -220,8 +220,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         measured = measured_count(counts)
         failed = measured - counts.get("ok", 0)
         objectives = objectives_of(row)
-        best = best_trial(db.trials(row.id), objectives)
-        best_text = f"{objectives[0][0]}={_fmt(best.metrics.get(objectives[0][0]))} (#{best.number})" if best else "-"
+        best = study_view(db, row).summary.best  # the pick the study's summary keeps
+        best_text = "-"
+        if best:
+            best_text = f"{objectives[0][0]}={_fmt(best['metrics'].get(objectives[0][0]))} (#{best['trial']})"
         budget = row.spec.get("budget", {}).get("trials", "?")
         table.add_row(str(row.id), row.name, row.workload, row.status, f"{measured}/{budget}", str(failed), best_text)
     console.print(table)

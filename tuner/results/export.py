@@ -9,7 +9,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
-from tuner.results.pareto import best_trial, pareto_front
+from tuner.store.queries import kept_results
 from tuner.store.storage import StudyDB, StudyRow
 from tuner.study.spec import build_error, objectives_from_spec, objectives_of, objectives_or_error  # noqa: F401 (re-exported)
 from tuner.study.yamlio import dump_yaml
@@ -40,22 +40,27 @@ class ExportRefused(ExportError):
     """The study's config cannot be exported in the asked form (the API answers 422)."""
 
 
-def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None) -> dict[str, Any]:
-    """The chosen config (default: best Pareto point on the first objective), its metrics,
-    the fingerprint it was measured on, the Pareto front and the spec. A study whose stored spec no longer
-    builds raises :class:`ExportRefused` saying why."""
+#: Front trials an export lists by default (``pareto_front_total`` says how many the front has).
+FRONT_LIMIT = 100
+
+
+def export_document(
+    db: StudyDB, row: StudyRow, trial_number: int | None = None, *, limit: int | None = FRONT_LIMIT
+) -> dict[str, Any]:
+    """The chosen config (default: the pick the study's summary keeps), its metrics, the fingerprint it was
+    measured on, the first ``limit`` trials of the Pareto front (None: all of it) and the spec. Read from
+    the summary and by trial number (``queries.kept_results``): no scan of the study's trials."""
     error = build_error(row)
     if error is not None:
         raise ExportRefused(f"study {row.name!r} cannot be exported: {error}")
-    trials = db.trials(row.id)
     objectives = objectives_of(row)
-    front = pareto_front(trials, objectives)
+    kept = kept_results(db, row, limit=limit)
     if trial_number is None:
-        chosen = best_trial(trials, objectives)
+        chosen = kept.pick
         if chosen is None:
             raise ExportError(f"study {row.name!r} has no feasible successful trial yet")
     else:
-        chosen = next((t for t in trials if t.number == trial_number), None)
+        chosen = db.trial(row.id, trial_number)
         if chosen is None:
             raise ExportError(f"study {row.name!r} has no trial {trial_number}")
         if chosen.status != "ok":
@@ -66,7 +71,7 @@ def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None)
         "study_id": row.id,
         "workload": row.workload,
         "trial": chosen.number,
-        "on_pareto_front": any(t.number == chosen.number for t in front),
+        "on_pareto_front": chosen.number in kept.numbers,
         "feasible": bool(chosen.feasible),
         "params": chosen.params,
         "config": workload.export_config(dict(chosen.params)),
@@ -75,7 +80,9 @@ def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None)
         "timing_comparable": chosen.timing_comparable,
         "timing": timing_facts(chosen),
         "fingerprint": chosen.fingerprint,
-        "pareto_front": [{"trial": t.number, "params": t.params, "metrics": t.metrics} for t in front],
+        "pareto_front": [{"trial": t.number, "params": t.params, "metrics": t.metrics} for t in kept.front],
+        "pareto_front_total": len(kept.numbers),
+        "pareto_front_limit": limit,
         "space_hash": row.space_hash,
         "spec": row.spec,
     }

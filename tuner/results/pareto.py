@@ -1,9 +1,14 @@
-"""Pareto front and the default pick, computed from the study database (the source of truth)."""
+"""The Pareto front and the default pick computed from a list of trials (a reference, and for trials not
+in one study's store, such as two studies' fronts combined). A study's results are read from the front and
+pick its store keeps (``tuner.store.queries.kept_results``); both use the key, dominance and pick rule of
+``tuner.store.summary``."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
+
+from tuner.store.summary import dominates, objective_key, pick_number
 
 
 class TrialLike(Protocol):
@@ -11,21 +16,6 @@ class TrialLike(Protocol):
     status: str
     metrics: Mapping[str, Any]
     feasible: bool | None
-
-
-def _key(trial: TrialLike, objectives: Sequence[tuple[str, str]]) -> tuple[float, ...] | None:
-    """Objective values as "smaller is better" numbers, or None if any is missing."""
-    out = []
-    for metric, direction in objectives:
-        value = trial.metrics.get(metric)
-        if value is None:
-            return None
-        out.append(-float(value) if direction == "maximize" else float(value))
-    return tuple(out)
-
-
-def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
-    return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
 
 
 def pareto_front(trials: Sequence[TrialLike], objectives: Sequence[tuple[str, str]]) -> list[TrialLike]:
@@ -37,14 +27,14 @@ def pareto_front(trials: Sequence[TrialLike], objectives: Sequence[tuple[str, st
     for trial in trials:
         if trial.status != "ok" or not trial.feasible or getattr(trial, "duplicate_of", None) is not None:
             continue  # copies of a repeated config stand behind their original
-        key = _key(trial, objectives)
+        key = objective_key(trial.metrics or {}, objectives)
         if key is not None:
             candidates.append((key, trial))
     # In (key, number) order a point's dominators all come before it (a dominator is lexicographically
     # smaller), and a dominated dominator is itself dominated by a front point (transitivity): so each
     # point is checked against the front found so far, not against every point (O(n * front), not O(n^2)).
     candidates.sort(key=lambda kt: (kt[0], kt[1].number))
-    front: list[tuple[tuple[float, ...], TrialLike]] = []
+    front: list[tuple[list[float], TrialLike]] = []
     for key, trial in candidates:
         if not any(dominates(other, key) for other, _ in front):
             front.append((key, trial))
@@ -58,11 +48,9 @@ def best_trial(trials: Sequence[TrialLike], objectives: Sequence[tuple[str, str]
     with the best median: a lead smaller than clock drift does not decide.
     """
     front = pareto_front(trials, objectives)
-    if not front:
-        return None
-    metric, direction = objectives[0]
-    remeasured = [
-        t
+    metric = objectives[0][0] if objectives else None
+    remeasured = {
+        t.number: float(r["median"])
         for t in trials
         if t.status == "ok"
         and t.feasible
@@ -70,8 +58,6 @@ def best_trial(trials: Sequence[TrialLike], objectives: Sequence[tuple[str, str]
         and (r := getattr(t, "remeasured", None))
         and r.get("metric") == metric
         and r.get("median") is not None
-    ]
-    if remeasured:
-        sign = -1.0 if direction == "maximize" else 1.0
-        return min(remeasured, key=lambda t: (sign * t.remeasured["median"], t.number))
-    return front[0]
+    }
+    number = pick_number([t.number for t in front], remeasured, objectives)
+    return next((t for t in trials if t.number == number), None)

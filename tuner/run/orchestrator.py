@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.results.pareto import best_trial, pareto_front
 from tuner.run.session import StudyConflict, StudyFailed, StudySession
 from tuner.run.worker_pool import MAX_ATTEMPTS, MAX_WORKER_START_FAILURES, Outcome, Work, WorkerPool, ensure_ray
 from tuner.store import progress
+from tuner.store.queries import kept_results
 from tuner.store.storage import DUPLICATE, RUNNING, StudyDB, TrialRow, TrialWrite, measured_count
 from tuner.strategy import SpaceExhausted
 from tuner.strategy.adapter import Proposal, SamplerAdapter, finite
@@ -196,15 +196,15 @@ class Orchestrator:
         return summary
 
     def _summary(self, status: str, elapsed: float, message: str | None) -> RunSummary:
-        trials = self.db.trials(self.study_id)
-        objectives = self.compiled.objectives
+        """What the run reports: the front and the pick the study's summary keeps (no trial scan)."""
+        kept = kept_results(self.db, self.db.get_study(self.study_id))
         return RunSummary(
             study_id=self.study_id,
             name=self.spec.name,
             status=status,
             counts=self.db.status_counts(self.study_id),
-            pareto=list(pareto_front(trials, objectives)),
-            best=best_trial(trials, objectives),
+            pareto=kept.front,
+            best=kept.pick,
             elapsed_s=elapsed,
             message=message,
             startup_s=self._startup_s,

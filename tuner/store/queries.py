@@ -256,6 +256,30 @@ def front_sample(view: StudyView, cap: int) -> tuple[list[int], int, int]:
     return sample, stride, len(numbers)
 
 
+@dataclass
+class KeptResults:
+    """A study's results as its summary keeps them: ``numbers``, the whole front's trial numbers in front
+    order; ``front``, the first ``limit`` of its trials (as :func:`trials_by_number` reads them); ``pick``,
+    the default pick's trial with every column (None: nothing to pick yet)."""
+
+    numbers: list[int]
+    front: list[Any]
+    pick: TrialRow | None
+
+
+def kept_results(db: StudyDB, row: StudyRow, *, limit: int | None = None) -> KeptResults:
+    """The front and the default pick that the study's summary keeps (what the export, the registry's
+    publish and the end of a run report), read without any scan of the study's trials: the summary row by
+    primary key, then at most ``limit`` front trials (None: the whole front) and the pick, by number. For
+    one objective the front is every trial tied for the best value (the API's ``/pareto`` shows one)."""
+    view = study_view(db, row, with_order=True)
+    numbers = view.summary.front_numbers()
+    page = numbers if limit is None else numbers[:limit]
+    number = view.summary.pick()
+    pick = None if number is None else db.trial(row.id, number)
+    return KeptResults(numbers, trials_by_number(db, row.id, page), pick)
+
+
 def changes_since(db: StudyDB, study_id: int, seq: int, limit: int = 500) -> list[TrialRow]:
     """Trials written after change ``seq`` (each as it is now), in the order of their last change."""
     with db.Session() as s:

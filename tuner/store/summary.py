@@ -25,8 +25,6 @@ from typing import Any
 from sqlalchemy import bindparam, delete, func, insert, select, update
 from sqlalchemy.engine import Connection
 
-from tuner.results.pareto import dominates
-
 log = logging.getLogger("tuner.store.summary")
 
 OK = "ok"
@@ -102,16 +100,32 @@ class Summary:
         return None if self.best is None else int(self.best["trial"])
 
     def best_number(self, objectives: Sequence[tuple[str, str]]) -> int | None:
-        """``pareto.best_trial``'s pick: the best re-measured median if any, else the front's first."""
-        if self.remeasured and objectives:
-            sign = -1.0 if objectives[0][1] == "maximize" else 1.0
-            return min(self.remeasured.items(), key=lambda nv: (sign * nv[1], nv[0]))[0]
-        numbers = self.front_numbers()
-        return numbers[0] if numbers else None
+        """The default pick of this summary's front and re-measurements (:func:`pick_number`)."""
+        return pick_number(self.front_numbers(), self.remeasured, objectives)
+
+
+def pick_number(
+    front: Sequence[int], remeasured: Mapping[int, float], objectives: Sequence[tuple[str, str]]
+) -> int | None:
+    """The default pick (the one rule, also ``pareto.best_trial``'s): None without a front; else the best
+    re-measured median of the first objective if any trial was re-measured (ties: the lower number: a lead
+    smaller than clock drift does not decide), else the front's first point (``front`` in front order)."""
+    if not front:
+        return None
+    if remeasured and objectives:
+        sign = -1.0 if objectives[0][1] == "maximize" else 1.0
+        return min(remeasured.items(), key=lambda nv: (sign * nv[1], nv[0]))[0]
+    return front[0]
+
+
+def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether objective key ``a`` dominates ``b`` (no worse on each, better on one: smaller is better)."""
+    return all(x <= y for x, y in zip(a, b, strict=True)) and any(x < y for x, y in zip(a, b, strict=True))
 
 
 def objective_key(metrics: Mapping[str, Any], objectives: Sequence[tuple[str, str]]) -> list[float] | None:
-    """The objective values as "smaller is better" numbers, or None if one is missing (``pareto._key``)."""
+    """The objective values as "smaller is better" numbers, or None if one is missing or not a number
+    (the one definition: ``pareto.pareto_front`` keys trials with it too)."""
     if not objectives:
         return None
     out = []
