@@ -204,3 +204,30 @@ def test_every_plot_endpoint_is_bounded_at_10000_trials(tmp_path: Path) -> None:
             assert bounded(response.json()) and len(response.content) < 200_000, name
             print(f"{name}: {elapsed:.0f} ms, {len(response.content)} bytes at 10,000 trials")
     app.state.db.dispose()
+
+
+def test_notes_are_written_with_the_token_read_back_and_exported(study: tuple[str, int]) -> None:
+    url, sid = study
+    app = create_app(Settings(db_url=url, token="note-token"))
+    auth = {"Authorization": "Bearer note-token"}
+    with TestClient(app) as c:
+        trial = ok_trials(c, sid)[0].number
+        assert c.put(f"/api/studies/{sid}/note", json={"text": "no token"}).status_code == 401
+        assert c.put(f"/api/studies/{sid}/trials/{trial}/note", json={"text": "x"}).status_code == 401
+        study_note = "# Driver 550\nThe *fast* mode wins at tile 64."
+        put = c.put(f"/api/studies/{sid}/note", json={"text": study_note}, headers=auth)
+        assert put.status_code == 200 and put.json()["text"] == study_note
+        assert (
+            c.put(f"/api/studies/{sid}/trials/{trial}/note", json={"text": "re-check"}, headers=auth).status_code == 200
+        )
+        assert c.put(f"/api/studies/{sid}/trials/99999/note", json={"text": "x"}, headers=auth).status_code == 404
+        too_long = c.put(f"/api/studies/{sid}/note", json={"text": "x" * 10_001}, headers=auth)
+        assert too_long.status_code == 422
+        assert c.get(f"/api/studies/{sid}").json()["note"] == study_note
+        assert c.get(f"/api/studies/{sid}/trials/{trial}").json()["note"] == "re-check"
+        assert c.get(f"/api/studies/{sid}/overview").json()["study"]["note"] == study_note
+        exported = c.get(f"/api/studies/{sid}/export", params={"format": "json"}).json()
+        assert exported["notes"] == {"study": study_note, "trials": {str(trial): "re-check"}}
+        assert c.put(f"/api/studies/{sid}/trials/{trial}/note", json={"text": ""}, headers=auth).status_code == 200
+        assert c.get(f"/api/studies/{sid}/trials/{trial}").json()["note"] is None
+    app.state.db.dispose()

@@ -8,6 +8,7 @@ import shlex
 from typing import Any
 
 from tuner.results.pareto import best_trial, pareto_front
+from tuner.store.notes import study_notes
 from tuner.store.storage import StudyDB, StudyRow
 from tuner.study.spec import objectives_from_spec, objectives_of, objectives_or_error  # noqa: F401 (re-exported)
 from tuner.study.yamlio import dump_yaml
@@ -56,6 +57,7 @@ def export_document(db: StudyDB, row: StudyRow, trial_number: int | None = None)
         "pareto_front": [{"trial": t.number, "params": t.params, "metrics": t.metrics} for t in front],
         "space_hash": row.space_hash,
         "spec": row.spec,
+        "notes": study_notes(db, row.id),
     }
     provenance = workload.provenance()
     if provenance is not None:
