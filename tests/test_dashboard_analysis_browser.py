@@ -81,7 +81,7 @@ def test_analysis_plots_notes_and_compare_in_a_browser(demo_server: str) -> None
             assert page.locator("#compare-table tbody tr").count() == 2
             for plot in ("compare-best-plot", "compare-edf-plot", "compare-front-plot"):
                 assert page.evaluate(TRACES_JS, plot) == 2
-            assert "×" in page.locator("#compare-table tbody tr").nth(1).text_content()
+            assert "\u00d7" in page.locator("#compare-table tbody tr").nth(1).text_content()
             page.screenshot(path=str(ARTIFACTS / "dashboard-compare.png"), full_page=True)
         finally:
             browser.close()

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 from api.deps import MAX_ID, DBDep, StudyDep, require_read, require_write
 from api.routes.studies import ERRORS
+from api.schemas import ErrorOut
 from tuner.store import notes
 from tuner.store.schema import MAX_NOTE_CHARS
 
@@ -27,14 +28,17 @@ class NoteOut(BaseModel):
     text: str | None
 
 
-@router.put("/{study_id}/note", response_model=NoteOut, responses=ERRORS)
+BODY_ERRORS = {**ERRORS, 400: {"model": ErrorOut, "description": "the body is not JSON"}}
+
+
+@router.put("/{study_id}/note", response_model=NoteOut, responses=BODY_ERRORS)
 def put_study_note(row: StudyDep, db: DBDep, body: NoteIn) -> NoteOut:
     """Write the study's note."""
     notes.set_note(db, row.id, None, body.text)
     return NoteOut(study_id=row.id, trial=None, text=notes.note(db, row.id))
 
 
-@router.put("/{study_id}/trials/{number}/note", response_model=NoteOut, responses=ERRORS)
+@router.put("/{study_id}/trials/{number}/note", response_model=NoteOut, responses=BODY_ERRORS)
 def put_trial_note(row: StudyDep, db: DBDep, number: Annotated[int, Path(ge=0, le=MAX_ID)], body: NoteIn) -> NoteOut:
     """Write one trial's note (the trial must exist)."""
     if db.trial(row.id, number) is None:

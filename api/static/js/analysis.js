@@ -108,7 +108,7 @@ function renderSlice() {
     type: "scatter",
     mode: "markers",
     name: escapeHtml(name),
-    x: list.map((p) => p.value),
+    x: list.map((p) => (typeof p.value === "number" ? p.value : escapeHtml(p.value))),
     y: list.map((p) => p.objective),
     customdata: list.map((p) => p.number),
     hovertext: list.map((p) => `trial ${p.number}${p.feasible ? "" : " (constraint violated)"}`),
@@ -129,10 +129,11 @@ function renderContour() {
   showNote("contour-note", A.data.contourError || (!body ? "choose two different params" : ""));
   if (!body) return;
   const numeric = body.x_cells.every((v) => typeof v === "number") && body.y_cells.every((v) => typeof v === "number");
+  const text = (v) => (typeof v === "number" ? v : escapeHtml(v)); // category names are tick labels
   const grid = {
     type: numeric ? "contour" : "heatmap",
-    x: body.x_cells,
-    y: body.y_cells,
+    x: body.x_cells.map(text),
+    y: body.y_cells.map(text),
     z: body.z,
     connectgaps: numeric,
     colorscale: "Viridis",
@@ -144,8 +145,8 @@ function renderContour() {
     type: "scatter",
     mode: "markers",
     name: "trials",
-    x: body.points.map((p) => p.x),
-    y: body.points.map((p) => p.y),
+    x: body.points.map((p) => text(p.x)),
+    y: body.points.map((p) => text(p.y)),
     customdata: body.points.map((p) => p.number),
     hovertext: body.points.map((p) => `trial ${p.number}: ${p.objective}`),
     marker: { color: "#fff", size: 5, line: { color: "#212529", width: 1 } },
@@ -239,6 +240,7 @@ function renderBest() {
     if (body.objectives[1]) {
       const o = body.objectives[1];
       layout.yaxis2 = { title: title(o.metric, o.direction), overlaying: "y", side: "right" };
+      layout.margin = { l: 64, r: 72, t: 30, b: 56 }; // room for the right axis' title beside its ticks
     }
     draw($(id), traces, layout);
   }
