@@ -169,6 +169,20 @@ async def study_page(request: Request, study_id: str) -> HTMLResponse:
     )
 
 
+@router.get("/compare", response_class=HTMLResponse, name="dashboard_compare")
+async def compare_page(request: Request, studies: str = "") -> HTMLResponse:
+    """Several studies overlaid (best so far, EDF, fronts) and their picks side by side; ``?studies=1,2``."""
+    ids = [part for part in studies.split(",") if part.strip()]
+    if not ids or len(ids) > 8 or not all(p.strip().isascii() and p.strip().isdigit() and len(p) <= 18 for p in ids):
+        return not_found_page(request, "Compare takes ?studies= two to eight study ids, comma-separated.")
+    return _render(
+        request,
+        "compare.html",
+        plotly_js=PLOTLY_JS,
+        study_ids=",".join(str(int(p)) for p in ids),
+    )
+
+
 @router.get("/registry", response_class=HTMLResponse, name="dashboard_registry")
 async def registry_page(request: Request) -> HTMLResponse:
     """The best-config registry: entries by workload, GPU and shape; regressed and unverified ones stand out."""

@@ -16,7 +16,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from api import dashboard, docs, streams
-from api.routes import configs, meta, studies
+from api.routes import analysis, configs, meta, notes, studies
 from api.settings import Settings
 from tuner.store.storage import StudyDB, is_transient
 from tuner.study.spec import semantic_errors
@@ -172,6 +172,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(PoolTimeout, database_unavailable)
     app.include_router(studies.router)
     app.include_router(streams.router)
+    app.include_router(analysis.router)
+    app.include_router(notes.router)
     app.include_router(meta.router)
     app.include_router(configs.router)
     app.include_router(dashboard.router)

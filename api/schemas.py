@@ -55,6 +55,8 @@ class StudyDetail(StudyOut):
     space_hash: str
     device: dict[str, Any] | None
     fingerprint: dict[str, Any] | None
+    #: The study's markdown note (``PUT /api/studies/{id}/note``), or None.
+    note: str | None = None
 
 
 class StudyPage(BaseModel):
@@ -95,6 +97,8 @@ class TrialDetail(TrialOut):
     #: What the workload reported beside its metrics: ``timing`` (median_ms, iqr_ms, ci95_ms, reps,
     #: warmup_calls, mode, rel_ci, converged), loss curves, memory facts... Empty for older trials.
     extra: dict[str, Any] = {}
+    #: The trial's markdown note (``PUT /api/studies/{id}/trials/{number}/note``), or None.
+    note: str | None = None
 
 
 class TrialPage(BaseModel):

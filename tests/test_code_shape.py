@@ -8,6 +8,7 @@ Every package (``tuner/``, ``api/``, ``objectives/``, ``kernels/``, ``models/``,
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,34 @@ def test_every_exemption_is_still_needed() -> None:
     max_module = LIMITS["every package"][1]
     short = {m for m in EXEMPT_MODULES if len((REPO / m).read_text().splitlines()) <= max_module}
     assert not short, short
+
+
+MAX_JS_LINES = 800
+MAX_JS_FUNCTION_LINES = 150
+_JS_START = re.compile(r"^(export )?(async )?function |^(export )?const \w+ = (async )?(\(.*\)|\w+) =>")
+
+
+def _js_functions(path: Path) -> dict[str, int]:
+    """Each top-level function of a dashboard module and its length in lines (nested ones lie inside it):
+    from its first line to the first line at column 0 that closes a block."""
+    lines = path.read_text().splitlines()
+    out, start = {}, None
+    for i, line in enumerate(lines):
+        if start is None and _JS_START.match(line):
+            start = i
+            if line.rstrip().endswith(";"):  # a one-line arrow
+                out[f"{path.name}:{i + 1}"], start = 1, None
+        elif start is not None and re.match(r"^[})\]]", line):
+            out[f"{path.name}:{start + 1}"], start = i - start + 1, None
+    return out
+
+
+def test_no_dashboard_module_is_over_800_lines_nor_function_over_150() -> None:
+    modules = sorted((REPO / "api" / "static" / "js").glob("*.js"))
+    assert modules, "the dashboard's modules are in api/static/js"
+    long = {p.name: n for p in modules if (n := len(p.read_text().splitlines())) > MAX_JS_LINES}
+    assert not long, f"split these modules: {long}"
+    functions = {k: n for p in modules for k, n in _js_functions(p).items()}
+    assert len(functions) > 50, "the function finder finds the modules' functions"
+    long = {k: n for k, n in functions.items() if n > MAX_JS_FUNCTION_LINES}
+    assert not long, f"split these functions: {long}"

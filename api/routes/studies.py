@@ -23,7 +23,7 @@ from api.schemas import (
 )
 from api.views import study_out, trial_dict, trial_out, view_out
 from tuner.results.export import FRONT_LIMIT, ExportError, ExportRefused, export_document, render
-from tuner.store import lifecycle, queries
+from tuner.store import lifecycle, notes, queries
 from tuner.study.spec import SpecError, StudySpec, compile_study
 
 EXPORT_MEDIA_TYPES = {
@@ -131,7 +131,8 @@ def list_studies(
 
 @router.get("/{study_id}", response_model=StudyDetail, responses=ERRORS)
 def get_study(row: StudyDep, db: DBDep) -> StudyDetail:
-    return study_out(db, row, detail=True)  # type: ignore[return-value]
+    """The study, its summary and its note."""
+    return study_out(db, row, detail=True).model_copy(update={"note": notes.note(db, row.id)})  # type: ignore[return-value]
 
 
 @router.post(
@@ -226,7 +227,7 @@ def get_trial(row: StudyDep, db: DBDep, number: Annotated[int, Path(ge=0, le=MAX
     trial = db.trial(row.id, number)
     if trial is None:
         raise HTTPException(404, f"study {row.id} has no trial {number}")
-    return trial_out(trial, detail=True)  # type: ignore[return-value]
+    return trial_out(trial, detail=True).model_copy(update={"note": notes.note(db, row.id, number)})  # type: ignore[return-value]
 
 
 #: Front trials ``/pareto`` returns by default (``all=true``: the whole front).
@@ -310,7 +311,7 @@ def get_overview(
     plot, stride = queries.plot_points(db, row.id, view.summary, keep, max_points=points)
     return _json(
         {
-            "study": view_out(view, detail=True, db=db).model_dump(mode="json"),
+            "study": {**view_out(view, detail=True, db=db).model_dump(mode="json"), "note": notes.note(db, row.id)},
             "trials": {"items": [trial_dict(t) for t in trials], "total": total, "limit": limit, "offset": 0},
             "points": plot,
             "points_stride": stride,

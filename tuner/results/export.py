@@ -9,6 +9,7 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from tuner.store.notes import study_notes
 from tuner.store.queries import kept_results
 from tuner.store.storage import StudyDB, StudyRow
 from tuner.study.spec import build_error, objectives_from_spec, objectives_of, objectives_or_error  # noqa: F401 (re-exported)
@@ -85,6 +86,7 @@ def export_document(
         "pareto_front_limit": limit,
         "space_hash": row.space_hash,
         "spec": row.spec,
+        "notes": study_notes(db, row.id),
     }
     provenance = workload.provenance()
     if provenance is not None:

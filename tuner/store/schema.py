@@ -175,3 +175,20 @@ def empty_summary(study_id: int) -> StudySummaryRow:
     return StudySummaryRow(
         study_id=study_id, seq=0, n_trials=0, counts={}, front=[], front_order=[], front_size=0, remeasured={}
     )
+
+
+#: The longest note a study or a trial may have, in characters.
+MAX_NOTE_CHARS = 10_000
+#: The ``number`` of a study's own note in ``tuner_notes`` (trial numbers start at 0).
+STUDY_NOTE = -1
+
+
+class NoteRow(Base):
+    """A markdown note of a study (``number`` = :data:`STUDY_NOTE`) or of one of its trials, written over the API."""
+
+    __tablename__ = "tuner_notes"
+
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuner_studies.id", ondelete="CASCADE"), primary_key=True)
+    number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    text: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime(), default=_now, onupdate=_now)

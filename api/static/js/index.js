@@ -5,13 +5,35 @@ import { ROOT, askForToken, getJSON, setUpAuthForm } from "./api.js";
 import { TERMINAL, bestText, failedCount, fmtDuration, fmtTime, progressBar, statusBadge } from "./format.js";
 
 const POLL_MS = 2000;
-const state = { offset: 0, limit: 50, total: 0, timer: null };
+const state = { offset: 0, limit: 50, total: 0, timer: null, chosen: new Set() };
+
+/** The Compare link: enabled with two or more studies ticked, to /compare?studies=... */
+function updateCompare() {
+  const link = $("compare-link");
+  if (!link) return;
+  const chosen = [...state.chosen].sort((a, b) => a - b);
+  link.href = `${ROOT}/compare?studies=${chosen.join(",")}`;
+  link.classList.toggle("disabled", chosen.length < 2);
+  link.setAttribute("aria-disabled", String(chosen.length < 2));
+}
+
+function tick(study) {
+  const box = h("input", { type: "checkbox", class: "compare-pick", "aria-label": `compare study ${study.id}` });
+  box.checked = state.chosen.has(study.id);
+  box.addEventListener("change", () => {
+    if (box.checked) state.chosen.add(study.id);
+    else state.chosen.delete(study.id);
+    updateCompare();
+  });
+  return h("td", {}, box);
+}
 
 function row(study) {
   const failed = failedCount(study.counts);
   return h(
     "tr",
     { "data-study-id": study.id },
+    tick(study),
     h("td", { class: "num" }, study.id),
     h("td", {}, h("a", { href: `${ROOT}/studies/${encodeURIComponent(study.id)}` }, study.name)),
     h("td", {}, study.workload),
@@ -61,6 +83,10 @@ function start() {
   };
   $("status-filter").addEventListener("change", fromStart);
   $("workload-filter").addEventListener("change", fromStart);
+  $("compare-link").addEventListener("click", (event) => {
+    if (state.chosen.size < 2) event.preventDefault();
+  });
+  updateCompare();
   $("page-prev").addEventListener("click", () => {
     state.offset = Math.max(0, state.offset - state.limit);
     refresh();

@@ -8,6 +8,8 @@ import { fullPlotlyLoad, hasPlotly, onFullPlotly, plotlyReady } from "./draw.js"
 import { renderFailures, renderFingerprint } from "./cards.js";
 import { bindHeaderControls, renderHeader, tickClock } from "./header.js";
 import { afterStudyUpdate, stopLive } from "./live.js";
+import { loadAnalysis } from "./analysis.js";
+import { bindNotes, renderStudyNote, showTrialNote } from "./notes.js";
 import { renderSelected, selectTrial } from "./panel.js";
 import { renderParallel } from "./parallel.js";
 import { renderHistory, renderImportance, renderPareto } from "./plots.js";
@@ -78,6 +80,8 @@ async function loadAndDraw(force) {
   renderParts(textParts()); // the header and the table first: they need no Plotly
   await plotlyReady;
   renderParts(plotParts());
+  renderStudyNote(S.study);
+  loadAnalysis(force, S.study); // each analysis plot from its own endpoint, after the first draw
   if (fullPlotlyLoad()) await fullPlotlyLoad(); // a plot waits for the full bundle: drawn once it is in
   S.refreshes += 1;
   document.body.dataset.refreshes = String(S.refreshes);
@@ -130,7 +134,10 @@ function refreshData(force) {
 
 function start() {
   setUpAuthForm();
-  actions.select = selectTrial;
+  actions.select = (number) => {
+    selectTrial(number);
+    showTrialNote(number);
+  };
   actions.refresh = refreshData;
   actions.renderAll = renderAll;
   window.tunerDashboard = { state: S, refresh: () => refreshData(true) };
@@ -138,12 +145,13 @@ function start() {
   window.setInterval(tickClock, 1000);
   bindHeaderControls();
   bindTableControls();
+  bindNotes();
   plotlyReady.then(() => {
     if (!hasPlotly()) showError("Plotly did not load: plots are unavailable, tables still work.");
   });
   refreshData(true).then(() => {
     const match = /^#trial-(\d+)$/.exec(window.location.hash);
-    if (match) selectTrial(Number(match[1]));
+    if (match) actions.select(Number(match[1]));
   });
 }
 
