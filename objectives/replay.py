@@ -193,20 +193,36 @@ class Replay(Workload):
         that says the metrics were measured there, not by this study."""
         header = self.landscape.header
         fingerprint = header.get("fingerprint") or {}
-        where = ", ".join(fingerprint.get("gpu_names") or []) or fingerprint.get("device_kind") or "an unknown device"
         kind = "GPU" if self.landscape.on_gpu else "recorded"
         return {
             "kind": "replayed",
+            "measured": f"replayed, recorded on {self.recorded_where()}",
             "note": (
-                f"replayed {kind} measurements: recorded on {where} ({header.get('date', 'date unknown')}) for "
-                f"{header.get('workload', '?')} {json.dumps(header.get('args', {}), sort_keys=True)}; this study "
-                "ran and timed nothing"
+                f"replayed, recorded on {self.recorded_where()} ({header.get('date', 'date unknown')}): {kind} "
+                f"measurements of {header.get('workload', '?')} {json.dumps(header.get('args', {}), sort_keys=True)};"
+                " this study ran and timed nothing"
             ),
             "file": self.landscape.path_name,
             "recorded_workload": header.get("workload"),
             "recorded_args": header.get("args"),
             "recorded_at": header.get("date"),
             "recorded_on": fingerprint,
+        }
+
+    def recorded_where(self) -> str:
+        """The machine the landscape was recorded on, as a user names it (its GPUs, else its device kind)."""
+        fingerprint = self.landscape.header.get("fingerprint") or {}
+        return ", ".join(fingerprint.get("gpu_names") or []) or fingerprint.get("device_kind") or "an unknown device"
+
+    def trial_fingerprint(self, local: dict[str, Any]) -> dict[str, Any]:
+        """The recorded machine's fingerprint (the trials' measurements were taken there), marked ``replayed``,
+        with ``measured`` saying so in words and ``replayed_on`` naming the host that answered the trials."""
+        recorded = self.landscape.header.get("fingerprint") or {}
+        return {
+            "measured": f"replayed, recorded on {self.recorded_where()}",
+            "replayed": True,
+            **recorded,
+            "replayed_on": f"{local.get('hostname', '?')} ({local.get('device_kind', '?')})",
         }
 
     def space_document(self) -> dict[str, Any]:

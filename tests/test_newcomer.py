@@ -119,7 +119,7 @@ def test_demo_replay_study_has_a_front_and_is_labelled_replayed(replayed_study: 
     assert provenance["file"] == "bench/landscapes/quant_groups-m16-8192.jsonl"
     for fmt in ("yaml", "env", "python"):
         text = render(document, fmt)
-        assert "# replayed GPU measurements: recorded on NVIDIA H200" in text, fmt
+        assert "# replayed, recorded on NVIDIA H200" in text, fmt
     assert document["timing_comparable"] is True and "timing_comparable: false" not in render(document, "python")
 
 
@@ -134,7 +134,7 @@ def test_demo_study_page_says_replayed_and_shows_the_token_box_only_when_needed(
     url, study_id = replayed_study
     with TestClient(create_app(Settings(db_url=url))) as client:
         page = client.get(f"/studies/{study_id}").text
-    assert 'id="provenance-note"' in page and "Replayed GPU measurements: recorded on NVIDIA H200" in page
+    assert 'id="provenance-note"' in page and "Replayed, recorded on NVIDIA H200" in page
     assert 'data-writes-need-token="0"' in page and 'id="api-token"' not in page
     with TestClient(create_app(Settings(db_url=url, token="s3cret"))) as client:
         page = client.get(f"/studies/{study_id}").text
@@ -157,7 +157,7 @@ def test_cli_names_the_database_it_searched_and_the_studies_it_has(
     assert f"no study named or numbered 'demo-gemm-256' in {url}" in said
     assert f"it has: demo-replay-h200-gemm (id {study_id})" in said
     assert main(["export", "demo-replay-h200-gemm", "--format", "env", "--db", url]) == 0
-    assert "# replayed GPU measurements" in capsys.readouterr().out
+    assert "# replayed, recorded on NVIDIA H200" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------------ live figures

@@ -113,7 +113,7 @@ def test_the_demo_page_fills_its_front_stops_resumes_and_the_docs_work_offline(d
             print(f"the demo page's front had {points} points {front_s:.1f} s after the submit")
             assert front_s <= FRONT_WITHIN_S
             note = page.locator("#provenance-note").inner_text()
-            assert note.startswith("Replayed GPU measurements: recorded on NVIDIA H200")
+            assert note.startswith("Replayed, recorded on NVIDIA H200")
             ticking = page.locator("#study-elapsed").inner_text()
 
             # Stop and Resume from the page: no token box on a server without a token.

@@ -65,7 +65,7 @@ class TrialWorker:
         self.label = label
         self.workload = workload_class(workload)(**args)
         self.device: DeviceInfo = device_info()
-        self.fingerprint = fingerprint()
+        self.fingerprint = self.workload.trial_fingerprint(fingerprint())
         self.roofline = None
         if self.device.is_gpu:
             from tuner.workloads.roofline import describe_roofline, measure_copy_bandwidth_gbps

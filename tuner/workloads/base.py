@@ -322,6 +322,11 @@ class Workload(ABC):
         they are measured here. Exports and the dashboard show it beside the metrics."""
         return None
 
+    def trial_fingerprint(self, local: dict[str, Any]) -> dict[str, Any]:
+        """The fingerprint recorded with this workload's trials, given the worker's own (``local``): by
+        default the worker's; ``replay`` names the machine the landscape was recorded on and says ``replayed``."""
+        return local
+
     def export_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """The config in the form user code consumes (default: the params as they are)."""
         return dict(config)

@@ -84,7 +84,13 @@ export function renderFingerprint() {
     return;
   }
   const show = (v) => (Array.isArray(v) ? v.map(fmtValue).join(", ") || "–" : fmtValue(v));
+  const fp = study.fingerprint || {};
+  // A replayed study's measurements were taken on the recorded machine; device.* answered the trials here.
+  const replayed = fp.replayed
+    ? [h("p", { class: "replayed" }, `${fp.measured || "replayed"}; the device below only answered the trials.`)]
+    : [];
   root.replaceChildren(
+    ...replayed,
     h("dl", { class: "fingerprint" }, ...entries.map(([k, v]) => [h("dt", {}, k), h("dd", {}, show(v))])),
   );
   if (study.space_hash) root.appendChild(h("p", { class: "muted small" }, `space hash ${study.space_hash}`));

@@ -91,6 +91,28 @@ export function webglIsSoftware() {
 /** The scatter trace type for this many points: WebGL for many. */
 export const scatterType = (n) => (n > WEBGL_FROM ? "scattergl" : "scatter");
 
+/** Tick and hover labels as plain numbers ("~g": 0.00008, 72.1, 1500), never Plotly's SI suffixes ("80µ" TFLOP/s
+ *  reads as a unit); an axis that sets its own format, or a category or date axis, keeps it. */
+const PLAIN_NUMBERS = { tickformat: "~g", hoverformat: "~g" };
+export function plainTicks(data, layout) {
+  const plain = (axis) =>
+    axis && (axis.type === "category" || axis.type === "date") ? axis : { ...PLAIN_NUMBERS, ...(axis || {}) };
+  const names = new Set(["xaxis", "yaxis"]);
+  for (const trace of data) {
+    for (const key of ["xaxis", "yaxis"]) {
+      if (typeof trace[key] === "string") names.add(`${key}${trace[key].slice(1)}`);
+    }
+  }
+  for (const key of Object.keys(layout)) if (/^[xy]axis\d*$/.test(key)) names.add(key);
+  const out = { ...layout };
+  for (const name of names) out[name] = plain(layout[name]);
+  if (layout.scene) {
+    out.scene = { ...layout.scene };
+    for (const key of ["xaxis", "yaxis", "zaxis"]) out.scene[key] = plain(layout.scene[key]);
+  }
+  return out;
+}
+
 /** Draw (or update) a plot; keeps zoom across updates (uirevision) and binds click-to-select once. */
 export function draw(div, data, layout, onClick) {
   if (!hasPlotly() || needsFullPlotly(data)) return;
@@ -103,7 +125,7 @@ export function draw(div, data, layout, onClick) {
     paper_bgcolor: "#fff",
     plot_bgcolor: "#fff",
   };
-  window.Plotly.react(div, data, Object.assign(base, layout), PLOT_CONFIG);
+  window.Plotly.react(div, data, Object.assign(base, plainTicks(data, layout)), PLOT_CONFIG);
   if (onClick && !div.tunerClickBound) {
     div.on("plotly_click", (event) => {
       const point = event && event.points && event.points[0];
