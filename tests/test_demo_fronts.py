@@ -104,7 +104,8 @@ def test_plot_axes_format_ticks_as_plain_numbers(tmp_path: Path) -> None:
     script.write_text(
         'globalThis.document = { getElementById: () => null, readyState: "complete" }; globalThis.window = {};\n'
         f'const {{ plainTicks }} = await import("{(ROOT / "api" / "static" / "js" / "draw.js").as_uri()}");\n'
-        "const layout = { xaxis: { title: 'a' }, yaxis: { type: 'category' }, scene: { zaxis: { tickformat: '.2f' } } };\n"
+        "const layout = { xaxis: { title: 'a' }, yaxis: { type: 'category' },\n"
+        "  scene: { zaxis: { tickformat: '.2f' } } };\n"
         "console.log(JSON.stringify(plainTicks([{ x: [1], y: [2], xaxis: 'x2' }], layout)));\n"
     )
     out = json.loads(subprocess.run(["node", str(script)], capture_output=True, text=True, check=True).stdout)
