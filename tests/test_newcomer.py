@@ -92,13 +92,14 @@ def replayed_study(tmp_path_factory: pytest.TempPathFactory, ray_session: None) 
 
 
 def test_demo_specs_compile_with_fronts_to_find() -> None:
-    """The three demo studies are valid; the live one keeps several precisions the interpreter computes."""
+    """The three demo studies are valid; the live one keeps the quantizations whose bytes and error trade off."""
     from tuner.study.spec import load_spec
 
     replay = load_spec(ROOT / "examples" / "demo-replay.yaml")
     assert replay.spec.workload == "replay" and [m for m, _ in replay.objectives] == ["tflops", "max_rel_error"]
     live = load_spec(ROOT / "examples" / "demo-gemm.yaml")
-    assert len(live.space.params["precision"].choices) >= 2
+    assert set(live.space.params["bits"].choices) == {4, 8} and len(live.space.params["group_size"].choices) >= 3
+    assert [m for m, _ in live.objectives] == ["weight_bytes", "max_rel_error"]
     gpu = load_spec(ROOT / "examples" / "demo-gemm-gpu.yaml")
     assert set(gpu.space.params["precision"].choices) == {"fp32", "tf32", "bf16", "fp16", "fp8"}
 
