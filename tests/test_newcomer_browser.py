@@ -123,6 +123,12 @@ def test_the_demo_page_fills_its_front_stops_resumes_and_the_docs_work_offline(d
             page.locator("#stop-button").click()
             _wait_for(page, "() => document.body.dataset.studyStatus === 'stopped'", 90, "the study to stop")
             assert "stop requested" in page.locator("#control-result").inner_text()
+            # The hardware panel (drawn again as the study stops): the recorded GPU's fingerprint, said to be
+            # replayed; the CPU only answered the trials.
+            expected = "replayed, recorded on NVIDIA H200; the device below only answered the trials"
+            _wait_for(page, f"() => document.getElementById('fingerprint').textContent.includes({expected!r})", 30,
+                      "the hardware panel to say replayed")  # fmt: skip
+            assert "replayed_on" in (page.locator("#fingerprint").text_content() or "")
             measured = client.get(f"/api/studies/{study_id}").json()["measured"]
             assert 0 < measured < 300
             page.locator("#resume-button").click()
