@@ -348,6 +348,24 @@ KEEP_ALIVE_S = 75
 APP_FACTORY = "api.main:served_app"
 
 
+def add_max_studies(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-studies",
+        type=_at_least_one,
+        help="studies the runner runs at once, sharing its worker slots (default $TUNER_MAX_STUDIES, else 4)",
+    )
+
+
+def _at_least_one(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r}: expected a whole number >= 1")
+    return value
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import os
     import signal
@@ -365,6 +383,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             cmd += ["--ray-address", args.ray_address]
         if args.workers:
             cmd += ["--workers", str(args.workers)]
+        if args.max_studies:
+            cmd += ["--max-studies", str(args.max_studies)]
         if args.recheck_every:
             cmd += ["--recheck-every", f"{args.recheck_every:g}"]
         supervisor = RunnerSupervisor(cmd, stop_timeout_s=RUNNER_STOP_S)
@@ -580,6 +600,7 @@ def _add_service_commands(sub: Any) -> None:
     add_db(serve)
     serve.add_argument("--ray-address", help="the runner joins this Ray cluster")
     serve.add_argument("--workers", type=int, help="worker actors per study (default: one per GPU, 2 on CPU)")
+    add_max_studies(serve)
     serve.add_argument("--no-runner", action="store_true", help="API only; run `tuner worker` elsewhere")
     serve.add_argument("--log-level", default="warning")
     serve.add_argument(
@@ -597,6 +618,7 @@ def _add_service_commands(sub: Any) -> None:
     add_db(worker)
     worker.add_argument("--ray-address")
     worker.add_argument("--workers", type=int)
+    add_max_studies(worker)
     worker.add_argument("--watch-parent", type=int, metavar="PID", help="stop when process PID (its parent) is gone")
     add_recheck_option(worker)
     worker.set_defaults(func=cmd_worker)
