@@ -290,6 +290,7 @@ class Orchestrator:
                     return
                 if self.broker is not None:  # the other studies hold every slot: wait for one to come back
                     self.broker.wait(self.poll_s)
+                    self._beat()  # the lease is renewed while we wait
                 continue
             for outcome in outcomes:
                 self._finish(outcome)

@@ -140,6 +140,10 @@ class StudyRunner:
             self._start_study(row)
 
     def _start_study(self, row: StudyRow) -> None:
+        with self._lock:
+            if row.id in self._current:  # its lease lapsed while its thread still runs it: that thread goes on
+                log.warning("study %s: lease lapsed under its own run; renewed", row.id)
+                return
         thread = threading.Thread(target=self._run_in_thread, args=(row,), name=f"study-{row.id}", daemon=True)
         with self._lock:
             self._current[row.id] = thread
