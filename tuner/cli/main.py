@@ -338,6 +338,24 @@ def cmd_workloads(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_max_studies(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-studies",
+        type=_at_least_one,
+        help="studies the runner runs at once, sharing its worker slots (default $TUNER_MAX_STUDIES, else 4)",
+    )
+
+
+def _at_least_one(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{raw!r}: expected a whole number >= 1")
+    return value
+
+
 def cmd_db(args: argparse.Namespace) -> int:
     """``tuner db upgrade``: migrate the study database to this version's schema (what writers do on start)."""
     from tuner.store.migrations import current, head
@@ -476,6 +494,7 @@ def _add_service_commands(sub: Any) -> None:
     add_db(serve)
     serve.add_argument("--ray-address", help="the runner joins this Ray cluster")
     serve.add_argument("--workers", type=int, help="worker actors per study (default: one per GPU, 2 on CPU)")
+    add_max_studies(serve)
     serve.add_argument("--no-runner", action="store_true", help="API only; run `tuner worker` elsewhere")
     serve.add_argument("--log-level", default="warning")
     serve.add_argument(
@@ -493,6 +512,7 @@ def _add_service_commands(sub: Any) -> None:
     add_db(worker)
     worker.add_argument("--ray-address")
     worker.add_argument("--workers", type=int)
+    add_max_studies(worker)
     worker.add_argument("--watch-parent", type=int, metavar="PID", help="stop when process PID (its parent) is gone")
     add_recheck_option(worker)
     worker.set_defaults(func=cmd_worker)

@@ -31,7 +31,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     runner = StudyRunner(
-        writable_db(args.db), ray_address=args.ray_address, workers=args.workers, recheck_every_s=args.recheck_every
+        writable_db(args.db),
+        ray_address=args.ray_address,
+        workers=args.workers,
+        recheck_every_s=args.recheck_every,
+        max_studies=args.max_studies,
     )
     ensure_ray(args.ray_address, min_cpus=args.workers or 2)
     finishing = threading.Event()

@@ -43,6 +43,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             cmd += ["--ray-address", args.ray_address]
         if args.workers:
             cmd += ["--workers", str(args.workers)]
+        if args.max_studies:
+            cmd += ["--max-studies", str(args.max_studies)]
         if args.recheck_every:
             cmd += ["--recheck-every", f"{args.recheck_every:g}"]
         supervisor = RunnerSupervisor(cmd, stop_timeout_s=RUNNER_STOP_S)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.run.fair import SlotBroker
 from tuner.run.session import StudyConflict, StudyFailed, StudySession
 from tuner.run.worker_pool import MAX_ATTEMPTS, MAX_WORKER_START_FAILURES, Outcome, Work, WorkerPool, ensure_ray
 from tuner.store import progress
@@ -108,6 +109,8 @@ class Orchestrator:
         poll_s: float = 0.5,
         lease_owner: str | None = None,
         lease_s: float = 30.0,
+        broker: SlotBroker | None = None,
+        resource_share: float = 1.0,
     ) -> None:
         """``progress`` is called after each finished trial; ``heartbeat`` on every turn of the loop
         (at least every ``poll_s`` seconds), where a service checks for stop requests.
@@ -117,6 +120,9 @@ class Orchestrator:
         holds is refused with :class:`StudyConflict`, unless that owner is a dead process of this host;
         the lease is renewed every ``lease_s / 3`` seconds and released at the end, so after a crash it
         lapses and a service runner on the same database may resume the study.
+
+        ``broker``: the worker slots this study shares with the other studies of its runner
+        (:mod:`tuner.run.fair`); ``resource_share``: the fraction of a device its actors reserve in Ray.
         """
         self.compiled = compiled
         self.spec = compiled.spec
@@ -132,7 +138,9 @@ class Orchestrator:
             self.workload,
             workers or compiled.spec.resources.workers,
             trials_per_worker or compiled.spec.resources.trials_per_worker,
+            resource_share=resource_share,
         )
+        self.broker = broker
         self.sampler: SamplerAdapter | None = None
         self.device: DeviceInfo | None = None
         self._stop = False
@@ -159,6 +167,8 @@ class Orchestrator:
         self._prior_elapsed = row.elapsed_s or 0.0
         self._prior_proposals = dict(getattr(row, "proposal_counts", None) or {})
         self._run_started = time.monotonic()
+        if self.broker is not None:
+            self.broker.join(self.study_id, self.spec.priority)
         ensure_ray(self.ray_address, min_cpus=self.pool.requested_workers or 2)
         status, message = "completed", None
         try:
@@ -182,6 +192,8 @@ class Orchestrator:
         finally:
             self._settle()
             self.pool.kill_all()
+            if self.broker is not None:
+                self.broker.leave(self.study_id)
             elapsed = self._elapsed()
             if self._proposal_fields():
                 self.session.record(**self._proposal_fields())
@@ -271,14 +283,19 @@ class Orchestrator:
             if (exhausted or self._stop) and not self.pool.busy():
                 return
             # The dispatched trials' rows ride with the next result's commit, or go alone after a short wait.
-            outcomes = self.pool.poll(min(self.poll_s, RUNNING_ROWS_WAIT_S) if self._pending else self.poll_s)
+            poll_s = self.poll_s if self.broker is None else self.broker.poll_s(self.poll_s)
+            outcomes = self.pool.poll(min(poll_s, RUNNING_ROWS_WAIT_S) if self._pending else poll_s)
             if outcomes is None:  # nothing in flight, no worker starting
                 self._settle()
                 if exhausted or self._stop:
                     return
+                if self.broker is not None:  # the other studies hold every slot: wait for one to come back
+                    self.broker.wait(self.poll_s)
+                    self._beat()  # the lease is renewed while we wait
                 continue
             for outcome in outcomes:
                 self._finish(outcome)
+            self._settle_slots()
             self._settle()  # the results are committed, then told
             self._beat()
             if time.monotonic() - last_save > ELAPSED_SAVE_EVERY_S:
@@ -288,18 +305,28 @@ class Orchestrator:
     def _fill(self) -> bool:
         """Dispatch while workers have free slots. Returns True when no new trial may start."""
         while True:
-            worker = self.pool.free_worker()
+            if not self.pool.redispatch and self._no_new_trials():
+                return True
+            worker = self.pool.free_worker(self._may_use)
             if worker is None:
                 return self._no_new_trials()
             if self.pool.redispatch:
                 self.pool.dispatch(self.pool.redispatch.popleft(), worker)
                 continue
-            if self._no_new_trials():
-                return True
             work = self._ask()
             if work is None:
+                self._settle_slots()  # the slot taken for it goes back
                 return True
             self.pool.dispatch(work, worker)
+
+    def _may_use(self, worker: Any) -> bool:
+        """Whether this study may queue a trial on ``worker`` now (its runner's fair share, :mod:`tuner.run.fair`)."""
+        return self.broker is None or self.broker.take(self.study_id, self.pool.slot_key(worker))
+
+    def _settle_slots(self) -> None:
+        """Give back the shared slots of the trials that ended or went back to be sent again."""
+        if self.broker is not None:
+            self.broker.settle(self.study_id, self.pool.queued_by_key())
 
     def _no_new_trials(self) -> bool:
         minutes = self.spec.budget.minutes
@@ -435,6 +462,16 @@ class Orchestrator:
         worker = self.pool.idle_worker()
         if len(candidates) < 2 or worker is None:
             return
+        while not self._stop and not self._may_use(worker):  # the device is ours alone while we re-measure
+            assert self.broker is not None
+            self.broker.wait(self.poll_s)
+            self._beat()
+        try:
+            self._remeasure_on(worker, candidates, metric)
+        finally:
+            self._settle_slots()
+
+    def _remeasure_on(self, worker: Any, candidates: list[TrialRow], metric: str) -> None:
         values: dict[int, list[float]] = {t.number: [] for t in candidates}
         for _ in range(self.spec.remeasure.rounds):
             for trial in candidates:

@@ -1,4 +1,4 @@
-"""The study runner: claims queued studies from the database and runs them, one at a time.
+"""The study runner: claims queued studies from the database and runs several at once.
 
 The API only writes a queued study; a runner (``tuner worker``, started beside
 the API by ``tuner serve``, or on other machines against the same database
@@ -6,11 +6,17 @@ and Ray cluster) claims it with a lease that it renews while the study runs.
 A runner that dies lets its lease lapse, and another runner takes the study
 over and resumes it. Stop requests arrive through the database too. Between
 studies a runner may do scheduled jobs (the registry's recheck, tuner/run/jobs.py).
+
+Up to ``max_studies`` studies run at once, each in its own thread with its own orchestrator, lease
+and worker actors; they share the runner's worker slots (one per GPU, or the CPU workers) through a
+:class:`~tuner.run.fair.SlotBroker`, in turns weighted by each spec's ``priority``. So a small study
+submitted after a huge one starts at once and finishes while the huge one goes on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -24,10 +30,26 @@ log = logging.getLogger("tuner.run.service")
 DEFAULT_LEASE_S = 30.0
 STOP_CHECK_S = 1.0  # how often a running study looks for a stop request
 REQUEUED = "runner shut down; queued again"
+DEFAULT_MAX_STUDIES = 4
+MAX_STUDIES_ENV = "TUNER_MAX_STUDIES"
+
+
+def default_max_studies() -> int:
+    """``$TUNER_MAX_STUDIES`` when set (a whole number >= 1), else 4."""
+    raw = os.environ.get(MAX_STUDIES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_STUDIES
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{MAX_STUDIES_ENV}={raw!r}: expected a whole number >= 1")
+    return value
 
 
 class StudyRunner:
-    """Claims and runs studies until ``stop`` is called. One study at a time per runner."""
+    """Claims and runs studies until ``stop`` is called: up to ``max_studies`` at once."""
 
     def __init__(
         self,
@@ -40,9 +62,17 @@ class StudyRunner:
         owner: str | None = None,
         recheck_every_s: float | None = None,
         recheck_args: Mapping[str, Any] | None = None,
+        max_studies: int | None = None,
     ) -> None:
         """``recheck_every_s``: run the registry's recheck when the last run began that long ago, between
-        studies (:mod:`tuner.run.jobs`); None: never. ``recheck_args``: run-setting args it measures with."""
+        studies (:mod:`tuner.run.jobs`); None: never. ``recheck_args``: run-setting args it measures with.
+        ``max_studies``: how many studies run at once (default ``$TUNER_MAX_STUDIES``, else 4)."""
+        from tuner.run.fair import SlotBroker
+
+        self.max_studies = max_studies if max_studies is not None else default_max_studies()
+        if self.max_studies < 1:
+            raise ValueError(f"max_studies={self.max_studies}: expected at least 1")
+        self.broker = SlotBroker()
         self.db = db
         self.lease_s = lease_s
         self.poll_s = poll_s
@@ -50,7 +80,8 @@ class StudyRunner:
         self.workers = workers
         self.owner = owner or lease_owner_name("runner")
         self._stop = threading.Event()
-        self._current: int | None = None  # the study in hand
+        self._current: dict[int, threading.Thread] = {}  # the studies in hand, each run by its thread
+        self._lock = threading.Lock()
         self.recheck: RecheckSchedule | None = None
         if recheck_every_s:
             self.recheck = RecheckSchedule(db, self.owner, recheck_every_s, args_override=recheck_args)
@@ -64,15 +95,36 @@ class StudyRunner:
         Every finished trial is already in the database (the orchestrator writes before it waits on
         Ray); trials that were in flight are re-sent by the next runner.
         """
-        study_id = self._current
-        if study_id is not None and lifecycle.hand_back(self.db, study_id, self.owner, REQUEUED):
-            log.warning("study %s queued again for the next runner; its trials in flight will be re-sent", study_id)
+        for study_id in self.running():
+            if lifecycle.hand_back(self.db, study_id, self.owner, REQUEUED):
+                log.warning("study %s queued again for the next runner; its trials in flight will be re-sent", study_id)
+
+    def running(self) -> list[int]:
+        """The ids of the studies this runner runs now."""
+        with self._lock:
+            return sorted(self._current)
+
+    def join(self, timeout_s: float | None = None) -> None:
+        """Wait for the studies' threads to end (after :meth:`stop`)."""
+        with self._lock:
+            threads = list(self._current.values())
+        for thread in threads:
+            thread.join(timeout_s)
 
     def run_forever(self) -> None:
         """Claim and run studies until :meth:`stop`. A database that cannot be reached is waited for
         (polling again), never fatal; the caller runs the migrations first (``create_tables``)."""
-        log.info("runner %s waiting for studies in %s", self.owner, self.db.url)
+        log.info("runner %s waiting for studies in %s (%d at once)", self.owner, self.db.url, self.max_studies)
+        try:
+            self._claim_loop()
+        finally:
+            self.join()  # each study stops at its next heartbeat and settles its own row and lease
+
+    def _claim_loop(self) -> None:
         while not self._stop.is_set():
+            if len(self.running()) >= self.max_studies:
+                self._stop.wait(self.poll_s)
+                continue
             try:
                 row = lifecycle.claim_next(self.db, self.owner, self.lease_s)
             except Exception as exc:
@@ -82,10 +134,29 @@ class StudyRunner:
                 row = None
             if row is None:
                 # idle: the scheduled recheck measures one entry, then we look for studies again
-                if self.recheck is None or not self.recheck.step():
+                if self.running() or self.recheck is None or not self.recheck.step():
                     self._stop.wait(self.poll_s)
                 continue
+            self._start_study(row)
+
+    def _start_study(self, row: StudyRow) -> None:
+        with self._lock:
+            if row.id in self._current:  # its lease lapsed while its thread still runs it: that thread goes on
+                log.warning("study %s: lease lapsed under its own run; renewed", row.id)
+                return
+        thread = threading.Thread(target=self._run_in_thread, args=(row,), name=f"study-{row.id}", daemon=True)
+        with self._lock:
+            self._current[row.id] = thread
+        thread.start()
+
+    def _run_in_thread(self, row: StudyRow) -> None:
+        try:
             self.run_study(row)
+        except Exception:  # the database went away for good, a bug: the lease lapses, a runner resumes it
+            log.exception("study %s: its runner thread ended", row.id)
+        finally:
+            with self._lock:
+                self._current.pop(row.id, None)
 
     def run_study(self, row: StudyRow) -> None:
         """Run one claimed study to its end (or a stop request); never raises for the study's own failures."""
@@ -99,7 +170,6 @@ class StudyRunner:
             lifecycle.fail(self.db, row.id, f"invalid spec: {exc}", owner=self.owner)
             self.db.release_lease(row.id, self.owner)
             return
-        self._current = row.id
         orchestrator: Orchestrator | None = None
         last_check = time.monotonic()
 
@@ -124,6 +194,8 @@ class StudyRunner:
             heartbeat=heartbeat,
             lease_owner=self.owner,
             lease_s=self.lease_s,
+            broker=self.broker,
+            resource_share=1.0 / self.max_studies,
         )
         try:
             orchestrator.run()
@@ -142,7 +214,6 @@ class StudyRunner:
                 log.exception("study %s crashed the orchestrator", row.id)
                 self._settle(row.id, f"orchestrator error: {exc}")
         finally:
-            self._current = None
             self._release(row.id)
 
     def _settle(self, study_id: int, message: str) -> None:

@@ -81,6 +81,7 @@ class TrialWorker:
             "device": self.device.to_dict(),
             "fingerprint": self.fingerprint,
             "roofline": self.roofline,
+            "gpu_ids": _ray_gpu_ids(),  # which GPU(s) Ray gave this actor: studies of one runner share them
         }
 
     def reset_sequence(self, next_seq: int) -> None:
@@ -150,3 +151,12 @@ def _cuda_usable(status: TrialStatus) -> bool:
 def result_to_dict(result: TrialResult) -> TrialReport:
     """The report of a result: its wire form (:meth:`TrialResult.to_wire`), which keeps ``extra``."""
     return result.to_wire()  # type: ignore[return-value]
+
+
+def _ray_gpu_ids() -> list[str]:
+    try:
+        import ray
+
+        return [str(g) for g in ray.get_gpu_ids()]
+    except Exception:  # not in a Ray worker
+        return []

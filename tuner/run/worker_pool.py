@@ -17,6 +17,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,10 @@ log = logging.getLogger("tuner.run.orchestrator")
 MAX_ATTEMPTS = 2
 MAX_WORKER_START_FAILURES = 3
 WORKER_START_TIMEOUT_S = 300.0
+
+
+def _load(worker: Worker) -> tuple[int, int]:
+    return (len(worker.queue), worker.index)
 
 
 def ensure_ray(address: str | None = None, min_cpus: int = 2) -> None:
@@ -112,7 +117,17 @@ class Outcome:
 class WorkerPool:
     """The study's Ray actors. Not thread-safe; the orchestrator's loop is its only caller."""
 
-    def __init__(self, compiled: Any, workload: Any, workers: int | None, trials_per_worker: int | None) -> None:
+    def __init__(
+        self,
+        compiled: Any,
+        workload: Any,
+        workers: int | None,
+        trials_per_worker: int | None,
+        resource_share: float = 1.0,
+    ) -> None:
+        """``resource_share``: the fraction of a CPU (and of each GPU) an actor reserves in Ray, below 1 when
+        a runner runs several studies at once (each with its own actors on the same devices; who uses a
+        device when is :mod:`tuner.run.fair`'s)."""
         self.spec = compiled.spec
         self.workload = workload
         self.requested_workers = workers
@@ -121,6 +136,7 @@ class WorkerPool:
         self.workers: list[Worker] = []
         self.inflight: dict[Any, Work] = {}
         self.redispatch: deque[Work] = deque()  # trials to send again, first in line
+        self.share = resource_share
         self.gpu = False
         self.slots = 1
         self._start_failures = 0
@@ -167,8 +183,9 @@ class WorkerPool:
         import ray
 
         options: dict[str, Any] = {
-            "num_cpus": 1,
-            "num_gpus": self.spec.resources.gpus_per_trial if self.gpu else 0,
+            "num_cpus": self.share,
+            # a gang's ranks take whole GPUs (Ray has no fraction of several GPUs)
+            "num_gpus": (self.spec.resources.gpus_per_trial if self.gang else self.share) if self.gpu else 0,
             "max_concurrency": self.slots + 1,
             "max_restarts": 0,
         }
@@ -214,9 +231,25 @@ class WorkerPool:
         self.workers[self.workers.index(worker)] = fresh
 
     # dispatch ------------------------------------------------------------------
-    def free_worker(self) -> Worker | None:
-        ready = [w for w in self.workers if w.ready and len(w.queue) < self.slots]
-        return min(ready, key=lambda w: (len(w.queue), w.index)) if ready else None
+    def free_worker(self, may_use: Callable[[Worker], bool] | None = None) -> Worker | None:
+        """The ready worker with the fewest queued trials and a free slot (that ``may_use`` accepts)."""
+        ready = sorted((w for w in self.workers if w.ready and len(w.queue) < self.slots), key=_load)
+        return next((w for w in ready if may_use is None or may_use(w)), None)
+
+    def slot_key(self, worker: Worker) -> Hashable:
+        """The device ``worker`` runs on, as the studies of one runner share it (:mod:`tuner.run.fair`)."""
+        gpu_ids = worker.info.get("gpu_ids")
+        if self.gpu and gpu_ids:
+            return ("gpu", worker.info.get("host"), tuple(str(g) for g in gpu_ids))
+        return ("worker", worker.index)
+
+    def queued_by_key(self) -> dict[Hashable, int]:
+        counts: dict[Hashable, int] = {}
+        for worker in self.workers:
+            if worker.queue:
+                key = self.slot_key(worker)
+                counts[key] = counts.get(key, 0) + len(worker.queue)
+        return counts
 
     def idle_worker(self) -> Worker | None:
         return next((w for w in self.workers if w.ready and not w.queue), None)

@@ -104,6 +104,9 @@ class StudySpec(_Model):
     publish: bool = True
     remeasure: Remeasure = Field(default_factory=Remeasure)
     resources: Resources = Field(default_factory=Resources)
+    #: The study's share of its runner's worker slots against the other studies it runs at once: a study of
+    #: priority 3 gets three trials for each one of a study of priority 1 (tuner/run/fair.py).
+    priority: int = Field(default=1, ge=1, le=100)
 
     @model_validator(mode="before")
     @classmethod
