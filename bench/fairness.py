@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.common import write_result
+
 HUGE = 1_000_000
 
 
@@ -111,8 +113,7 @@ def main() -> int:
                 thread.join(timeout=120)
             db.dispose()
     print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(result, str(args.out) if args.out else None)  # with the fingerprint, the date and the command
     return 0 if result["target_met"] else 1
 
 

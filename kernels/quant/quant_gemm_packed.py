@@ -88,7 +88,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from kernels.launch import Descriptors, Plan, PlanCache, layout_key
+from kernels.launch import Descriptors, Plan, PlanCache, layout_key, sm_count
 from kernels.quant.quant_layout import (
     BITS,
     SLICE,
@@ -241,7 +241,7 @@ def _multiprocessors(device: torch.device) -> int:
     """The device's SM count (8 for the interpreter's CPU tensors: any grid runs there)."""
     if device.type != "cuda":
         return 8
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return sm_count(device)
 
 
 _scratch: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = {}
